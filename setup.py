@@ -1,0 +1,28 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="treadle",
+    version="0.1.0",
+    description="A hook-based training iteration engine for PyTorch",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["treadle", "treadle.*"]),
+    install_requires=[
+        "torch>=2.4",
+        "fvcore>=0.1.5",
+        "iopath>=0.1.9",
+        "omegaconf>=2.3",
+        "tabulate",
+        "termcolor",
+        "tensorboard",
+        "numpy",
+        "PyYAML",
+        "tqdm",
+    ],
+    extras_require={
+        "plot": ["matplotlib"],
+        "dev": ["pytest", "matplotlib"],
+    },
+    entry_points={"console_scripts": ["treadle-train=treadle.cli:train_main"]},
+)

@@ -1,0 +1,54 @@
+"""Seeding and environment reporting."""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import random
+import sys
+from typing import Optional
+
+import numpy as np
+import torch
+from tabulate import tabulate
+
+__all__ = ["seed_all_rng", "collect_env_info"]
+
+logger = logging.getLogger(__name__)
+
+
+def seed_all_rng(seed: Optional[int] = None) -> int:
+    """Seeds python, numpy and torch (all devices); returns the seed used.
+
+    ``None`` or a negative seed picks one from the OS and logs it, so that a
+    run can be repeated from its log.
+    """
+    if seed is None or seed < 0:
+        seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+        logger.info("Using a generated random seed %d", seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    return seed
+
+
+def collect_env_info() -> str:
+    """A table of the software and devices this process runs with."""
+    rows = [
+        ("sys.platform", sys.platform),
+        ("Python", sys.version.replace("\n", " ")),
+        ("numpy", np.__version__),
+        ("PyTorch", f"{torch.__version__} @{os.path.dirname(torch.__file__)}"),
+        ("machine", platform.machine()),
+        ("CUDA available", torch.cuda.is_available()),
+    ]
+    if torch.cuda.is_available():
+        rows.append(("CUDA", torch.version.cuda))
+        for i in range(torch.cuda.device_count()):
+            rows.append((f"GPU {i}", torch.cuda.get_device_name(i)))
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        rows.append(("MPS available", True))
+    rows.append(("CPU threads", torch.get_num_threads()))
+    return tabulate(rows, tablefmt="psql")

@@ -1,0 +1,91 @@
+"""Logging set-up: a colored console on the main process, one file per rank."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+from typing import Optional
+
+from termcolor import colored
+
+from .file_io import PathManager
+
+__all__ = ["setup_logger", "log_once"]
+
+_LOGGED_ONCE: set = set()
+
+
+class _ColorfulFormatter(logging.Formatter):
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        log = super().formatMessage(record)
+        if record.levelno == logging.WARNING:
+            prefix = colored("WARNING", "red", attrs=["blink"])
+        elif record.levelno >= logging.ERROR:
+            prefix = colored("ERROR", "red", attrs=["blink", "underline"])
+        else:
+            return log
+        return prefix + " " + log
+
+
+@functools.lru_cache()  # a second call with the same arguments must not add handlers twice
+def setup_logger(
+    output: Optional[str] = None,
+    distributed_rank: int = 0,
+    *,
+    color: bool = True,
+    name: str = "treadle",
+    abbrev_name: Optional[str] = None,
+) -> logging.Logger:
+    """Configures the ``name`` logger.
+
+    Args:
+        output: a file name ending in ``.txt``/``.log``, or a directory in which
+            ``log.txt`` is written. Ranks other than 0 write ``log.txt.rank{N}``.
+        distributed_rank: only rank 0 logs to the console.
+        color: color the console output (only when it is a terminal).
+    """
+    logger = logging.getLogger(name)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    abbrev_name = abbrev_name or ("tr" if name == "treadle" else name)
+    plain = logging.Formatter(
+        "[%(asctime)s] %(name)s %(levelname)s: %(message)s", datefmt="%m/%d %H:%M:%S"
+    )
+    if distributed_rank == 0:
+        handler = logging.StreamHandler(stream=sys.stdout)
+        handler.setLevel(logging.DEBUG)
+        if color and sys.stdout.isatty():
+            handler.setFormatter(
+                _ColorfulFormatter(
+                    colored("[%(asctime)s %(name)s]: ", "green") + "%(message)s",
+                    datefmt="%m/%d %H:%M:%S",
+                )
+            )
+        else:
+            handler.setFormatter(plain)
+        logger.addHandler(handler)
+    if output is not None:
+        if output.endswith((".txt", ".log")):
+            filename = output
+        else:
+            filename = os.path.join(output, "log.txt")
+        if distributed_rank > 0:
+            filename = f"{filename}.rank{distributed_rank}"
+        PathManager.mkdirs(os.path.dirname(filename) or ".")
+        stream = PathManager.open(filename, "a")
+        file_handler = logging.StreamHandler(stream)
+        file_handler.setLevel(logging.DEBUG)
+        file_handler.setFormatter(plain)
+        logger.addHandler(file_handler)
+    return logger
+
+
+def log_once(logger: logging.Logger, level: int, msg: str, *args) -> None:
+    """Logs ``msg`` the first time it is seen in this process, then never again."""
+    key = (logger.name, msg)
+    if key in _LOGGED_ONCE:
+        return
+    _LOGGED_ONCE.add(key)
+    logger.log(level, msg, *args)
