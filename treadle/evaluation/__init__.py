@@ -1,1 +1,49 @@
+"""Evaluation: evaluators, metrics by name, and the inference loop.
 
+``inference_on_dataset(model, loader, build_evaluator(["accuracy", "f1"]))``
+runs a model over a data loader and returns ``{"accuracy": ..., "f1": ...}``.
+See ``docs/evaluation.md``.
+"""
+
+from .batch import ForwardFn, batch_size, default_forward, get_predictions, get_targets, move_to_device
+from .evaluator import DatasetEvaluator, DatasetEvaluators
+from .inference import inference_context, inference_on_dataset
+from .registry import available_metrics, build_evaluator, register_metric, unregister_metric
+from .results import Results, flatten_results, format_results
+from .statistics import StatisticsEvaluator, all_reduce_statistics, float_accumulator_dtype
+
+# The built-in evaluators register their metric names when imported.
+from .classification import ClassificationEvaluator
+from .loss import LossEvaluator
+from .perplexity import PerplexityEvaluator
+from .regression import RegressionEvaluator
+from .sequence import SequenceEvaluator, edit_distance
+
+__all__ = [
+    "DatasetEvaluator",
+    "DatasetEvaluators",
+    "StatisticsEvaluator",
+    "ClassificationEvaluator",
+    "RegressionEvaluator",
+    "LossEvaluator",
+    "SequenceEvaluator",
+    "PerplexityEvaluator",
+    "inference_on_dataset",
+    "inference_context",
+    "build_evaluator",
+    "register_metric",
+    "unregister_metric",
+    "available_metrics",
+    "Results",
+    "flatten_results",
+    "format_results",
+    "all_reduce_statistics",
+    "float_accumulator_dtype",
+    "edit_distance",
+    "ForwardFn",
+    "default_forward",
+    "move_to_device",
+    "get_targets",
+    "get_predictions",
+    "batch_size",
+]

@@ -1,0 +1,102 @@
+"""How batches are fed to models, moved to devices and taken apart."""
+
+from collections import namedtuple
+
+import pytest
+import torch
+
+from treadle.evaluation import batch_size, default_forward, get_predictions, get_targets, move_to_device
+
+
+def _echo(x):
+    return ("called with", x)
+
+
+def test_pair_feeds_inputs_only():
+    x, y = torch.ones(2), torch.zeros(2)
+    assert default_forward(_echo, (x, y)) == ("called with", x)
+    assert default_forward(_echo, [x, y]) == ("called with", x)
+
+
+def test_dict_and_sample_list_and_tensor_go_whole():
+    batch = {"input_ids": torch.ones(2), "labels": torch.zeros(2)}
+    assert default_forward(_echo, batch)[1] is batch
+    samples = [{"image": torch.ones(1)}, {"image": torch.zeros(1)}]
+    assert default_forward(_echo, samples)[1] is samples
+    t = torch.ones(3)
+    assert default_forward(_echo, t)[1] is t
+
+
+def test_tuple_of_three_is_rejected_with_the_way_out():
+    with pytest.raises(ValueError, match=r"a tuple of 3 items.*pass forward="):
+        default_forward(_echo, (1, 2, 3))
+
+
+Pair = namedtuple("Pair", ["x", "y"])
+
+
+class _Movable:
+    def __init__(self):
+        self.moved_to = None
+
+    def to(self, device):
+        self.moved_to = device
+        return self
+
+
+def test_move_to_device_walks_containers():
+    obj = _Movable()
+    batch = {
+        "pair": Pair(torch.ones(1), [torch.zeros(2), "text"]),
+        "obj": obj,
+        "n": 3,
+        "none": None,
+    }
+    moved = move_to_device(batch, "meta")
+    assert moved["pair"].x.device.type == "meta"
+    assert isinstance(moved["pair"], Pair)
+    assert moved["pair"].y[0].device.type == "meta" and moved["pair"].y[1] == "text"
+    assert obj.moved_to == torch.device("meta")
+    assert moved["n"] == 3 and moved["none"] is None
+    assert batch["pair"].x.device.type == "cpu"  # the input is not modified
+
+
+def test_get_targets_from_pair_and_dict():
+    y = torch.tensor([1, 2])
+    assert get_targets((torch.ones(2), y), "labels", "E") is y
+    assert get_targets({"x": 1, "labels": y}, "labels", "E") is y
+
+
+def test_get_targets_missing_key_names_the_keys():
+    with pytest.raises(KeyError, match=r"E: the batch has no target key 'labels'; its keys are \['input_ids', 'target'\]"):
+        get_targets({"input_ids": 1, "target": 2}, "labels", "E")
+
+
+def test_get_targets_rejects_unlabelled_batches():
+    with pytest.raises(TypeError, match=r"E: cannot find targets in a batch of type Tensor"):
+        get_targets(torch.ones(3), "labels", "E")
+
+
+class _ModelOutput:
+    def __init__(self, logits):
+        self.logits = logits
+
+
+def test_get_predictions():
+    t = torch.ones(2)
+    assert get_predictions(t, "logits", "E") is t
+    assert get_predictions({"logits": t, "loss": 0}, "logits", "E") is t
+    assert get_predictions(_ModelOutput(t), "logits", "E") is t
+    assert get_predictions(["a", "b"], "logits", "E") == ["a", "b"]
+    with pytest.raises(KeyError, match=r"E: the model outputs have no key 'logits'; their keys are \['scores'\]"):
+        get_predictions({"scores": t}, "logits", "E")
+
+
+def test_batch_size():
+    assert batch_size(torch.zeros(5, 3)) == 5
+    assert batch_size(torch.tensor(2.0)) == 1
+    assert batch_size((torch.zeros(4, 2), torch.zeros(4))) == 4
+    assert batch_size({"mask": None, "ids": torch.zeros(6, 2)}) == 6
+    assert batch_size(["a", "b", "c"]) == 3
+    assert batch_size([{"a": 1}, {"a": 2}]) == 2
+    assert batch_size(object()) is None

@@ -1,0 +1,80 @@
+import pytest
+import torch
+from fvcore.common.param_scheduler import CosineParamScheduler, MultiStepParamScheduler
+from torch import nn
+
+from treadle.engine import EagerStep, TrainerBase
+from treadle.hooks.callback import CallbackHook
+from treadle.hooks.lr_scheduler import LRMultiplier, LRScheduler
+
+
+def make_trainer(scheduler_factory, lr=1.0):
+    torch.manual_seed(0)
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    data = [(torch.randn(4, 2), torch.randn(4, 1))]
+    trainer = TrainerBase(EagerStep(model, data, opt, loss_fn=nn.functional.mse_loss))
+    hook = LRScheduler(scheduler=scheduler_factory(opt))
+    trainer.register_hooks([hook])
+    return trainer, hook, opt
+
+
+def lrs(trainer):
+    return [v for v, _ in trainer.storage.history("lr").values()]
+
+
+def test_param_scheduler_is_a_multiplier_over_max_iter():
+    trainer, _, _ = make_trainer(lambda opt: MultiStepParamScheduler([1.0, 0.1, 0.01], milestones=[4, 6], num_updates=8), lr=0.5)
+    trainer.train(0, 8)
+    assert lrs(trainer) == pytest.approx([0.5] * 4 + [0.05] * 2 + [0.005] * 2)
+
+
+def test_torch_scheduler_is_stepped_each_iteration():
+    trainer, _, _ = make_trainer(lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5))
+    trainer.train(0, 6)
+    assert lrs(trainer) == pytest.approx([1, 1, 0.5, 0.5, 0.25, 0.25])
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [
+        lambda opt: CosineParamScheduler(1.0, 0.0),
+        lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10),
+    ],
+    ids=["fvcore", "torch"],
+)
+def test_scheduler_state_restores_the_schedule(factory):
+    full, _, _ = make_trainer(factory)
+    full.train(0, 10)
+    expected = lrs(full)
+
+    first, hook, opt = make_trainer(factory)
+    # Interrupted after 4 of 10 iterations.
+    first.register_hooks([CallbackHook(after_step=lambda t: t.request_stop("preempted") if t.iter == 3 else None)])
+    first.train(0, 10)
+    state = {"hook": hook.state_dict(), "opt": opt.state_dict()}
+    assert all(isinstance(v, (int, float, list, dict, str, bool, type(None))) for v in state["hook"].values())
+
+    resumed, hook2, opt2 = make_trainer(factory)
+    opt2.load_state_dict(state["opt"])
+    hook2.load_state_dict(state["hook"])
+    resumed.train(4, 10)
+    assert lrs(first) + lrs(resumed) == pytest.approx(expected)
+
+
+def test_lr_published_is_from_the_largest_param_group():
+    model = nn.Sequential(nn.Linear(10, 10), nn.LayerNorm(10))
+    opt = torch.optim.SGD([{"params": model[1].parameters(), "lr": 0.1}, {"params": model[0].parameters(), "lr": 0.7}], lr=0.1)
+    trainer = TrainerBase(EagerStep(model, [torch.zeros(())], opt, loss_fn=lambda out, t: out))
+    hook = LRScheduler(scheduler=torch.optim.lr_scheduler.ConstantLR(opt, factor=1.0))
+    trainer.register_hooks([hook])
+    hook.trainer = trainer
+    hook.before_train()
+    assert hook._group_index == 1
+
+
+def test_bad_scheduler_is_rejected():
+    with pytest.raises(TypeError, match="got int"):
+        LRScheduler(scheduler=3)
+    with pytest.raises(TypeError, match="ParamScheduler"):
+        LRMultiplier(torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=1), object(), 10)

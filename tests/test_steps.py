@@ -1,0 +1,357 @@
+import itertools
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from treadle.engine import CompiledStep, EagerStep, HookBase, StepBase, TrainerBase
+from treadle.events import ScalarKind
+
+
+def regression_data(n_batches=64, batch=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(4, 1, generator=g)
+    batches = []
+    for _ in range(n_batches):
+        x = torch.randn(batch, 4, generator=g)
+        batches.append((x, x @ w + 0.1 * torch.randn(batch, 1, generator=g)))
+    return batches
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+def train(step, iters, hooks=()):
+    trainer = TrainerBase(step)
+    trainer.register_hooks(list(hooks))
+    history = {}
+
+    class Grab(HookBase):
+        def after_step(self):
+            for name, (value, it) in self.trainer.storage.latest().items():
+                history.setdefault(name, []).append(value)
+
+    trainer.register_hooks([Grab()])
+    trainer.train(0, iters)
+    return history
+
+
+def test_loss_fn_contract_trains_and_publishes_total_loss_and_data_time():
+    model = make_model()
+    data = regression_data()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    step = EagerStep(model, data, opt, loss_fn=nn.functional.mse_loss)
+    history = train(step, 40)
+    assert set(history) == {"total_loss", "data_time"}
+    assert history["total_loss"][-1] < history["total_loss"][0] / 2
+    assert all(t >= 0 for t in history["data_time"])
+
+
+class DictLossModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = make_model()
+
+    def forward(self, batch):
+        x, y = batch
+        out = self.net(x)
+        return {"loss_mse": nn.functional.mse_loss(out, y), "loss_l1": 0.5 * nn.functional.l1_loss(out, y)}
+
+
+def test_dict_of_losses_is_summed_and_each_term_published():
+    model = DictLossModel()
+    data = regression_data()
+    step = EagerStep(model, data, torch.optim.SGD(model.parameters(), lr=0.01))
+    trainer = TrainerBase(step)
+    trainer.train(0, 1)
+    latest = trainer.storage.latest()
+    x, y = data[0]
+    assert set(latest) == {"loss_mse", "loss_l1", "total_loss", "data_time"}
+    assert latest["total_loss"][0] == pytest.approx(latest["loss_mse"][0] + latest["loss_l1"][0])
+    assert trainer.storage.kind("loss_l1") == ScalarKind.LOSS
+
+
+class HFLikeOutput(dict):
+    """Like transformers' ModelOutput: a dict that also has attributes."""
+
+    def __getattr__(self, name):
+        return self[name]
+
+
+class HFLikeModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = make_model()
+
+    def forward(self, batch):
+        logits = self.net(batch["x"])
+        return HFLikeOutput(loss=nn.functional.mse_loss(logits, batch["y"]), logits=logits)
+
+
+def test_object_with_loss_attribute_uses_only_the_loss():
+    model = HFLikeModel()
+    data = [{"x": x, "y": y} for x, y in regression_data()]
+    trainer = TrainerBase(EagerStep(model, data, torch.optim.SGD(model.parameters(), lr=0.01)))
+    trainer.train(0, 2)
+    assert set(trainer.storage.latest()) == {"total_loss", "data_time"}
+
+
+class ScalarModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = make_model()
+
+    def forward(self, batch):
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+
+
+def test_scalar_loss_model_equals_loss_fn_contract():
+    a, b = ScalarModel(), make_model()
+    b.load_state_dict(a.net.state_dict())
+    data = regression_data()
+    train(EagerStep(a, data, torch.optim.SGD(a.parameters(), lr=0.05)), 10)
+    train(EagerStep(b, data, torch.optim.SGD(b.parameters(), lr=0.05), loss_fn=nn.functional.mse_loss), 10)
+    for p, q in zip(a.net.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize(
+    "output, message",
+    [
+        (torch.ones(3), r"loss 'total_loss' of shape \(3,\)"),
+        ({"a": torch.ones(()), "b": 2.0}, "entry 'b' is a float"),
+        ([torch.ones(())], "returned list; expected a scalar loss tensor"),
+        ({"total_loss": torch.ones(())}, "name is kept for the sum"),
+    ],
+)
+def test_bad_model_outputs_are_clear_errors(output, message):
+    class Bad(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = nn.Parameter(torch.ones(()))
+
+        def forward(self, batch):
+            return output
+
+    model = Bad()
+    step = EagerStep(model, [torch.zeros(1)], torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises((TypeError, ValueError), match=message):
+        TrainerBase(step).train(0, 1)
+
+
+def test_loss_fn_needs_input_target_pairs():
+    model = make_model()
+    step = EagerStep(model, [torch.zeros(2, 4)], torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=nn.functional.mse_loss)
+    with pytest.raises(TypeError, match=r"\(inputs, targets\) pair; got Tensor"):
+        TrainerBase(step).train(0, 1)
+
+
+def test_grad_accumulation_equals_one_big_batch():
+    small = regression_data(n_batches=12, batch=4, seed=1)
+    big = [(torch.cat([small[i][0], small[i + 1][0], small[i + 2][0]]), torch.cat([small[i][1], small[i + 1][1], small[i + 2][1]])) for i in range(0, 12, 3)]
+    m1, m2 = make_model(3), make_model(3)
+    h1 = train(EagerStep(m1, small, torch.optim.SGD(m1.parameters(), lr=0.1, momentum=0.9), loss_fn=nn.functional.mse_loss, grad_accum_steps=3), 4)
+    h2 = train(EagerStep(m2, big, torch.optim.SGD(m2.parameters(), lr=0.1, momentum=0.9), loss_fn=nn.functional.mse_loss), 4)
+    for p, q in zip(m1.parameters(), m2.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    # The published loss is the mean over micro-batches: the big batch's loss.
+    assert h1["total_loss"] == pytest.approx(h2["total_loss"], rel=1e-5)
+
+
+def test_clip_grad_norm_clips_and_publishes_the_norm_before_clipping():
+    model = make_model()
+    data = [(torch.randn(8, 4) * 100, torch.randn(8, 1) * 100)]
+    seen = {}
+
+    class Probe(HookBase):
+        def after_backward(self):
+            seen["norm"] = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+
+    step = EagerStep(model, data, torch.optim.SGD(model.parameters(), lr=0.0), loss_fn=nn.functional.mse_loss, clip_grad_norm=1.0)
+    trainer = TrainerBase(step)
+    trainer.register_hooks([Probe()])
+    trainer.train(0, 1)
+    published = trainer.storage.latest()["grad_norm"][0]
+    assert published == pytest.approx(float(seen["norm"]), rel=1e-5) and published > 1.0
+    clipped = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+    assert float(clipped) == pytest.approx(1.0, rel=1e-4)
+
+
+def test_bf16_autocast_on_cpu_runs_matmuls_in_bf16():
+    model = make_model()
+    dtypes = []
+    model[0].register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+    step = EagerStep(model, regression_data(), torch.optim.SGD(model.parameters(), lr=0.05), loss_fn=nn.functional.mse_loss, precision="bf16")
+    history = train(step, 30)
+    assert dtypes[0] == torch.bfloat16
+    assert model[0].weight.dtype == torch.float32  # master weights stay fp32
+    assert history["total_loss"][-1] < history["total_loss"][0]
+
+
+def test_fp16_on_cpu_is_a_clear_error_and_bad_arguments_are_rejected():
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="precision='fp16' needs CUDA.*Use precision='bf16' on CPU"):
+        EagerStep(model, [], opt, precision="fp16")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        EagerStep(model, [], opt, precision="fp8")
+    with pytest.raises(ValueError, match="grad_accum_steps must be an integer >= 1"):
+        EagerStep(model, [], opt, grad_accum_steps=0)
+    with pytest.raises(ValueError, match="grad_scaler is used only with precision='fp16'"):
+        EagerStep(model, [], opt, grad_scaler=torch.amp.GradScaler("cpu"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 with GradScaler needs CUDA")
+def test_fp16_grad_scaler_on_cuda_hooks_see_unscaled_gradients():
+    model = make_model().cuda()
+    data = [(x.cuda(), y.cuda()) for x, y in regression_data()]
+    grads = []
+
+    class Probe(HookBase):
+        def after_backward(self):
+            grads.append(model[0].weight.grad.clone())
+
+    step = EagerStep(model, data, torch.optim.SGD(model.parameters(), lr=0.05), loss_fn=nn.functional.mse_loss, precision="fp16")
+    trainer = TrainerBase(step)
+    trainer.register_hooks([Probe()])
+    trainer.train(0, 5)
+    reference = make_model().cuda()
+    x, y = data[0]
+    nn.functional.mse_loss(reference(x), y).backward()
+    torch.testing.assert_close(grads[0], reference[0].weight.grad, rtol=1e-2, atol=1e-3)
+    assert "grad_scaler" in step.state_dict()
+
+
+def test_model_left_in_eval_mode_is_reported():
+    model = make_model().eval()
+    step = EagerStep(model, regression_data(), torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=nn.functional.mse_loss)
+    with pytest.raises(RuntimeError, match="model is in eval mode"):
+        TrainerBase(step).train(0, 1)
+
+
+def test_finite_loader_is_reiterated():
+    model = make_model()
+    data = regression_data(n_batches=3)
+    step = EagerStep(model, data, torch.optim.SGD(model.parameters(), lr=0.01), loss_fn=nn.functional.mse_loss)
+    TrainerBase(step).train(0, 7)
+    with pytest.raises(RuntimeError, match="yields no batches"):
+        TrainerBase(EagerStep(model, [], torch.optim.SGD(model.parameters(), lr=0.01))).train(0, 1)
+
+
+def test_compiled_step_matches_eager_step():
+    data = regression_data()
+    m1, m2 = make_model(5), make_model(5)
+    h1 = train(EagerStep(m1, data, torch.optim.SGD(m1.parameters(), lr=0.05), loss_fn=nn.functional.mse_loss), 8)
+    step = CompiledStep(m2, data, torch.optim.SGD(m2.parameters(), lr=0.05), loss_fn=nn.functional.mse_loss, backend="aot_eager")
+    h2 = train(step, 8)
+    assert step.compiled
+    assert h2["total_loss"] == pytest.approx(h1["total_loss"], rel=1e-5)
+    for p, q in zip(m1.parameters(), m2.parameters()):
+        torch.testing.assert_close(p, q)
+
+
+@pytest.mark.slow
+def test_compiled_step_with_inductor_matches_eager_step():
+    data = regression_data()
+    m1, m2 = make_model(5), make_model(5)
+    h1 = train(EagerStep(m1, data, torch.optim.SGD(m1.parameters(), lr=0.05), loss_fn=nn.functional.mse_loss), 6)
+    step = CompiledStep(m2, data, torch.optim.SGD(m2.parameters(), lr=0.05), loss_fn=nn.functional.mse_loss)
+    h2 = train(step, 6)
+    assert step.compiled
+    assert h2["total_loss"] == pytest.approx(h1["total_loss"], rel=1e-4)
+
+
+def test_compiled_step_falls_back_to_eager_with_one_warning():
+    def broken_backend(gm, example_inputs):
+        raise RuntimeError("no compiler here")
+
+    data = regression_data()
+    m1, m2 = make_model(5), make_model(5)
+    h1 = train(EagerStep(m1, data, torch.optim.SGD(m1.parameters(), lr=0.05), loss_fn=nn.functional.mse_loss), 4)
+    step = CompiledStep(m2, data, torch.optim.SGD(m2.parameters(), lr=0.05), loss_fn=nn.functional.mse_loss, backend=broken_backend)
+    with pytest.warns(RuntimeWarning, match="compilation failed, training continues eagerly.*no compiler here") as record:
+        h2 = train(step, 4)
+    assert len([w for w in record if "compilation failed" in str(w.message)]) == 1
+    assert not step.compiled
+    assert h2["total_loss"] == h1["total_loss"]
+
+
+def test_compiled_step_user_errors_still_surface():
+    model = make_model()
+    bad = [(torch.zeros(2, 5), torch.zeros(2, 1))]  # wrong feature size
+    step = CompiledStep(model, bad, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=nn.functional.mse_loss, backend="aot_eager")
+    with pytest.warns(RuntimeWarning), pytest.raises(RuntimeError, match="cannot be multiplied"):
+        TrainerBase(step).train(0, 1)
+
+
+class GANStep(StepBase):
+    """A user's research loop: two models, two optimizers, alternating updates."""
+
+    def __init__(self, gen, disc, data, opt_g, opt_d):
+        self.gen, self.disc, self.data = gen, disc, iter(data)
+        self.opt_g, self.opt_d = opt_g, opt_d
+
+    def run_step(self):
+        real = next(self.data)
+        z = torch.randn(real.shape[0], 2)
+        fake = self.gen(z)
+        bce = nn.functional.binary_cross_entropy_with_logits
+        d_loss = bce(self.disc(real), torch.ones(len(real), 1)) + bce(self.disc(fake.detach()), torch.zeros(len(real), 1))
+        self.opt_d.zero_grad()
+        d_loss.backward()
+        self.opt_d.step()
+        g_loss = bce(self.disc(fake), torch.ones(len(real), 1))
+        self.opt_g.zero_grad()
+        g_loss.backward()
+        self.trainer.after_backward()
+        self.opt_g.step()
+        self.storage.put_scalars(loss_d=d_loss.detach(), loss_g=g_loss.detach(), kind=ScalarKind.LOSS)
+
+
+def test_a_replaced_step_object_trains_a_two_optimizer_loop_with_hooks():
+    torch.manual_seed(0)
+    gen, disc = nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 1))
+    real = (torch.randn(16, 2) * 0.1 + torch.tensor([2.0, -1.0]) for _ in itertools.count())
+    g0, d0 = gen.weight.clone(), disc[0].weight.clone()
+    trainer = TrainerBase()
+    trainer.step = GANStep(gen, disc, real, torch.optim.Adam(gen.parameters(), 1e-2), torch.optim.Adam(disc.parameters(), 1e-2))
+    backward_calls = []
+    from treadle.hooks.callback import CallbackHook
+
+    trainer.register_hooks([CallbackHook(after_backward=lambda t: backward_calls.append(t.iter))])
+    trainer.train(0, 50)
+    assert backward_calls == list(range(50))
+    assert not torch.equal(gen.weight, g0) and not torch.equal(disc[0].weight, d0)
+    assert set(trainer.storage.latest()) == {"loss_d", "loss_g"}
+    # The generator moved its outputs towards the real data's mean.
+    assert (gen(torch.randn(256, 2)).mean(0) - torch.tensor([2.0, -1.0])).abs().max() < (gen.bias.new_zeros(2) - torch.tensor([2.0, -1.0])).abs().max()
+
+
+def test_step_state_holds_data_position_and_resets_iterator():
+    class Loader:
+        def __init__(self):
+            self.position = 0
+
+        def __iter__(self):
+            while True:
+                x = torch.full((2, 4), float(self.position))
+                self.position += 1
+                yield x, torch.zeros(2, 1)
+
+        def state_dict(self):
+            return {"position": self.position}
+
+        def load_state_dict(self, state):
+            self.position = state["position"]
+
+    model = make_model()
+    loader = Loader()
+    step = EagerStep(model, loader, torch.optim.SGD(model.parameters(), lr=0.0), loss_fn=nn.functional.mse_loss)
+    TrainerBase(step).train(0, 3)
+    assert step.state_dict() == {"data": {"position": 3}}
+    step.load_state_dict({"data": {"position": 1}})
+    assert step._data_iter is None and loader.position == 1

@@ -1,0 +1,212 @@
+import logging
+
+import pytest
+import torch
+
+from treadle.engine import HookBase, HookOrderError, StepBase, TrainerBase
+from treadle.events import ScalarKind
+from treadle.hooks.callback import CallbackHook
+
+
+class RecordingStep(StepBase):
+    def __init__(self, log, fail_at=None):
+        self.log = log
+        self.fail_at = fail_at
+
+    def run_step(self):
+        it = self.trainer.iter
+        assert self.trainer.storage.iter == it
+        self.log.append(("step", it))
+        self.trainer.after_backward()
+        if it == self.fail_at:
+            raise ValueError(f"boom at {it}")
+        self.storage.put_scalar("total_loss", torch.tensor(1.0), kind=ScalarKind.LOSS)
+
+
+class Recorder(HookBase):
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def before_train(self):
+        self.log.append((self.name, "before_train", self.trainer.iter))
+
+    def before_step(self):
+        assert self.trainer.storage.iter == self.trainer.iter
+        self.log.append((self.name, "before_step", self.trainer.iter))
+
+    def after_backward(self):
+        self.log.append((self.name, "after_backward", self.trainer.iter))
+
+    def after_step(self):
+        self.log.append((self.name, "after_step", self.trainer.iter))
+
+    def after_train(self):
+        self.log.append((self.name, "after_train", self.trainer.iter))
+
+
+def make_trainer(log, hooks=(), fail_at=None):
+    trainer = TrainerBase(RecordingStep(log, fail_at))
+    trainer.register_hooks(hooks)
+    return trainer
+
+
+def test_hooks_run_in_order_around_each_step():
+    log = []
+    trainer = make_trainer(log, [Recorder("a", log), None, Recorder("b", log)])
+    trainer.train(2, 4)
+    expected = [("a", "before_train", 2), ("b", "before_train", 2)]
+    for it in (2, 3):
+        expected += [
+            ("a", "before_step", it), ("b", "before_step", it),
+            ("step", it),
+            ("a", "after_backward", it), ("b", "after_backward", it),
+            ("a", "after_step", it), ("b", "after_step", it),
+        ]
+    expected += [("a", "after_train", 4), ("b", "after_train", 4)]
+    assert log == expected
+    assert trainer.iter == 4 and trainer.start_iter == 2 and trainer.max_iter == 4
+
+
+def test_after_train_runs_after_an_exception_which_is_logged_and_reraised(treadle_caplog):
+    log = []
+    trainer = make_trainer(log, [Recorder("a", log)], fail_at=1)
+    with pytest.raises(ValueError, match="boom at 1"):
+        trainer.train(0, 5)
+    assert log[-1] == ("a", "after_train", 1)
+    assert ("a", "after_step", 1) not in log
+    assert "Exception during training at iteration 1" in treadle_caplog.text
+
+
+class Failing(HookBase):
+    def __init__(self, stage):
+        self.stage = stage
+
+    def after_step(self):
+        if self.stage == "after_step" and self.trainer.iter == 2:
+            raise RuntimeError("hook broke")
+
+    def after_train(self):
+        if self.stage == "after_train":
+            raise RuntimeError("after_train broke")
+
+
+def test_hook_exception_names_the_hook_and_later_after_train_still_run():
+    log = []
+    trainer = make_trainer(log, [Failing("after_step"), Failing("after_train"), Recorder("last", log)])
+    with pytest.raises(RuntimeError, match="hook broke") as info:
+        trainer.train(0, 5)
+    assert any("Failing.after_step at iteration 2" in note for note in info.value.__notes__)
+    # The failing after_train of the second hook did not stop the third one's.
+    assert log[-1] == ("last", "after_train", 2)
+
+
+def test_after_train_error_on_success_path_is_raised():
+    trainer = make_trainer([], [Failing("after_train")])
+    with pytest.raises(RuntimeError, match="after_train broke"):
+        trainer.train(0, 2)
+
+
+def test_request_stop_ends_after_the_current_step_and_runs_after_train():
+    log = []
+    stopper = CallbackHook(after_step=lambda t: t.request_stop("enough") if t.iter == 3 else None)
+    trainer = make_trainer(log, [stopper, Recorder("r", log)])
+    trainer.train(0, 100)
+    steps = [e for e in log if e[0] == "step"]
+    assert steps[-1] == ("step", 3)
+    assert ("r", "after_step", 3) in log  # hooks after the stopper still see the step
+    assert log[-1] == ("r", "after_train", 4)
+    assert trainer.stop_reason == "enough"
+    # A second train() starts without the old stop request.
+    log.clear()
+    trainer.train(4, 6)
+    assert [e for e in log if e[0] == "step"] == [("step", 4), ("step", 5)]
+
+
+class Counter(HookBase):
+    state_attributes = ("count",)
+
+    def __init__(self):
+        self.count = 0
+
+    def after_step(self):
+        self.count += 1
+
+
+def test_state_dict_round_trip_keeps_two_hooks_of_one_class_apart():
+    a, b = Counter(), Counter()
+    trainer = make_trainer([], [a, b])
+    trainer.train(0, 3)
+    b.count = 10
+    state = trainer.state_dict()
+    assert state["iteration"] == 3
+    assert state["hooks"] == {"Counter": {"count": 3}, "Counter#2": {"count": 10}}
+
+    torch.manual_seed(123)
+    expected_draw = torch.rand(3)
+    torch.manual_seed(123)
+    state = trainer.state_dict()  # RNG state captured here
+
+    c, d = Counter(), Counter()
+    other = make_trainer([], [c, d])
+    torch.rand(100)
+    other.load_state_dict(state)
+    assert (c.count, d.count, other.iter) == (3, 10, 3)
+    assert torch.equal(torch.rand(3), expected_draw)
+
+
+def test_state_for_an_unregistered_hook_is_reported(treadle_caplog):
+    trainer = make_trainer([], [])
+    trainer.load_state_dict({"iteration": 0, "hooks": {"Gone": {"x": 1}}})
+    assert "state for hook 'Gone'" in treadle_caplog.text
+
+
+def test_default_hook_state_rejects_unknown_keys():
+    with pytest.raises(KeyError, match="Counter got unknown state keys"):
+        Counter().load_state_dict({"count": 1, "other": 2})
+
+
+class Producer(HookBase):
+    pass
+
+
+class Consumer(HookBase):
+    runs_after = (Producer,)
+
+
+def test_wrong_hook_order_is_reported():
+    trainer = make_trainer([])
+    with pytest.raises(HookOrderError, match=r"Consumer must be registered after Producer.*\[Consumer, Producer\]"):
+        trainer.register_hooks([Consumer(), Producer()])
+    trainer.register_hooks([Producer(), Consumer()])  # the right order is accepted
+    assert [type(h) for h in trainer.hooks] == [Producer, Consumer]
+
+
+def test_non_hook_is_rejected():
+    with pytest.raises(TypeError, match="HookBase instances, got int"):
+        make_trainer([]).register_hooks([3])
+
+
+def test_timing_table_lists_step_and_hooks(treadle_caplog):
+    trainer = make_trainer([], [Counter()])
+    trainer.train(0, 5)
+    timings = trainer.timings()
+    assert set(timings) == {"step", "Counter.after_step"}
+    assert "| Counter.after_step" in treadle_caplog.text and "per iteration (ms)" in treadle_caplog.text
+
+
+def test_callback_hook_is_reusable_across_train_calls():
+    calls = []
+    hook = CallbackHook(before_train=lambda t: calls.append("bt"), after_step=lambda t: calls.append(t.iter))
+    trainer = make_trainer([], [hook])
+    trainer.train(0, 2)
+    trainer.train(2, 3)
+    assert calls == ["bt", 0, 1, "bt", 2]
+    with pytest.raises(TypeError, match="after_step must be callable"):
+        CallbackHook(after_step=3)
+
+
+def test_step_assignment_requires_a_step_object():
+    with pytest.raises(TypeError, match="trainer.step must be a StepBase"):
+        TrainerBase().step = object()
+    with pytest.raises(RuntimeError, match="no step object"):
+        TrainerBase().train(0, 1)

@@ -1,0 +1,165 @@
+"""``instantiate``: turn a config of lazy calls into the objects it describes."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+from typing import Any, Callable, Dict, List
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ._keys import join_path, node_path
+from .errors import ConfigError
+from .locate import _locate, _NotLocatable, import_path
+
+__all__ = ["instantiate"]
+
+
+def _shown(path: str) -> str:
+    return f"'{path}'" if path else "<root>"
+
+
+def _first_line(error: BaseException) -> str:
+    # OmegaConf appends "full_key: ...", "object_type=..." lines; the path is named by us.
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+def _read(container: Any, key: Any, path: str) -> Any:
+    """``container[key]`` with interpolations resolved; a missing or broken value is a ConfigError."""
+    try:
+        return container[key]
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"Cannot read config value {_shown(join_path(path, key))}: {_first_line(e)}") from e
+
+
+def _target_name(target: Any) -> str:
+    if isinstance(target, str):
+        return target
+    return import_path(target) or getattr(target, "__qualname__", None) or repr(target)
+
+
+def _resolve_target(target: Any, path: str) -> Callable[..., Any]:
+    if isinstance(target, str):
+        try:
+            obj = _locate(target)
+        except _NotLocatable as e:
+            raise ConfigError(f"Cannot import _target_ '{target}' of config node {_shown(path)}: {e}") from e
+    elif callable(target):
+        return target
+    else:
+        raise ConfigError(
+            f"_target_ of config node {_shown(path)} must be a callable or an import path string, "
+            f"got {target!r} ({type(target).__name__})"
+        )
+    if not callable(obj):
+        raise ConfigError(
+            f"_target_ '{target}' of config node {_shown(path)} is a {type(obj).__name__}, not a callable"
+        )
+    return obj
+
+
+def _argument_hint(target: Callable[..., Any], kwargs: Dict[str, Any]) -> str:
+    """Why the arguments do not fit ``target``'s signature; "" when they do (the error came from inside)."""
+    try:
+        signature = inspect.signature(target)
+        signature.bind(**kwargs)
+    except TypeError:
+        pass
+    except ValueError:  # no signature available (some builtins)
+        return ""
+    else:
+        return " (raised inside the call; the arguments match its signature)"
+    params = signature.parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return ""
+    names = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    hints = []
+    for arg in kwargs:
+        if arg not in params:
+            close = difflib.get_close_matches(arg, names, n=1)
+            if close:
+                hints.append(f"'{close[0]}' instead of '{arg}'")
+    if hints:
+        return "; did you mean " + ", ".join(hints) + "?"
+    return ("; its arguments are: " + ", ".join(names)) if names else ""
+
+
+def _call(target: Callable[..., Any], kwargs: Dict[str, Any], path: str, name: str) -> Any:
+    try:
+        return target(**kwargs)
+    except ConfigError:
+        raise
+    except TypeError as e:
+        raise ConfigError(
+            f"Cannot instantiate config node {_shown(path)} (_target_ {name}): "
+            f"{e}{_argument_hint(target, kwargs)}"
+        ) from e
+    except Exception as e:
+        # Keep the original exception type (callers may catch it) and add where it came from.
+        if hasattr(e, "add_note"):
+            e.add_note(f"while instantiating config node {_shown(path)} (_target_ {name})")
+        raise
+
+
+def _instantiate(node: Any, path: str) -> Any:
+    if isinstance(node, ListConfig):
+        if node._is_none():
+            return None
+        return [_instantiate(_read(node, i, path), join_path(path, i)) for i in range(len(node))]
+    if type(node) in (list, tuple):
+        values = [_instantiate(v, join_path(path, i)) for i, v in enumerate(node)]
+        return values if isinstance(node, list) else tuple(values)
+    if isinstance(node, DictConfig):
+        if node._is_none():
+            return None
+        object_type = node._metadata.object_type
+        if object_type is not None and dataclasses.is_dataclass(object_type):
+            try:
+                return OmegaConf.to_object(node)
+            except OmegaConfBaseException as e:
+                raise ConfigError(f"Cannot instantiate config node {_shown(path)}: {_first_line(e)}") from e
+        items = [(key, _read(node, key, path)) for key in node.keys()]
+    elif type(node) is dict:
+        items = list(node.items())
+    else:
+        # Objects (tensors, modules, numbers, already built things) are not configs.
+        return node
+    entries = dict(items)
+    if "_target_" not in entries:
+        return {key: _instantiate(value, join_path(path, key)) for key, value in items}
+    raw_target = entries.pop("_target_")
+    target = _resolve_target(raw_target, path)
+    bad: List[Any] = [key for key in entries if not isinstance(key, str)]
+    if bad:
+        raise ConfigError(f"Config node {_shown(path)} has non-string argument names {bad!r}")
+    kwargs = {key: _instantiate(value, join_path(path, key)) for key, value in entries.items()}
+    return _call(target, kwargs, path, _target_name(raw_target))
+
+
+def instantiate(cfg: Any) -> Any:
+    """Builds the objects described by ``cfg``, recursively.
+
+    - A dict/``DictConfig`` with ``_target_`` becomes ``target(**arguments)``,
+      its arguments instantiated first (depth first, in key order).
+    - A dict/``DictConfig`` without ``_target_`` becomes a plain ``dict`` of
+      instantiated values; a list/``ListConfig`` a plain ``list``; a tuple a tuple.
+      The result never contains OmegaConf nodes, so user code gets ordinary
+      Python containers.
+    - A ``DictConfig`` typed by a dataclass becomes that dataclass.
+    - Anything else (including objects stored in the config) is returned unchanged.
+
+    Interpolations (``${train.output_dir}``) are resolved against the root of
+    the config the node belongs to.
+
+    Raises:
+        ConfigError: naming the config path of the node (``model.backbone``) for a
+            ``_target_`` that cannot be imported or is not callable, a call that
+            raises ``TypeError`` (wrong arguments: the message includes the
+            target, the underlying message and close argument names), and a
+            missing (``???``) or unresolvable value. Other exceptions raised by a
+            target propagate unchanged, with a note naming the node.
+    """
+    return _instantiate(cfg, node_path(cfg))

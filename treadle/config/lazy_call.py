@@ -1,0 +1,80 @@
+"""``LazyCall``: record a call as a config node instead of making it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Union
+
+from omegaconf import DictConfig
+
+from .errors import ConfigError
+from .locate import import_path
+
+__all__ = ["LazyCall", "L"]
+
+
+def _describe(target: Any) -> str:
+    return import_path(target) or getattr(target, "__qualname__", None) or repr(target)
+
+
+class LazyCall:
+    """Wraps a callable so that calling it returns a config of the call.
+
+    ``LazyCall(torch.nn.Linear)(in_features=3, out_features=4)`` returns the
+    ``DictConfig`` ``{"_target_": torch.nn.Linear, "in_features": 3,
+    "out_features": 4}``; :func:`~treadle.config.instantiate` later makes the
+    call. Arguments may themselves be lazy calls, lists or dicts of them.
+
+    Contract:
+        - ``target`` is a callable or a dotted import path string
+          (``"torch.nn.Linear"``); strings are not imported until instantiation.
+        - Arguments are keyword-only (a config names every argument) and may not
+          include ``_target_``.
+        - The node has the ``allow_objects`` flag, so arguments may be arbitrary
+          Python objects; :meth:`LazyConfig.save` only writes what YAML can hold.
+        - Dataclass and attrs classes are stored by import path: OmegaConf would
+          otherwise read such a class as a structured-config schema.
+    """
+
+    def __init__(self, target: Union[Callable[..., Any], str]) -> None:
+        if isinstance(target, str):
+            if not target or any(not part for part in target.split(".")):
+                raise ConfigError(
+                    f"LazyCall target {target!r} is not a dotted import path like 'torch.nn.Linear'"
+                )
+        elif not callable(target):
+            raise ConfigError(
+                f"LazyCall target must be a callable or a dotted import path string, "
+                f"got {target!r} ({type(target).__name__})"
+            )
+        self._target = target
+
+    def __call__(self, *args: Any, **kwargs: Any) -> DictConfig:
+        name = self._target if isinstance(self._target, str) else _describe(self._target)
+        if args:
+            raise ConfigError(
+                f"LazyCall({name}) takes keyword arguments only (a config names every "
+                f"argument); got {len(args)} positional argument(s)"
+            )
+        if "_target_" in kwargs:
+            raise ConfigError(f"LazyCall({name}) got '_target_' as an argument; the target is set by LazyCall itself")
+        target: Any = self._target
+        if isinstance(target, type) and (
+            dataclasses.is_dataclass(target) or hasattr(target, "__attrs_attrs__")
+        ):
+            path = import_path(target)
+            if path is None:
+                raise ConfigError(
+                    f"LazyCall target {name} is a dataclass/attrs class that cannot be imported "
+                    f"by name; define it at module level so that it can be stored as an import path"
+                )
+            target = path
+        return DictConfig(content={"_target_": target, **kwargs}, flags={"allow_objects": True})
+
+    def __repr__(self) -> str:
+        name = self._target if isinstance(self._target, str) else _describe(self._target)
+        return f"LazyCall({name})"
+
+
+L = LazyCall
+"""Short alias of :class:`LazyCall`, as used in detectron2 configs: ``L(Model)(depth=50)``."""

@@ -1,0 +1,388 @@
+"""Step objects: what one training iteration does.
+
+The trainer calls ``step.run_step()`` once per iteration and knows nothing
+else of it. Assigning ``trainer.step = MyStep(...)`` replaces the iteration
+(a GAN with two optimizers, custom accumulation, ...) while every hook,
+writer and checkpoint keeps working.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import warnings
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, Optional, Tuple
+
+import torch
+from torch import nn
+
+from treadle.events import ScalarKind, get_event_storage
+from treadle.events.storage import EventStorage
+from treadle.utils.device import to_device
+
+if TYPE_CHECKING:
+    from .train_loop import TrainerBase
+
+__all__ = ["StepBase", "EagerStep", "CompiledStep", "PRECISIONS"]
+
+logger = logging.getLogger(__name__)
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class StepBase:
+    """One training iteration.
+
+    ``run_step`` fetches data, computes losses, updates the parameters and
+    publishes what it measured to the event storage (tensors, never read on
+    the host). Between backward and the optimizer step it calls
+    ``self.trainer.after_backward()`` so that hooks can inspect gradients.
+
+    ``state_dict`` returns what a resume needs (data position, grad scaler),
+    as plain data; it is saved with the trainer's state.
+
+    ``self.trainer`` is set (as a weak proxy) when the step is assigned to
+    ``trainer.step``.
+    """
+
+    trainer: "TrainerBase"
+
+    def run_step(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def storage(self) -> EventStorage:
+        return get_event_storage()
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if state:
+            raise KeyError(f"{type(self).__name__} keeps no state but got keys {sorted(state)}")
+
+    def _after_backward(self) -> None:
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None:
+            trainer.after_backward()
+
+
+class EagerStep(StepBase):
+    """The standard iteration, run eagerly.
+
+    Loss contract, checked in this order:
+
+    1. with ``loss_fn``, the batch is ``(inputs, targets)`` and
+       ``loss = loss_fn(model(inputs), targets)``;
+    2. without it, ``out = model(batch)`` and ``out`` is a scalar tensor, an
+       object with a ``.loss`` attribute (Hugging Face model outputs, which are
+       also dicts, so this comes first), or a dict of scalar losses, which are
+       summed and each published under its own name.
+
+    The sum is published as ``total_loss``. One iteration is one optimizer
+    update, fed by ``grad_accum_steps`` micro-batches; each micro-batch loss
+    is divided by ``grad_accum_steps``, so with mean-reduced losses the update
+    equals that of one batch ``grad_accum_steps`` times larger.
+
+    Args:
+        model: the module to train; its mode must be ``train``.
+        data_loader: any iterable of batches; iterated forever (re-iterated
+            when exhausted). A loader with ``state_dict``/``load_state_dict``
+            (``treadle.data.build_train_loader``) makes resume exact.
+        optimizer: any ``torch.optim.Optimizer``.
+        loss_fn: see the loss contract.
+        grad_accum_steps: micro-batches per optimizer update.
+        clip_grad_norm: clip the total gradient norm to this value; the norm
+            before clipping is published as ``grad_norm``.
+        precision: ``"fp32"``, ``"bf16"`` (autocast, CPU or GPU) or ``"fp16"``
+            (autocast and a ``GradScaler``; needs CUDA).
+        grad_scaler: a ``torch.amp.GradScaler`` for fp16 (one is made if not given).
+        device: where batches are moved; by default the device of the model's
+            parameters.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data_loader: Iterable[Any],
+        optimizer: torch.optim.Optimizer,
+        *,
+        loss_fn: Optional[Callable[[Any, Any], Any]] = None,
+        grad_accum_steps: int = 1,
+        clip_grad_norm: Optional[float] = None,
+        precision: str = "fp32",
+        grad_scaler: Optional["torch.amp.GradScaler"] = None,
+        device: Optional[torch.device | str] = None,
+    ) -> None:
+        if not isinstance(grad_accum_steps, int) or grad_accum_steps < 1:
+            raise ValueError(f"grad_accum_steps must be an integer >= 1, got {grad_accum_steps!r}")
+        if clip_grad_norm is not None and not clip_grad_norm > 0:
+            raise ValueError(f"clip_grad_norm must be positive or None, got {clip_grad_norm!r}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        self.model = model
+        self.data_loader = data_loader
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.grad_accum_steps = grad_accum_steps
+        self.clip_grad_norm = clip_grad_norm
+        self.precision = precision
+        self._device = torch.device(device) if device is not None else None
+        if precision == "fp16":
+            if self.device.type != "cuda":
+                raise ValueError(
+                    f"precision='fp16' needs CUDA (it trains with a GradScaler), but the model is on "
+                    f"{self.device.type}. Use precision='bf16' on CPU."
+                )
+            grad_scaler = grad_scaler if grad_scaler is not None else torch.amp.GradScaler("cuda")
+        elif grad_scaler is not None:
+            raise ValueError(f"grad_scaler is used only with precision='fp16', not {precision!r}")
+        self.grad_scaler = grad_scaler
+        self._data_iter: Optional[Iterator[Any]] = None
+        self._warned_no_data_state = False
+
+    # ------------------------------------------------------------------ iteration
+    @property
+    def device(self) -> torch.device:
+        if self._device is None:
+            param = next(iter(self.model.parameters()), None)
+            self._device = param.device if param is not None else torch.device("cpu")
+        return self._device
+
+    def run_step(self) -> None:
+        if not self.model.training:
+            raise RuntimeError(
+                "The model is in eval mode at the start of a training step; a hook or an "
+                "evaluation did not restore model.train()."
+            )
+        storage = self.storage
+        self.optimizer.zero_grad(set_to_none=True)
+        data_time = 0.0
+        totals: Dict[str, torch.Tensor] = {}
+        k = self.grad_accum_steps
+        for micro in range(k):
+            t0 = time.perf_counter()
+            batch = self._next_batch()
+            data_time += time.perf_counter() - t0
+            # Only the last micro-batch synchronizes gradients across ranks.
+            sync_ctx = self.model.no_sync() if micro < k - 1 and hasattr(self.model, "no_sync") else contextlib.nullcontext()
+            with sync_ctx:
+                with self._autocast():
+                    terms = self._losses(batch)
+                    total = terms["total_loss"] if len(terms) == 1 else sum(terms.values())
+                loss = total / k if k > 1 else total
+                if self.grad_scaler is not None:
+                    self.grad_scaler.scale(loss).backward()
+                else:
+                    loss.backward()
+            if len(terms) > 1:
+                terms["total_loss"] = total
+            for name, value in terms.items():
+                value = self._published(value)
+                totals[name] = value if micro == 0 else totals[name] + value
+
+        if self.grad_scaler is not None:
+            # Hooks and clipping must see true gradients.
+            self.grad_scaler.unscale_(self.optimizer)
+        self._after_backward()
+        if self.clip_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self._parameters(), self.clip_grad_norm)
+            storage.put_scalar("grad_norm", norm.detach())
+        if self.grad_scaler is not None:
+            self.grad_scaler.step(self.optimizer)
+            self.grad_scaler.update()
+        else:
+            self.optimizer.step()
+
+        for name, value in totals.items():
+            storage.put_scalar(name, value / k if k > 1 else value, kind=ScalarKind.LOSS)
+        storage.put_scalar("data_time", data_time, kind=ScalarKind.TIME)
+
+    def _next_batch(self) -> Any:
+        if self._data_iter is None:
+            self._data_iter = iter(self.data_loader)
+        try:
+            batch = next(self._data_iter)
+        except StopIteration:
+            # A finite loader is re-iterated: iterations, not epochs, bound training.
+            self._data_iter = iter(self.data_loader)
+            try:
+                batch = next(self._data_iter)
+            except StopIteration:
+                raise RuntimeError("The training data loader yields no batches.") from None
+        return to_device(batch, self.device)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=_AUTOCAST_DTYPES[self.precision])
+
+    def _losses(self, batch: Any) -> Dict[str, torch.Tensor]:
+        return _forward_losses(self.model, self.loss_fn, batch)
+
+    def _published(self, value: torch.Tensor) -> torch.Tensor:
+        return value.detach()
+
+    def _parameters(self) -> list:
+        return [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> Dict[str, Any]:
+        state: Dict[str, Any] = {}
+        if hasattr(self.data_loader, "state_dict"):
+            state["data"] = self.data_loader.state_dict()
+        if self.grad_scaler is not None:
+            state["grad_scaler"] = self.grad_scaler.state_dict()
+        return state
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if "data" in state:
+            if hasattr(self.data_loader, "load_state_dict"):
+                self.data_loader.load_state_dict(state["data"])
+            else:
+                logger.warning(
+                    "The checkpoint has a data position, but the data loader (%s) cannot load it: "
+                    "the data stream restarts from its beginning.",
+                    type(self.data_loader).__name__,
+                )
+        elif not hasattr(self.data_loader, "load_state_dict") and not self._warned_no_data_state:
+            self._warned_no_data_state = True
+            logger.warning(
+                "The data loader (%s) has no state_dict(): a resumed run restarts its data stream. "
+                "Use treadle.data.build_train_loader for an exact resume.",
+                type(self.data_loader).__name__,
+            )
+        if "grad_scaler" in state and self.grad_scaler is not None:
+            self.grad_scaler.load_state_dict(state["grad_scaler"])
+        # The next batch must come from the restored position.
+        self._data_iter = None
+
+
+def _forward_losses(model: nn.Module, loss_fn: Optional[Callable], batch: Any) -> Dict[str, torch.Tensor]:
+    """Runs the model on a batch and returns its losses by name (see EagerStep)."""
+    if loss_fn is not None:
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            raise TypeError(
+                "With loss_fn, each batch must be an (inputs, targets) pair; got "
+                f"{type(batch).__name__}" + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
+            )
+        inputs, targets = batch
+        return _as_losses(loss_fn(model(inputs), targets), "loss_fn")
+    return _as_losses(model(batch), "the model")
+
+
+def _as_losses(out: Any, source: str) -> Dict[str, torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        _check_scalar(out, source, "total_loss")
+        return {"total_loss": out}
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        _check_scalar(loss, source, "loss")
+        return {"total_loss": loss}
+    if isinstance(out, Mapping) and out:
+        for name, value in out.items():
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"{source} returned a dict whose entry '{name}' is a {type(value).__name__}, not a loss tensor")
+            _check_scalar(value, source, name)
+        if "total_loss" in out:
+            raise ValueError(f"{source} returned a loss named 'total_loss'; that name is kept for the sum of the losses")
+        return dict(out)
+    raise TypeError(
+        f"{source} returned {type(out).__name__}; expected a scalar loss tensor, a dict of scalar "
+        "losses, or an object with a .loss attribute (or pass loss_fn to compute the loss)"
+    )
+
+
+def _describe_compile_error(error: BaseException) -> str:
+    """The root cause of a compile failure in one line: dynamo wraps backend
+    errors, and their first line says only that the backend raised."""
+    root = getattr(error, "inner_exception", None) or error.__cause__ or error
+    lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+    return f"{type(root).__name__}: {lines[0] if lines else ''}"
+
+
+def _check_scalar(value: torch.Tensor, source: str, name: str) -> None:
+    if value.numel() != 1:
+        raise ValueError(
+            f"{source} returned loss '{name}' of shape {tuple(value.shape)}; a loss must be a scalar "
+            "(reduce it, e.g. with .mean())"
+        )
+
+
+class CompiledStep(EagerStep):
+    """:class:`EagerStep` with the forward pass and loss run through ``torch.compile``.
+
+    The compiled region is the model's forward plus ``loss_fn``; autograd
+    compiles the matching backward. On GPU, ``mode="reduce-overhead"`` captures
+    CUDA graphs. Where compilation is impossible (no dynamo on this platform,
+    no C++ compiler, an unsupported model, a backend error) the step warns
+    once, naming the cause, and runs eagerly from then on.
+
+    Args:
+        mode, backend, fullgraph, dynamic, options: passed to ``torch.compile``.
+        Other arguments: as :class:`EagerStep`.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data_loader: Iterable[Any],
+        optimizer: torch.optim.Optimizer,
+        *,
+        mode: Optional[str] = None,
+        backend: str | Callable = "inductor",
+        fullgraph: bool = False,
+        dynamic: Optional[bool] = None,
+        options: Optional[Dict[str, Any]] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, data_loader, optimizer, **kwargs)
+        if mode is not None and options is not None:
+            raise ValueError("torch.compile takes either mode or options, not both")
+        self.mode = mode
+        self.backend = backend
+        self._compiled: Optional[Callable] = None
+        self._fell_back_reason: Optional[str] = None
+        if not torch._dynamo.is_dynamo_supported():
+            self._fall_back("torch.compile is not supported on this platform or Python version")
+        else:
+            self._compiled = torch.compile(
+                _forward_losses, mode=mode, backend=backend, fullgraph=fullgraph, dynamic=dynamic, options=options
+            )
+        self._cuda_graphs = mode in ("reduce-overhead", "max-autotune")
+
+    @property
+    def compiled(self) -> bool:
+        """False once the step has fallen back to eager."""
+        return self._compiled is not None
+
+    def run_step(self) -> None:
+        if self._compiled is not None and self._cuda_graphs and self.device.type == "cuda":
+            # Outputs of the previous replay are read at flush from copies
+            # (see _published); the graph may overwrite the originals.
+            torch.compiler.cudagraph_mark_step_begin()
+        super().run_step()
+
+    def _losses(self, batch: Any) -> Dict[str, torch.Tensor]:
+        if self._compiled is None:
+            return _forward_losses(self.model, self.loss_fn, batch)
+        try:
+            return self._compiled(self.model, self.loss_fn, batch)
+        except Exception as e:  # noqa: BLE001 - any compile failure falls back; user errors re-raise eagerly below
+            self._fall_back(_describe_compile_error(e))
+            return _forward_losses(self.model, self.loss_fn, batch)
+
+    def _published(self, value: torch.Tensor) -> torch.Tensor:
+        # A copy: CUDA-graph outputs are overwritten by the next replay, and
+        # the storage reads published tensors only at flush.
+        return value.detach().clone()
+
+    def _fall_back(self, reason: str) -> None:
+        self._compiled = None
+        self._fell_back_reason = reason
+        message = f"CompiledStep: compilation failed, training continues eagerly. Cause: {reason}"
+        logger.warning(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)

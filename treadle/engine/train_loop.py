@@ -1,0 +1,269 @@
+"""The iteration loop: hooks around a swappable step object."""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections import defaultdict
+from typing import Any, Dict, List, Optional, Sequence
+
+from tabulate import tabulate
+
+from treadle.events import EventStorage
+from treadle.hooks.base import HOOK_STAGES, HookBase
+from treadle.utils.rng import get_rng_state, set_rng_state
+
+from .steps import StepBase
+
+__all__ = ["TrainerBase", "HookOrderError"]
+
+logger = logging.getLogger(__name__)
+
+
+class HookOrderError(ValueError):
+    """Hooks were registered in an order that would make one of them mis-run."""
+
+
+class TrainerBase:
+    """Runs hooks around ``run_step``, ``max_iter - start_iter`` times.
+
+    Invariant: inside every hook call, ``self.iter`` is the iteration being
+    run and ``self.storage.iter == self.iter``. After the loop, during
+    ``after_train``, ``self.iter`` is one past the last iteration run.
+
+    ``run_step`` delegates to ``self.step``, a :class:`StepBase`; assigning
+    another step object is the supported way to change what an iteration does.
+    The trainer knows nothing of models, optimizers or data.
+
+    Attributes:
+        iter: the current iteration.
+        start_iter: the iteration training (re)started at.
+        max_iter: the iteration training ends before.
+        storage: the :class:`EventStorage` opened by :meth:`train`.
+        nonfinite_check: passed to the ``EventStorage``: ``"flush"``, ``"step"`` or ``"off"``.
+    """
+
+    def __init__(self, step: Optional[StepBase] = None, *, nonfinite_check: str = "flush") -> None:
+        self._hooks: List[HookBase] = []
+        self._hooks_by_stage: Dict[str, List[HookBase]] = {s: [] for s in HOOK_STAGES}
+        self.iter: int = 0
+        self.start_iter: int = 0
+        self.max_iter: int = 0
+        self.storage: EventStorage
+        self.nonfinite_check = nonfinite_check
+        self._step: Optional[StepBase] = None
+        self._stop_reason: Optional[str] = None
+        self._timings: Dict[str, float] = defaultdict(float)
+        if step is not None:
+            self.step = step
+
+    # ------------------------------------------------------------------ parts
+    @property
+    def step(self) -> StepBase:
+        if self._step is None:
+            raise RuntimeError("The trainer has no step object: assign one with `trainer.step = ...`.")
+        return self._step
+
+    @step.setter
+    def step(self, step: StepBase) -> None:
+        if not isinstance(step, StepBase):
+            raise TypeError(f"trainer.step must be a StepBase, got {type(step).__name__}")
+        step.trainer = weakref.proxy(self)
+        self._step = step
+
+    @property
+    def hooks(self) -> List[HookBase]:
+        return list(self._hooks)
+
+    def register_hooks(self, hooks: Sequence[Optional[HookBase]]) -> None:
+        """Appends hooks; ``None`` entries are skipped; list order is call order.
+
+        Raises:
+            TypeError: an entry is not a :class:`HookBase`.
+            HookOrderError: a hook would run before a hook it must follow
+                (see :attr:`HookBase.runs_after`).
+        """
+        hooks = [h for h in hooks if h is not None]
+        for h in hooks:
+            if not isinstance(h, HookBase):
+                raise TypeError(f"Hooks must be HookBase instances, got {type(h).__name__}: {h!r}")
+        candidate = self._hooks + hooks
+        _check_hook_order(candidate)
+        for h in hooks:
+            # A proxy, not a reference: the trainer holds its hooks, and a
+            # cycle would keep both alive after the trainer is dropped.
+            h.trainer = weakref.proxy(self)
+        self._hooks = candidate
+        self._hooks_by_stage = {
+            stage: [h for h in self._hooks if h.overrides(stage)] for stage in HOOK_STAGES
+        }
+
+    def request_stop(self, reason: str) -> None:
+        """Ends training after the current iteration; ``after_train`` runs as on success."""
+        if self._stop_reason is None:
+            logger.info("Stop requested at iteration %d: %s", self.iter, reason)
+            self._stop_reason = reason
+
+    @property
+    def stop_reason(self) -> Optional[str]:
+        """Why the last :meth:`train` stopped early, or ``None``."""
+        return self._stop_reason
+
+    # ------------------------------------------------------------------ loop
+    def train(self, start_iter: int, max_iter: int) -> None:
+        """Runs iterations ``start_iter .. max_iter - 1``.
+
+        An exception is logged with the iteration it happened at, ``after_train``
+        runs, and the exception is re-raised.
+        """
+        logger.info("Starting training from iteration %d", start_iter)
+        self.iter = self.start_iter = start_iter
+        self.max_iter = max_iter
+        self._stop_reason = None
+        self._timings = defaultdict(float)
+        with EventStorage(start_iter, nonfinite_check=self.nonfinite_check) as self.storage:
+            try:
+                self.before_train()
+                for self.iter in range(start_iter, max_iter):
+                    self.before_step()
+                    self.run_step()
+                    self.after_step()
+                    if self._stop_reason is not None:
+                        break
+                # Like detectron2: after_train sees the first iteration not run.
+                self.iter += 1
+            except Exception:
+                logger.exception("Exception during training at iteration %d:", self.iter)
+                self._after_train_after_error()
+                raise
+            else:
+                self.after_train()
+            finally:
+                self._log_timing_table()
+
+    def run_step(self) -> None:
+        """Runs one iteration through the step object."""
+        t0 = time.perf_counter()
+        self.step.run_step()
+        self._timings["step"] += time.perf_counter() - t0
+        if self.nonfinite_check == "step":
+            self.storage.materialize()
+
+    def before_train(self) -> None:
+        self._call_hooks("before_train")
+
+    def after_train(self) -> None:
+        self.storage.iter = self.iter
+        self._call_hooks("after_train")
+
+    def before_step(self) -> None:
+        # Hooks may read storage.iter; keep it in step with self.iter.
+        self.storage.iter = self.iter
+        self._call_hooks("before_step")
+
+    def after_backward(self) -> None:
+        """Called by the step object between backward and the optimizer step."""
+        if self._hooks_by_stage["after_backward"]:
+            self._call_hooks("after_backward")
+
+    def after_step(self) -> None:
+        self._call_hooks("after_step")
+
+    def _call_hooks(self, stage: str) -> None:
+        timings = self._timings
+        for h in self._hooks_by_stage[stage]:
+            t0 = time.perf_counter()
+            try:
+                getattr(h, stage)()
+            except Exception as e:
+                if hasattr(e, "add_note"):  # Python >= 3.11
+                    e.add_note(f"treadle: raised by hook {type(h).__name__}.{stage} at iteration {self.iter}")
+                raise
+            timings[type(h).__name__ + "." + stage] += time.perf_counter() - t0
+
+    def _after_train_after_error(self) -> None:
+        """Runs every after_train while an exception propagates.
+
+        One failing hook must not stop the others (a checkpointer or writer
+        further down the list still gets to save), and must not replace the
+        original exception, which is the one the user needs to see.
+        """
+        self.storage.iter = self.iter
+        for h in self._hooks_by_stage["after_train"]:
+            try:
+                h.after_train()
+            except Exception:
+                logger.exception("%s.after_train failed while handling an earlier error:", type(h).__name__)
+
+    def _log_timing_table(self) -> None:
+        iters = max(self.iter - self.start_iter, 1)
+        rows = sorted(self._timings.items(), key=lambda kv: -kv[1])
+        if not rows:
+            return
+        table = tabulate(
+            [(name, f"{total:.4f}", f"{1000 * total / iters:.4f}") for name, total in rows],
+            headers=["where", "total (s)", "per iteration (ms)"],
+            tablefmt="pipe",
+        )
+        logger.info("Time spent in the step and in each hook over %d iterations:\n%s", iters, table)
+
+    def timings(self) -> Dict[str, float]:
+        """Seconds spent so far in the step (``"step"``) and in each ``Hook.stage``."""
+        return dict(self._timings)
+
+    # ------------------------------------------------------------------ state
+    def hook_state_keys(self) -> Dict[str, HookBase]:
+        """``{key: hook}`` for the hooks in checkpoints.
+
+        The key is the class name, with ``#2``, ``#3``, ... for the second and
+        later hooks of one class, so two ``EvalHook``s keep separate states.
+        """
+        keys: Dict[str, HookBase] = {}
+        seen: Dict[str, int] = defaultdict(int)
+        for h in self._hooks:
+            name = type(h).__qualname__
+            seen[name] += 1
+            keys[name if seen[name] == 1 else f"{name}#{seen[name]}"] = h
+        return keys
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Iteration, hook states, step state (data position, grad scaler) and RNG states."""
+        state: Dict[str, Any] = {"iteration": self.iter, "rng": get_rng_state()}
+        hooks = {}
+        for key, h in self.hook_state_keys().items():
+            hook_state = h.state_dict()
+            if hook_state:
+                hooks[key] = hook_state
+        if hooks:
+            state["hooks"] = hooks
+        if self._step is not None:
+            step_state = self._step.state_dict()
+            if step_state:
+                state["step"] = step_state
+        return state
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.iter = int(state["iteration"])
+        keyed = self.hook_state_keys()
+        for key, hook_state in state.get("hooks", {}).items():
+            if key in keyed:
+                keyed[key].load_state_dict(hook_state)
+            else:
+                logger.warning("Checkpoint has a state for hook '%s', which is not registered; ignored.", key)
+        if "step" in state:
+            self.step.load_state_dict(state["step"])
+        if "rng" in state:
+            set_rng_state(state["rng"])
+
+
+def _check_hook_order(hooks: Sequence[HookBase]) -> None:
+    for i, h in enumerate(hooks):
+        for required in h.runs_after:
+            later = [j for j in range(i + 1, len(hooks)) if isinstance(hooks[j], required)]
+            if later:
+                order = ", ".join(type(x).__name__ for x in hooks)
+                raise HookOrderError(
+                    f"{type(h).__name__} must be registered after {required.__name__}, "
+                    f"because it reads what {required.__name__} produces; got the order [{order}]."
+                )

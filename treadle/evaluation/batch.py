@@ -1,0 +1,139 @@
+"""How a batch is fed to a model, and where evaluators find targets and predictions.
+
+The rules (also in ``docs/evaluation.md``):
+
+- a mapping, or a list/tuple whose items are all mappings (detectron2's list of
+  per-sample dicts), goes to the model whole: ``model(batch)``;
+- any other list/tuple of two items is ``(inputs, targets)``: ``model(inputs)``;
+- a list/tuple of any other length is ambiguous and rejected (pass ``forward=``);
+- anything else (a tensor, a custom object) goes whole: ``model(batch)``.
+
+Evaluators always receive the whole batch, so for ``(inputs, targets)`` they
+find the targets at index 1, and for a dict under a key (``"labels"`` by
+default, as in Hugging Face models).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Optional, Union
+
+import torch
+
+__all__ = ["ForwardFn", "move_to_device", "default_forward", "get_targets", "get_predictions", "batch_size"]
+
+ForwardFn = Callable[[Any, Any], Any]
+
+
+def move_to_device(obj: Any, device: Union[str, torch.device]) -> Any:
+    """Returns ``obj`` with every tensor in it moved to ``device``.
+
+    Walks lists, tuples (named tuples included) and mappings; other objects are
+    moved with their own ``.to(device)`` when they have one (Hugging Face's
+    ``BatchEncoding``), else returned unchanged.
+    """
+    device = torch.device(device)
+    # A copy to the host with non_blocking may be read before it has landed;
+    # copies towards an accelerator are ordered on its stream and safe.
+    non_blocking = device.type != "cpu"
+    return _move(obj, device, non_blocking)
+
+
+def _move(obj: Any, device: torch.device, non_blocking: bool) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device, non_blocking=non_blocking)
+    if isinstance(obj, (str, bytes)) or obj is None:
+        return obj
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_move(v, device, non_blocking) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_move(v, device, non_blocking) for v in obj)
+    if isinstance(obj, Mapping):
+        moved = {k: _move(v, device, non_blocking) for k, v in obj.items()}
+        try:
+            return type(obj)(moved)
+        except TypeError:
+            return moved
+    to = getattr(obj, "to", None)
+    if callable(to):
+        return to(device)
+    return obj
+
+
+def _is_sample_list(batch: Any) -> bool:
+    return isinstance(batch, (list, tuple)) and len(batch) > 0 and all(isinstance(b, Mapping) for b in batch)
+
+
+def default_forward(model: Callable[..., Any], batch: Any) -> Any:
+    """Feeds ``batch`` to ``model`` by the rules in this module's docstring."""
+    if isinstance(batch, Mapping) or _is_sample_list(batch):
+        return model(batch)
+    if isinstance(batch, (list, tuple)):
+        if len(batch) != 2:
+            raise ValueError(
+                f"cannot feed a batch that is a {type(batch).__name__} of {len(batch)} items: "
+                "the default feeds (inputs, targets) pairs as model(inputs), dicts as model(batch); "
+                "pass forward=lambda model, batch: ... to inference_on_dataset"
+            )
+        return model(batch[0])
+    return model(batch)
+
+
+def get_targets(batch: Any, target_key: str, who: str) -> Any:
+    """The targets of ``batch``: ``batch[1]`` of an ``(inputs, targets)`` pair,
+    ``batch[target_key]`` of a mapping. ``who`` names the evaluator in errors."""
+    if isinstance(batch, Mapping):
+        if target_key not in batch:
+            raise KeyError(
+                f"{who}: the batch has no target key {target_key!r}; its keys are "
+                f"{sorted(map(str, batch))}. Pass target_key=... to the evaluator"
+            )
+        return batch[target_key]
+    if isinstance(batch, (list, tuple)) and len(batch) == 2 and not _is_sample_list(batch):
+        return batch[1]
+    raise TypeError(
+        f"{who}: cannot find targets in a batch of type {type(batch).__name__}; "
+        "expected an (inputs, targets) pair or a dict holding the targets under target_key"
+    )
+
+
+def get_predictions(outputs: Any, output_key: str, who: str) -> Any:
+    """The predictions in a model's ``outputs``: the outputs themselves, or
+    ``outputs[output_key]`` / ``outputs.output_key`` (Hugging Face ``ModelOutput``)."""
+    if isinstance(outputs, Mapping):
+        if output_key not in outputs:
+            raise KeyError(
+                f"{who}: the model outputs have no key {output_key!r}; their keys are "
+                f"{sorted(map(str, outputs))}. Pass output_key=... to the evaluator"
+            )
+        return outputs[output_key]
+    if not isinstance(outputs, (torch.Tensor, list, tuple, str)) and hasattr(outputs, output_key):
+        return getattr(outputs, output_key)
+    return outputs
+
+
+def batch_size(obj: Any) -> Optional[int]:
+    """Number of samples in ``obj``: the first dimension of its first tensor
+    (searching pairs and mappings in order), or the length of a list of
+    non-tensors. ``None`` when there is no way to tell."""
+    if isinstance(obj, torch.Tensor):
+        return int(obj.shape[0]) if obj.dim() > 0 else 1
+    if isinstance(obj, Mapping):
+        for v in obj.values():
+            n = batch_size(v)
+            if n is not None:
+                return n
+        return None
+    if isinstance(obj, (list, tuple)):
+        if not obj:
+            return 0
+        if all(not isinstance(v, (torch.Tensor, Mapping, list, tuple)) for v in obj):
+            return len(obj)
+        if _is_sample_list(obj):
+            return len(obj)
+        for v in obj:
+            n = batch_size(v)
+            if n is not None:
+                return n
+        return None
+    return None
+

@@ -1,0 +1,349 @@
+"""The global store of everything a training run measures.
+
+Anything (the step, the model, a hook) calls ``get_event_storage().put_scalar``;
+writers read the store when they flush. Producers and writers never see each
+other.
+
+Values may be Python numbers or one-element tensors on any device. Tensors are
+kept detached and unread until someone reads the store: then every pending
+tensor is resolved in one batch, one device-to-host copy per device. Between
+flushes, publishing a loss costs no device synchronization.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+
+import torch
+
+from .history import HistoryBuffer
+
+__all__ = [
+    "EventStorage",
+    "get_event_storage",
+    "has_event_storage",
+    "ScalarKind",
+    "NonFiniteLossError",
+]
+
+logger = logging.getLogger(__name__)
+
+Number = Union[int, float]
+ScalarValue = Union[Number, torch.Tensor]
+
+
+class ScalarKind:
+    """What a scalar is, said when it is put rather than guessed from its name.
+
+    - ``LOSS``: checked for non-finite values; averaged across ranks.
+    - ``TIME``: seconds; the maximum is taken across ranks (the slowest rank
+      sets the pace).
+    - ``METRIC``: an evaluation result.
+    - ``None``: anything else (learning rate, gradient norm, ...); averaged
+      across ranks.
+    """
+
+    LOSS = "loss"
+    TIME = "time"
+    METRIC = "metric"
+    ALL = (LOSS, TIME, METRIC, None)
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A loss published to the storage was NaN or infinite."""
+
+    def __init__(self, iteration: int, terms: Dict[str, float]):
+        self.iteration = iteration
+        self.terms = dict(terms)
+        shown = ", ".join(f"{k}={v:.6g}" for k, v in sorted(terms.items()))
+        super().__init__(
+            f"Loss became non-finite at iteration {iteration}: {shown}. "
+            "The checkpoints and metrics written before it are intact."
+        )
+
+
+_CURRENT_STORAGE_STACK: List["EventStorage"] = []
+
+
+def get_event_storage() -> "EventStorage":
+    """The innermost open :class:`EventStorage`.
+
+    Raises:
+        RuntimeError: outside any ``with EventStorage(...)`` block (training
+            opens one in ``TrainerBase.train``).
+    """
+    if not _CURRENT_STORAGE_STACK:
+        raise RuntimeError(
+            "get_event_storage() was called outside of an EventStorage context. "
+            "Scalars can be published only while training runs (TrainerBase.train opens "
+            "one), or inside `with EventStorage():`."
+        )
+    return _CURRENT_STORAGE_STACK[-1]
+
+
+def has_event_storage() -> bool:
+    """True inside a ``with EventStorage(...)`` block."""
+    return bool(_CURRENT_STORAGE_STACK)
+
+
+class EventStorage:
+    """Scalars, images and histograms of one training run, by iteration.
+
+    Use as a context manager: entering pushes it on a global stack read by
+    :func:`get_event_storage`.
+
+    Args:
+        start_iter: the iteration that ``iter`` starts at.
+        history_length: values kept per scalar name (older ones are dropped;
+            ``global_avg`` still counts them).
+        nonfinite_check: ``"flush"`` (default) checks published losses when the
+            storage is read; ``"step"`` lets the trainer check after every
+            iteration, at the cost of one device sync per iteration; ``"off"``
+            disables the check.
+        max_pending: pending tensors are resolved once this many accumulate,
+            so that a run without writers does not hold an unbounded list.
+    """
+
+    def __init__(
+        self,
+        start_iter: int = 0,
+        *,
+        history_length: int = 10_000,
+        nonfinite_check: str = "flush",
+        max_pending: int = 100_000,
+    ) -> None:
+        if nonfinite_check not in ("flush", "step", "off"):
+            raise ValueError(
+                f"nonfinite_check must be 'flush', 'step' or 'off', got {nonfinite_check!r}"
+            )
+        self.iter: int = start_iter
+        self.nonfinite_check = nonfinite_check
+        self._history_length = history_length
+        self._max_pending = max_pending
+        self._history: Dict[str, HistoryBuffer] = {}
+        self._smoothing_hints: Dict[str, bool] = {}
+        self._kinds: Dict[str, Optional[str]] = {}
+        self._latest: Dict[str, Tuple[float, int]] = {}
+        # Everything put since the last read, in put order: (name, value, iteration).
+        self._pending: List[Tuple[str, ScalarValue, int]] = []
+        self._pending_tensors = 0
+        self._prefix = ""
+        self._images: List[Tuple[str, torch.Tensor, int]] = []
+        self._histograms: List[Tuple[str, torch.Tensor, int, Any]] = []
+        # Called with {name: value tensor} of one flush; returns the values to
+        # record. Distributed training installs a cross-rank reduction here.
+        self.reducer: Optional[Callable[[List[Tuple[str, torch.Tensor, Optional[str]]]], List[torch.Tensor]]] = None
+
+    # ------------------------------------------------------------------ context
+    def __enter__(self) -> "EventStorage":
+        _CURRENT_STORAGE_STACK.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not _CURRENT_STORAGE_STACK or _CURRENT_STORAGE_STACK[-1] is not self:
+            raise RuntimeError("EventStorage contexts were exited out of order.")
+        _CURRENT_STORAGE_STACK.pop()
+
+    # ------------------------------------------------------------------ producers
+    def put_scalar(
+        self,
+        name: str,
+        value: ScalarValue,
+        smoothing_hint: bool = True,
+        cur_iter: Optional[int] = None,
+        *,
+        kind: Optional[str] = None,
+    ) -> None:
+        """Records ``value`` for ``name`` at ``cur_iter`` (default: ``self.iter``).
+
+        Args:
+            value: a Python number or a one-element tensor. A tensor is read
+                at the next flush, not now: do not modify it in place afterwards.
+            smoothing_hint: whether writers should smooth this scalar over a
+                window (training losses) or write every value as it is
+                (evaluation results).
+            kind: one of :class:`ScalarKind`.
+        """
+        name = self._prefix + name
+        if kind not in ScalarKind.ALL:
+            raise ValueError(f"Unknown scalar kind {kind!r} for '{name}'; use one of {ScalarKind.ALL}")
+        previous_hint = self._smoothing_hints.setdefault(name, smoothing_hint)
+        if previous_hint != smoothing_hint:
+            raise ValueError(
+                f"Scalar '{name}' was put with smoothing_hint={previous_hint} before and "
+                f"smoothing_hint={smoothing_hint} now; one name must keep one hint."
+            )
+        self._kinds.setdefault(name, kind)
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(
+                    f"Scalar '{name}' must have one element, got a tensor of shape {tuple(value.shape)}"
+                )
+            value = value.detach()
+            self._pending_tensors += 1
+        elif not isinstance(value, (int, float)):
+            # numpy scalars and the like
+            value = float(value)
+        self._pending.append((name, value, self.iter if cur_iter is None else int(cur_iter)))
+        if self._pending_tensors >= self._max_pending:
+            self.materialize()
+
+    def put_scalars(
+        self,
+        *,
+        smoothing_hint: bool = True,
+        cur_iter: Optional[int] = None,
+        kind: Optional[str] = None,
+        **scalars: ScalarValue,
+    ) -> None:
+        """``put_scalar`` for each keyword argument."""
+        for name, value in scalars.items():
+            self.put_scalar(name, value, smoothing_hint, cur_iter, kind=kind)
+
+    def put_image(self, img_name: str, img_tensor: torch.Tensor) -> None:
+        """Queues an image (CHW, float in [0, 1] or uint8) for the TensorBoard writer."""
+        self._images.append((self._prefix + img_name, img_tensor.detach(), self.iter))
+
+    def put_histogram(self, hist_name: str, hist_tensor: torch.Tensor, bins: Any = "tensorflow") -> None:
+        """Queues the histogram of ``hist_tensor``'s values for the TensorBoard writer.
+
+        The tensor is copied (on its device, without a sync) so that later
+        in-place updates, e.g. of a parameter, do not change what is written.
+        """
+        self._histograms.append((self._prefix + hist_name, hist_tensor.detach().clone(), self.iter, bins))
+
+    @contextmanager
+    def name_scope(self, name: str) -> Iterator[None]:
+        """Prefixes the names put inside the block with ``name/``."""
+        old_prefix = self._prefix
+        self._prefix = old_prefix + name.rstrip("/") + "/"
+        try:
+            yield
+        finally:
+            self._prefix = old_prefix
+
+    def step(self) -> None:
+        """Advances ``iter`` by one (the trainer sets ``iter`` directly)."""
+        self.iter += 1
+
+    # ------------------------------------------------------------------ flush
+    def materialize(self) -> None:
+        """Resolves every pending value into the histories.
+
+        All pending tensors are read in one batch per device (one sync), passed
+        through :attr:`reducer` when one is installed, then recorded in put
+        order. Published losses are then checked when ``nonfinite_check`` is
+        not ``"off"``.
+
+        Raises:
+            NonFiniteLossError: a loss was NaN or infinite; it names the first
+                such iteration and every loss term of it. The values are
+                recorded before raising, so writers can still show them.
+        """
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        self._pending_tensors = 0
+        resolved = self._resolve_tensors(pending)
+        for name, value, it in resolved:
+            history = self._history.get(name)
+            if history is None:
+                history = self._history[name] = HistoryBuffer(self._history_length)
+            history.update(value, it)
+            self._latest[name] = (value, it)
+        if self.nonfinite_check != "off":
+            self._check_losses(resolved)
+
+    def _resolve_tensors(self, pending: List[Tuple[str, ScalarValue, int]]) -> List[Tuple[str, float, int]]:
+        by_device: Dict[torch.device, List[int]] = defaultdict(list)
+        for i, (_, value, _) in enumerate(pending):
+            if isinstance(value, torch.Tensor):
+                by_device[value.device].append(i)
+        values: List[Any] = [v for _, v, _ in pending]
+        if self.reducer is not None:
+            # Reduction works on tensors: numbers join as tensors on the CPU.
+            entries = [
+                (name, v if isinstance(v, torch.Tensor) else torch.tensor(float(v)), self._kinds.get(name))
+                for name, v, _ in pending
+            ]
+            reduced = self.reducer(entries)
+            values = list(reduced)
+            by_device = defaultdict(list)
+            for i, v in enumerate(values):
+                by_device[v.device].append(i)
+        for indices in by_device.values():
+            stacked = torch.stack([values[i].reshape(()).float() for i in indices])
+            # The one host read of this flush for this device.
+            for i, v in zip(indices, stacked.cpu().tolist()):
+                values[i] = v
+        return [(name, float(v), it) for (name, _, it), v in zip(pending, values)]
+
+    def _check_losses(self, resolved: List[Tuple[str, float, int]]) -> None:
+        bad_iters = [it for name, v, it in resolved if self._kinds.get(name) == ScalarKind.LOSS and not math.isfinite(v)]
+        if not bad_iters:
+            return
+        first = min(bad_iters)
+        terms = {
+            name: v for name, v, it in resolved if it == first and self._kinds.get(name) == ScalarKind.LOSS
+        }
+        raise NonFiniteLossError(first, terms)
+
+    # ------------------------------------------------------------------ readers
+    def history(self, name: str) -> HistoryBuffer:
+        """The :class:`HistoryBuffer` of ``name``.
+
+        Raises:
+            KeyError: no scalar of that name was put; the message lists those that were.
+        """
+        self.materialize()
+        try:
+            return self._history[name]
+        except KeyError:
+            raise KeyError(
+                f"No scalar named '{name}' in the storage. Known: {sorted(self._history)}"
+            ) from None
+
+    def histories(self) -> Dict[str, HistoryBuffer]:
+        self.materialize()
+        return self._history
+
+    def latest(self) -> Dict[str, Tuple[float, int]]:
+        """``{name: (latest value, iteration it was put at)}``."""
+        self.materialize()
+        return self._latest
+
+    def latest_with_smoothing_hint(self, window_size: int = 20) -> Dict[str, Tuple[float, int]]:
+        """Like :meth:`latest`, but scalars with a smoothing hint are the median of
+        their last ``window_size`` values."""
+        self.materialize()
+        result = {}
+        for name, (value, it) in self._latest.items():
+            if self._smoothing_hints[name]:
+                value = self._history[name].median(window_size)
+            result[name] = (value, it)
+        return result
+
+    def smoothing_hints(self) -> Dict[str, bool]:
+        return self._smoothing_hints
+
+    def kind(self, name: str) -> Optional[str]:
+        """The :class:`ScalarKind` that ``name`` was put with."""
+        return self._kinds.get(name)
+
+    @property
+    def images(self) -> List[Tuple[str, torch.Tensor, int]]:
+        return self._images
+
+    @property
+    def histograms(self) -> List[Tuple[str, torch.Tensor, int, Any]]:
+        return self._histograms
+
+    def clear_images(self) -> None:
+        self._images = []
+
+    def clear_histograms(self) -> None:
+        self._histograms = []

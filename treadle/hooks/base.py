@@ -1,0 +1,79 @@
+"""The base class of every hook."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, Sequence, Tuple, Type
+
+if TYPE_CHECKING:  # hooks reach the trainer through self.trainer, never by import
+    from treadle.engine.train_loop import TrainerBase
+
+__all__ = ["HookBase", "HOOK_STAGES"]
+
+HOOK_STAGES: Tuple[str, ...] = ("before_train", "before_step", "after_backward", "after_step", "after_train")
+
+
+class HookBase:
+    """Code run by :class:`~treadle.engine.TrainerBase` around each iteration.
+
+    The loop calls, in registration order::
+
+        hook.before_train()
+        for iter in range(start_iter, max_iter):
+            hook.before_step()
+            trainer.run_step()        # the step object calls hook.after_backward()
+            hook.after_step()         #   between backward and optimizer.step
+        hook.after_train()            # also after an exception or a stop request
+
+    ``self.trainer`` is a weak proxy to the trainer, set by ``register_hooks``.
+    Inside every call, ``self.trainer.iter`` is the iteration being run.
+
+    A hook with state to keep across a resume returns it from :meth:`state_dict`
+    as plain data (numbers, strings, lists, dicts, tensors): checkpoints are
+    loaded with ``torch.load(weights_only=True)``. The default saves the
+    attributes named in :attr:`state_attributes`.
+
+    Ordering: a hook that must run after another one (because it reads what
+    that one puts into storage, say) names that hook's class in
+    :attr:`runs_after`; ``register_hooks`` refuses a list that breaks it.
+    """
+
+    trainer: "TrainerBase"
+
+    # Attribute names saved by the default state_dict/load_state_dict.
+    state_attributes: Sequence[str] = ()
+    # Hook classes that must come earlier in the hook list when both are registered.
+    runs_after: Tuple[Type["HookBase"], ...] = ()
+
+    def before_train(self) -> None:
+        """Called once, before the first iteration."""
+
+    def after_train(self) -> None:
+        """Called once after the last iteration, also when training raised or was stopped."""
+
+    def before_step(self) -> None:
+        """Called before each iteration."""
+
+    def after_backward(self) -> None:
+        """Called by the step object after backward and before the optimizer step.
+
+        Gradients are unscaled here, also under fp16 with a ``GradScaler``.
+        """
+
+    def after_step(self) -> None:
+        """Called after each iteration."""
+
+    def state_dict(self) -> Dict[str, Any]:
+        """State saved in checkpoints; an empty dict saves nothing."""
+        return {name: getattr(self, name) for name in self.state_attributes}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restores what :meth:`state_dict` returned."""
+        unknown = set(state) - set(self.state_attributes)
+        if unknown:
+            raise KeyError(f"{type(self).__name__} got unknown state keys {sorted(unknown)}")
+        for name, value in state.items():
+            setattr(self, name, value)
+
+    def overrides(self, stage: str) -> bool:
+        """Whether this hook does anything at ``stage`` (the loop skips no-op stages)."""
+        return getattr(type(self), stage) is not getattr(HookBase, stage)

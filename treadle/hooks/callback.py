@@ -1,0 +1,65 @@
+"""A hook made of plain functions."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from .base import HookBase
+
+if TYPE_CHECKING:
+    from treadle.engine.train_loop import TrainerBase
+
+__all__ = ["CallbackHook"]
+
+Callback = Optional[Callable[["TrainerBase"], Any]]
+
+
+class CallbackHook(HookBase):
+    """Calls the given functions with the trainer at the matching stages.
+
+    The callbacks are kept after training, so the hook works again in a
+    second ``train()``.
+    """
+
+    def __init__(
+        self,
+        *,
+        before_train: Callback = None,
+        after_train: Callback = None,
+        before_step: Callback = None,
+        after_backward: Callback = None,
+        after_step: Callback = None,
+    ) -> None:
+        self._callbacks = {
+            "before_train": before_train,
+            "after_train": after_train,
+            "before_step": before_step,
+            "after_backward": after_backward,
+            "after_step": after_step,
+        }
+        for stage, fn in self._callbacks.items():
+            if fn is not None and not callable(fn):
+                raise TypeError(f"CallbackHook: {stage} must be callable, got {type(fn).__name__}")
+
+    def overrides(self, stage: str) -> bool:
+        return self._callbacks.get(stage) is not None
+
+    def _call(self, stage: str) -> None:
+        fn = self._callbacks[stage]
+        if fn is not None:
+            fn(self.trainer)
+
+    def before_train(self) -> None:
+        self._call("before_train")
+
+    def after_train(self) -> None:
+        self._call("after_train")
+
+    def before_step(self) -> None:
+        self._call("before_step")
+
+    def after_backward(self) -> None:
+        self._call("after_backward")
+
+    def after_step(self) -> None:
+        self._call("after_step")

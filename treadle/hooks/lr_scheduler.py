@@ -1,0 +1,141 @@
+"""Learning-rate scheduling, one update per iteration."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Optional, Union
+
+import torch
+from fvcore.common.param_scheduler import ParamScheduler
+
+from .base import HookBase
+
+__all__ = ["LRMultiplier", "LRScheduler"]
+
+logger = logging.getLogger(__name__)
+
+
+class LRMultiplier(torch.optim.lr_scheduler.LRScheduler):
+    """Multiplies each group's initial learning rate by an fvcore ``ParamScheduler``.
+
+    At iteration ``i`` the learning rate is ``initial_lr * multiplier(i / max_iter)``,
+    as in detectron2. The multiplier is a pure function of where training
+    is, so the state saved is the iteration and the base rates only.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        multiplier: ParamScheduler,
+        max_iter: int,
+        last_iter: int = -1,
+    ) -> None:
+        if not isinstance(multiplier, ParamScheduler):
+            raise TypeError(f"multiplier must be an fvcore ParamScheduler, got {type(multiplier).__name__}")
+        if max_iter <= 0:
+            raise ValueError(f"max_iter must be positive, got {max_iter}")
+        self._multiplier = multiplier
+        self._max_iter = max_iter
+        super().__init__(optimizer, last_epoch=last_iter)
+
+    def state_dict(self) -> Dict[str, Any]:
+        # Plain data only: checkpoints load with weights_only=True.
+        return {"base_lrs": list(self.base_lrs), "last_epoch": self.last_epoch}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self.base_lrs = list(state_dict["base_lrs"])
+        self.last_epoch = int(state_dict["last_epoch"])
+        self._last_lr = self.get_lr()
+
+    def get_lr(self) -> List[float]:
+        where = min(self.last_epoch / self._max_iter, 1.0 - 1e-12)
+        factor = self._multiplier(max(where, 0.0))
+        return [base_lr * factor for base_lr in self.base_lrs]
+
+
+class LRScheduler(HookBase):
+    """Publishes ``lr`` and steps the learning-rate scheduler after every iteration.
+
+    Accepts any ``torch.optim.lr_scheduler.LRScheduler`` stepped per
+    iteration, or an fvcore ``ParamScheduler``, which becomes an
+    :class:`LRMultiplier` over ``max_iter`` (default: the trainer's) when
+    training starts. The optimizer defaults to ``trainer.step.optimizer``.
+
+    Runs after_step; ``lr`` is the rate that the iteration just run used.
+    Its state (the scheduler's) is saved with the trainer's state; one loaded
+    before training starts is applied when the scheduler is built.
+    """
+
+    def __init__(
+        self,
+        optimizer: Optional[torch.optim.Optimizer] = None,
+        scheduler: Union[torch.optim.lr_scheduler.LRScheduler, ParamScheduler, None] = None,
+        *,
+        max_iter: Optional[int] = None,
+    ) -> None:
+        if scheduler is not None and not isinstance(
+            scheduler, (torch.optim.lr_scheduler.LRScheduler, ParamScheduler)
+        ):
+            raise TypeError(
+                "LRScheduler needs a torch.optim.lr_scheduler.LRScheduler or an fvcore ParamScheduler, "
+                f"got {type(scheduler).__name__}"
+            )
+        self._optimizer = optimizer
+        self._scheduler_arg = scheduler
+        self._max_iter = max_iter
+        self.scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = (
+            scheduler if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler) else None
+        )
+        self._pending_state: Optional[Dict[str, Any]] = None
+        self._group_index = 0
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        if self._optimizer is None:
+            self._optimizer = self.trainer.step.optimizer
+        return self._optimizer
+
+    def before_train(self) -> None:
+        if isinstance(self._scheduler_arg, ParamScheduler):
+            start = self.trainer.start_iter
+            if start > 0:
+                for group in self.optimizer.param_groups:
+                    group.setdefault("initial_lr", group["lr"])
+            self.scheduler = LRMultiplier(
+                self.optimizer, self._scheduler_arg, self._max_iter or self.trainer.max_iter, last_iter=start - 1
+            )
+        if self.scheduler is None:
+            raise ValueError("LRScheduler has no scheduler")
+        if self._pending_state is not None:
+            self.scheduler.load_state_dict(self._pending_state)
+            self._pending_state = None
+            # The optimizer's rates must match the restored position before the next iteration.
+            for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
+                group["lr"] = lr
+        self._group_index = _largest_group(self.optimizer)
+
+    def after_step(self) -> None:
+        lr = self.optimizer.param_groups[self._group_index]["lr"]
+        self.trainer.storage.put_scalar("lr", lr, smoothing_hint=False)
+        self.scheduler.step()
+
+    def state_dict(self) -> Dict[str, Any]:
+        if self.scheduler is None:
+            return self._pending_state or {}
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if self.scheduler is not None and not isinstance(self._scheduler_arg, ParamScheduler):
+            self.scheduler.load_state_dict(state)
+        else:
+            self._pending_state = dict(state)
+
+
+def _largest_group(optimizer: torch.optim.Optimizer) -> int:
+    """The param group whose lr is published: the one with the most parameters.
+
+    Groups without weight decay for norms and biases are usually small; the
+    largest group has the rate a user thinks of as "the" learning rate.
+    """
+    sizes = [sum(p.numel() for p in g["params"]) for g in optimizer.param_groups]
+    return max(range(len(sizes)), key=sizes.__getitem__)

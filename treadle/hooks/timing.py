@@ -1,0 +1,78 @@
+"""Iteration timing."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+
+from fvcore.common.timer import Timer
+
+from treadle.events import ScalarKind
+
+from .base import HookBase
+
+__all__ = ["IterationTimer"]
+
+logger = logging.getLogger(__name__)
+
+
+class IterationTimer(HookBase):
+    """Publishes ``time``, the seconds of each iteration, and logs the overall
+    speed after training.
+
+    Register it first: its ``before_step`` then runs before, and its
+    ``after_step`` before, every other hook's, so ``time`` covers the step
+    and excludes the hooks' after-step work (a checkpoint, an evaluation).
+
+    On GPU the value is host time: a single iteration can be off while the
+    device catches up, but the median that writers show is accurate because
+    the host waits for the device at least once per flush.
+
+    Args:
+        warmup_iter: the first iterations left out of the speed summary
+            (compilation, allocator warm-up, first data loader fetch).
+    """
+
+    def __init__(self, warmup_iter: int = 3) -> None:
+        self._warmup_iter = warmup_iter
+        self._step_timer = Timer()
+        self._start_time = 0.0
+        self._total_timer = Timer()
+
+    def before_train(self) -> None:
+        self._start_time = time.perf_counter()
+        self._total_timer.reset()
+        self._total_timer.pause()
+
+    def _past_warmup(self) -> bool:
+        return self.trainer.iter - self.trainer.start_iter >= self._warmup_iter
+
+    def before_step(self) -> None:
+        self._step_timer.reset()
+        if self._past_warmup():
+            self._total_timer.resume()
+
+    def after_step(self) -> None:
+        seconds = self._step_timer.seconds()
+        if self._past_warmup():
+            self._total_timer.pause()
+        self.trainer.storage.put_scalar("time", seconds, kind=ScalarKind.TIME)
+
+    def after_train(self) -> None:
+        total = time.perf_counter() - self._start_time
+        in_iterations = self._total_timer.seconds()
+        outside = total - in_iterations
+        timed = self.trainer.iter - self.trainer.start_iter - self._warmup_iter
+        if timed > 0 and in_iterations > 0:
+            logger.info(
+                "Overall training speed: %d iterations in %s (%.4f s / it)",
+                timed,
+                str(datetime.timedelta(seconds=int(in_iterations))),
+                in_iterations / timed,
+            )
+        logger.info(
+            "Total training time: %s (%s on hooks outside iterations)",
+            str(datetime.timedelta(seconds=int(total))),
+            str(datetime.timedelta(seconds=int(max(outside, 0)))),
+        )

@@ -1,0 +1,63 @@
+"""Periodic flushing of the event storage to writers."""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+from treadle.events.writers import EventWriter
+
+from .base import HookBase
+
+__all__ = ["PeriodicWriter"]
+
+
+class PeriodicWriter(HookBase):
+    """Flushes the storage to ``writers`` every ``period`` iterations and at the end.
+
+    A flush is where published tensors are read: one device sync per flush,
+    none in between. Every rank resolves its storage at the same iterations
+    (distributed training reduces scalars across ranks there), so register
+    this hook on every process and give writers only to the main process.
+
+    Register it last: it writes what the other hooks put at this iteration.
+    Writers are told the first iteration of the run in ``before_train``, so
+    that after a resume they drop what the interrupted run wrote after its
+    checkpoint.
+    """
+
+    def __init__(self, writers: Sequence[EventWriter], period: int = 20) -> None:
+        if period < 1:
+            raise ValueError(f"PeriodicWriter period must be >= 1, got {period}")
+        for w in writers:
+            if not isinstance(w, EventWriter):
+                raise TypeError(f"PeriodicWriter got {type(w).__name__}, which is not an EventWriter")
+        self.writers: List[EventWriter] = list(writers)
+        self._period = period
+
+    def before_train(self) -> None:
+        for w in self.writers:
+            w.set_start_iter(self.trainer.start_iter)
+
+    def after_step(self) -> None:
+        it = self.trainer.iter
+        if (it + 1) % self._period == 0 or it == self.trainer.max_iter - 1:
+            self._flush()
+
+    def after_train(self) -> None:
+        try:
+            self._flush()
+        finally:
+            for w in self.writers:
+                w.close()
+
+    def _flush(self) -> None:
+        storage = self.trainer.storage
+        try:
+            storage.materialize()
+        finally:
+            # Even when materialize raises (a non-finite loss), the values were
+            # recorded and the writers show them.
+            for w in self.writers:
+                w.write()
+            storage.clear_images()
+            storage.clear_histograms()
