@@ -100,7 +100,7 @@ def test_shape_and_dtype_errors():
         ev.process((None, torch.tensor([0, 1, 2])), LOGITS)
     with pytest.raises(TypeError, match=r"targets must be integer class indices, got dtype torch.float32"):
         ev.process((None, TARGETS.float()), LOGITS)
-    with pytest.raises(ValueError, match=r"logits have 3 classes but num_classes had 5"):
+    with pytest.raises(ValueError, match=r"logits have 3 classes but num_classes is 5"):
         ClassificationEvaluator(num_classes=5).process((None, TARGETS), LOGITS)
     with pytest.raises(ValueError, match=r"top5_accuracy needs at least 5 classes, the logits have 3"):
         ClassificationEvaluator(["top5_accuracy"]).process((None, TARGETS), LOGITS)

@@ -1,1 +1,39 @@
+"""Checkpoints: atomic saves, safe (weights-only) loads, resume and weight initialization.
 
+See ``docs/checkpoints.md``.
+"""
+
+from .atomic import atomic_write, is_local_path
+from .checkpointer import Checkpointer
+from .key_matching import (
+    LoadReport,
+    ShapeMismatch,
+    canonical_keys,
+    extract_model_state,
+    init_weights_from,
+    load_model_state,
+    unwrap_model,
+)
+from .serialization import (
+    CheckpointError,
+    UnsafeCheckpointError,
+    check_weights_only_loadable,
+    load_checkpoint_file,
+)
+
+__all__ = [
+    "Checkpointer",
+    "CheckpointError",
+    "UnsafeCheckpointError",
+    "LoadReport",
+    "ShapeMismatch",
+    "init_weights_from",
+    "load_model_state",
+    "extract_model_state",
+    "unwrap_model",
+    "canonical_keys",
+    "check_weights_only_loadable",
+    "load_checkpoint_file",
+    "atomic_write",
+    "is_local_path",
+]

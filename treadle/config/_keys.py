@@ -1,5 +1,5 @@
-"""Internal: dotted keys into configs: walking them without resolving values, naming nodes,
-and suggesting the keys a user probably meant.
+"""Internal: dotted keys into configs. Walking them without resolving values,
+naming nodes, and suggesting the keys a user probably meant.
 
 Config paths are written the way overrides are typed: ``model.backbone.depth``,
 with list items as numbers (``model.layers.0.act``).
@@ -8,11 +8,13 @@ with list items as numbers (``model.layers.0.act``).
 from __future__ import annotations
 
 import difflib
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
-from omegaconf import DictConfig, ListConfig, Node
+from omegaconf import DictConfig, Node
+from omegaconf.errors import OmegaConfBaseException
 
-from .errors import ConfigError
+from ._values import SEQUENCE_CONFIGS
+from .errors import ConfigError, first_line
 
 __all__ = [
     "join_path",
@@ -20,6 +22,7 @@ __all__ = [
     "is_branch",
     "child",
     "all_keys",
+    "deepest",
     "suggest_keys",
     "describe_level",
     "unknown_key_message",
@@ -27,6 +30,8 @@ __all__ = [
 ]
 
 _MAX_LISTED = 12
+_CUTOFF = 0.75  # difflib similarity of whole dotted keys
+_MARGIN = 0.1
 
 
 def join_path(prefix: str, key: Any) -> str:
@@ -47,9 +52,9 @@ def node_path(node: Any) -> str:
 
 
 def is_branch(node: Any) -> bool:
-    """Whether ``node`` is a config container one can descend into (not missing/None/interpolation)."""
+    """Whether ``node`` is a container one can descend into (not ???, None or ``${...}``)."""
     return (
-        isinstance(node, (DictConfig, ListConfig))
+        isinstance(node, (DictConfig,) + SEQUENCE_CONFIGS)
         and not node._is_missing()
         and not node._is_none()
         and not node._is_interpolation()
@@ -62,13 +67,15 @@ def child(node: Any, part: str) -> Any:
     Values are not resolved: a ``???`` or ``${...}`` value still counts as an
     existing key. In a list, ``part`` must be an index in range.
     """
-    if isinstance(node, ListConfig):
+    if not is_branch(node):
+        return None
+    if isinstance(node, SEQUENCE_CONFIGS):
         try:
             index = int(part)
         except ValueError:
             return None
         return node._get_node(index) if -len(node) <= index < len(node) else None
-    if isinstance(node, DictConfig) and is_branch(node):
+    if isinstance(node, DictConfig):
         # Not `part in node`: that is False for keys whose value is ??? (missing).
         keys = node.keys()
         if part in keys:
@@ -93,40 +100,57 @@ def all_keys(cfg: Any, prefix: str = "") -> List[str]:
     return keys
 
 
-def suggest_keys(key: str, cfg: Any, n: int = 3) -> List[str]:
-    """Existing keys of ``cfg`` close to ``key``: whole-path matches first, then
-    siblings of the deepest existing parent whose name is close to the last part."""
-    candidates = all_keys(cfg)
-    found = difflib.get_close_matches(key, candidates, n=n, cutoff=0.6)
-    parts = key.split(".")
+def deepest(cfg: Any, key: str) -> Tuple[Any, int]:
+    """The deepest existing container on the way to ``key``, and the number of parts
+    of ``key`` that lead to it."""
     node, depth = cfg, 0
-    for part in parts[:-1]:
+    for part in key.split(".")[:-1]:
         sub = child(node, part)
         if sub is None or not is_branch(sub):
             break
         node, depth = sub, depth + 1
-    if isinstance(node, DictConfig) and is_branch(node):
-        prefix = ".".join(parts[:depth])
-        # Compare the first unmatched part with the keys at that level.
-        for name in difflib.get_close_matches(parts[depth], [str(k) for k in node.keys()], n=n, cutoff=0.6):
-            path = join_path(prefix, name)
-            if path not in found:
-                found.append(path)
-    return found[:n]
+    return node, depth
+
+
+def suggest_keys(key: str, cfg: Any, n: int = 3) -> List[str]:
+    """Up to ``n`` existing keys of ``cfg`` that the user probably meant by ``key``.
+
+    In order of preference, the first rule that finds any wins: whole dotted
+    paths close to ``key`` (a typo anywhere: ``trian.max_iter``); keys elsewhere
+    with the same last part (a forgotten prefix: ``max_iter``); keys next to
+    where ``key`` stops matching whose names are close to the unmatched part.
+    """
+    # Ancestors of `key` exist by construction and are never what was meant.
+    candidates = [c for c in all_keys(cfg) if not key.startswith(c + ".")]
+    scored = sorted(
+        ((difflib.SequenceMatcher(None, key, c).ratio(), c) for c in candidates),
+        key=lambda pair: -pair[0],
+    )
+    if scored and scored[0][0] >= _CUTOFF:
+        # Only the near-best: a clear winner is not diluted by weaker lookalikes.
+        floor = max(_CUTOFF, scored[0][0] - _MARGIN)
+        return [c for score, c in scored[:n] if score >= floor]
+    last = key.split(".")[-1]
+    found = [c for c in candidates if c.split(".")[-1] == last and c != key]
+    if found:
+        return found[:n]
+    node, depth = deepest(cfg, key)
+    if not isinstance(node, DictConfig) or not is_branch(node):
+        return []
+    parts = key.split(".")
+    prefix = ".".join(parts[:depth])
+    names = [str(k) for k in node.keys()]
+    close = difflib.get_close_matches(parts[depth], names, n=n, cutoff=0.6)
+    return [join_path(prefix, name) for name in close]
 
 
 def describe_level(key: str, cfg: Any) -> str:
     """``"valid keys under 'train': a, b, c"`` for the deepest existing parent of ``key``."""
-    parts = key.split(".")
-    node, depth = cfg, 0
-    for part in parts[:-1]:
-        sub = child(node, part)
-        if sub is None or not is_branch(sub):
-            break
-        node, depth = sub, depth + 1
-    where = f"under '{'.'.join(parts[:depth])}'" if depth else "at the top level"
-    if isinstance(node, ListConfig):
-        return f"'{'.'.join(parts[:depth])}' is a list of {len(node)} item(s); use an index 0..{len(node) - 1}"
+    node, depth = deepest(cfg, key)
+    prefix = ".".join(key.split(".")[:depth])
+    if isinstance(node, SEQUENCE_CONFIGS):
+        return f"'{prefix}' is a list of {len(node)} item(s), indexed 0..{len(node) - 1}"
+    where = f"under '{prefix}'" if depth else "at the top level"
     names = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
     if not names:
         return f"there are no keys {where}"
@@ -136,7 +160,8 @@ def describe_level(key: str, cfg: Any) -> str:
 
 def unknown_key_message(key: str, cfg: Any) -> str:
     """The explanation appended to every "unknown key" error: suggestions, or the valid keys."""
-    close = suggest_keys(key, cfg)
+    node, _ = deepest(cfg, key)
+    close = [] if isinstance(node, SEQUENCE_CONFIGS) else suggest_keys(key, cfg)
     if close:
         return "did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
     return describe_level(key, cfg)
@@ -145,12 +170,17 @@ def unknown_key_message(key: str, cfg: Any) -> str:
 def select(cfg: Any, key: str, where: Optional[str] = None) -> Any:
     """The value at dotted ``key`` (interpolations resolved), or a :class:`ConfigError`
     naming ``key`` (and ``where`` it was looked up) with close existing keys."""
+    place = f" in {where}" if where else ""
     node = cfg
     for part in key.split("."):
         node = child(node, part) if part else None
         if node is None:
-            place = f" in {where}" if where else ""
-            raise ConfigError(f"Config key '{key}' not found{place}; {unknown_key_message(key, cfg)}")
+            hint = unknown_key_message(key, cfg)
+            raise ConfigError(f"Config key '{key}' not found{place}; {hint}")
     parent = node._get_parent()
-    return parent[node._key()] if parent is not None else node
+    try:
+        return parent[node._key()] if parent is not None else node
+    except OmegaConfBaseException as e:
+        first = first_line(e)
+        raise ConfigError(f"Config key '{key}'{place} cannot be read: {first}") from e
 

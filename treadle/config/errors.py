@@ -19,3 +19,10 @@ class ConfigError(ValueError):
     def __init__(self, message: str) -> None:
         lines = [line.strip() for line in str(message).splitlines() if line.strip()]
         super().__init__("; ".join(lines))
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of ``str(error)``: OmegaConf appends ``full_key: ...`` and
+    ``object_type=...`` lines, which treadle's messages name in their own words."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__

@@ -11,7 +11,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ._keys import join_path, node_path
-from .errors import ConfigError
+from ._values import SEQUENCE_CONFIGS
+from .errors import ConfigError, first_line
 from .locate import _locate, _NotLocatable, import_path
 
 __all__ = ["instantiate"]
@@ -21,18 +22,13 @@ def _shown(path: str) -> str:
     return f"'{path}'" if path else "<root>"
 
 
-def _first_line(error: BaseException) -> str:
-    # OmegaConf appends "full_key: ...", "object_type=..." lines; the path is named by us.
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
-
-
 def _read(container: Any, key: Any, path: str) -> Any:
-    """``container[key]`` with interpolations resolved; a missing or broken value is a ConfigError."""
+    """``container[key]``, interpolations resolved; a missing or broken value is a ConfigError."""
     try:
         return container[key]
     except OmegaConfBaseException as e:
-        raise ConfigError(f"Cannot read config value {_shown(join_path(path, key))}: {_first_line(e)}") from e
+        where = _shown(join_path(path, key))
+        raise ConfigError(f"Cannot read config value {where}: {first_line(e)}") from e
 
 
 def _target_name(target: Any) -> str:
@@ -46,7 +42,9 @@ def _resolve_target(target: Any, path: str) -> Callable[..., Any]:
         try:
             obj = _locate(target)
         except _NotLocatable as e:
-            raise ConfigError(f"Cannot import _target_ '{target}' of config node {_shown(path)}: {e}") from e
+            raise ConfigError(
+                f"Cannot import _target_ '{target}' of config node {_shown(path)}: {e}"
+            ) from e
     elif callable(target):
         return target
     else:
@@ -56,13 +54,15 @@ def _resolve_target(target: Any, path: str) -> Callable[..., Any]:
         )
     if not callable(obj):
         raise ConfigError(
-            f"_target_ '{target}' of config node {_shown(path)} is a {type(obj).__name__}, not a callable"
+            f"_target_ '{target}' of config node {_shown(path)} is a {type(obj).__name__}, "
+            f"not a callable"
         )
     return obj
 
 
 def _argument_hint(target: Callable[..., Any], kwargs: Dict[str, Any]) -> str:
-    """Why the arguments do not fit ``target``'s signature; "" when they do (the error came from inside)."""
+    """Why ``kwargs`` do not fit ``target``'s signature, or a remark that they do
+    (then the TypeError came from inside the call)."""
     try:
         signature = inspect.signature(target)
         signature.bind(**kwargs)
@@ -105,10 +105,11 @@ def _call(target: Callable[..., Any], kwargs: Dict[str, Any], path: str, name: s
 
 
 def _instantiate(node: Any, path: str) -> Any:
-    if isinstance(node, ListConfig):
+    if isinstance(node, SEQUENCE_CONFIGS):
         if node._is_none():
             return None
-        return [_instantiate(_read(node, i, path), join_path(path, i)) for i in range(len(node))]
+        values = [_instantiate(_read(node, i, path), join_path(path, i)) for i in range(len(node))]
+        return values if isinstance(node, ListConfig) else tuple(values)
     if type(node) in (list, tuple):
         values = [_instantiate(v, join_path(path, i)) for i, v in enumerate(node)]
         return values if isinstance(node, list) else tuple(values)
@@ -120,7 +121,9 @@ def _instantiate(node: Any, path: str) -> Any:
             try:
                 return OmegaConf.to_object(node)
             except OmegaConfBaseException as e:
-                raise ConfigError(f"Cannot instantiate config node {_shown(path)}: {_first_line(e)}") from e
+                raise ConfigError(
+                    f"Cannot instantiate config node {_shown(path)}: {first_line(e)}"
+                ) from e
         items = [(key, _read(node, key, path)) for key in node.keys()]
     elif type(node) is dict:
         items = list(node.items())

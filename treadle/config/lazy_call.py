@@ -8,6 +8,7 @@ from typing import Any, Callable, Union
 from omegaconf import DictConfig
 
 from .errors import ConfigError
+from ._values import tuples_to_lists
 from .locate import import_path
 
 __all__ = ["LazyCall", "L"]
@@ -30,6 +31,7 @@ class LazyCall:
           (``"torch.nn.Linear"``); strings are not imported until instantiation.
         - Arguments are keyword-only (a config names every argument) and may not
           include ``_target_``.
+        - Tuples in the arguments are stored as lists (see ``docs/config.md``).
         - The node has the ``allow_objects`` flag, so arguments may be arbitrary
           Python objects; :meth:`LazyConfig.save` only writes what YAML can hold.
         - Dataclass and attrs classes are stored by import path: OmegaConf would
@@ -57,7 +59,9 @@ class LazyCall:
                 f"argument); got {len(args)} positional argument(s)"
             )
         if "_target_" in kwargs:
-            raise ConfigError(f"LazyCall({name}) got '_target_' as an argument; the target is set by LazyCall itself")
+            raise ConfigError(
+                f"LazyCall({name}) got '_target_' as an argument; the target is set by LazyCall"
+            )
         target: Any = self._target
         if isinstance(target, type) and (
             dataclasses.is_dataclass(target) or hasattr(target, "__attrs_attrs__")
@@ -69,7 +73,8 @@ class LazyCall:
                     f"by name; define it at module level so that it can be stored as an import path"
                 )
             target = path
-        return DictConfig(content={"_target_": target, **kwargs}, flags={"allow_objects": True})
+        content = {"_target_": target, **tuples_to_lists(kwargs)}
+        return DictConfig(content=content, flags={"allow_objects": True})
 
     def __repr__(self) -> str:
         name = self._target if isinstance(self._target, str) else _describe(self._target)

@@ -84,7 +84,9 @@ def locate(path: str) -> Any:
             a missing attribute with close matches, a module that fails to import).
     """
     if not isinstance(path, str):
-        raise ConfigError(f"Cannot locate {path!r}: an import path must be a string, got {type(path).__name__}")
+        raise ConfigError(
+            f"Cannot locate {path!r}: an import path must be a string, got {type(path).__name__}"
+        )
     try:
         return _locate(path)
     except _NotLocatable as e:

@@ -115,7 +115,8 @@ class _Parser:
         value = self.item()
         self._skip_ws()
         if self.pos != len(self.text):
-            raise _ParseError(f"unexpected text after position {self.pos}: {self.text[self.pos:]!r}")
+            rest = self.text[self.pos :]
+            raise _ParseError(f"unexpected text after position {self.pos}: {rest!r}")
         return value
 
     def item(self) -> Any:
@@ -176,7 +177,9 @@ class _Parser:
                 return
             else:
                 found = repr(char) if char else "the end"
-                raise _ParseError(f"expected ',' or '{close}' at position {self.pos}, found {found}")
+                raise _ParseError(
+                    f"expected ',' or '{close}' at position {self.pos}, found {found}"
+                )
 
     def _list(self) -> List[Any]:
         self.pos += 1
@@ -214,13 +217,17 @@ def parse_value(text: str) -> Any:
     try:
         return _Parser(stripped).parse_top()
     except _ParseError as e:
-        logger.warning("Override value %r does not parse (%s); it is kept as a plain string.", stripped, e)
+        logger.warning(
+            "Override value %r does not parse (%s); it is kept as a plain string.", stripped, e
+        )
         return stripped
 
 
 def _split(text: str) -> Tuple[str, str]:
     if "=" not in text:
-        raise ConfigError(f"Malformed override {text!r}: expected KEY=VALUE (e.g. train.max_iter=100)")
+        raise ConfigError(
+            f"Malformed override {text!r}: expected KEY=VALUE (e.g. train.max_iter=100)"
+        )
     # The FIRST '=' separates: values may contain '=' (path=a=b), keys never do.
     key, value = text.split("=", 1)
     return key.strip(), value
@@ -235,7 +242,9 @@ def parse_override(text: str) -> Override:
             supported here (``~key`` deletion, ``++key`` forced add).
     """
     if not isinstance(text, str):
-        raise ConfigError(f"Malformed override {text!r}: overrides are strings like 'train.max_iter=100'")
+        raise ConfigError(
+            f"Malformed override {text!r}: overrides are strings like 'train.max_iter=100'"
+        )
     key, raw_value = _split(text)
     add = key.startswith("+")
     if key.startswith(("++", "~")):

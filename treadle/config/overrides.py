@@ -6,11 +6,12 @@ import copy
 from dataclasses import dataclass
 from typing import Any, List, Sequence
 
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ._keys import child, is_branch, unknown_key_message
-from .errors import ConfigError
+from ._keys import child, deepest, is_branch, unknown_key_message
+from ._values import SEQUENCE_CONFIGS
+from .errors import ConfigError, first_line
 from .override_parser import Override, parse_override
 
 __all__ = ["apply_overrides"]
@@ -65,36 +66,57 @@ def _apply_one(cfg: DictConfig, override: Override, done: List[_Undo]) -> None:
 
 
 def _unknown(cfg: DictConfig, override: Override) -> ConfigError:
+    parent, _ = deepest(cfg, override.key)
+    # '+' adds keys to dicts only; do not suggest it where the path runs into a list.
+    hint = (
+        ""
+        if isinstance(parent, SEQUENCE_CONFIGS)
+        else f" (to add a new key, write '+{override.text}')"
+    )
     return ConfigError(
         f"Unknown config key '{override.key}' in override {override.text!r}; "
-        f"{unknown_key_message(override.key, cfg)} (to add a new key, write '+{override.text}')"
+        f"{unknown_key_message(override.key, cfg)}{hint}"
     )
 
 
 def _set(node: Any, key: str, value: Any, override: Override, new: bool, done: List[_Undo]) -> None:
-    """Sets ``node[key]``, first recording in ``done`` how to undo it (also a partial merge)."""
-    if isinstance(node, ListConfig):
+    """Sets ``node[key]``, first recording in ``done`` how to undo it (also a partial merge).
+
+    The write goes through ``OmegaConf.update``: a dict merges into an existing
+    dict node (as in hydra and detectron2, so ``model={depth: 50}`` keeps the
+    node's ``_target_``), and a typed node converts the value to its type
+    without OmegaConf's implicit-conversion warnings.
+    """
+    if isinstance(node, SEQUENCE_CONFIGS):
         if new:
             raise ConfigError(
                 f"Cannot add '{override.key}' with {override.text!r}: '+' adds keys to dicts, "
                 f"not items to lists; override the whole list instead"
             )
+        if not isinstance(node, ListConfig):
+            parent_key = override.key.rsplit(".", 1)[0]
+            raise ConfigError(
+                f"Cannot apply override {override.text!r}: '{parent_key}' is a tuple, whose items "
+                f"cannot be changed one by one; override it whole ({parent_key}=[...])"
+            )
         index = int(key)
         done.append(_Undo(node, index, copy.deepcopy(node._get_node(index))))
-        node[index] = value
+        OmegaConf.update(node, str(index), value, merge=True)
         return
     if not isinstance(node, DictConfig):
-        raise ConfigError(f"Cannot apply override {override.text!r}: its parent is not a config node")
+        raise ConfigError(
+            f"Cannot apply override {override.text!r}: its parent is not a config node"
+        )
     existing = None if new else child(node, key)
-    if existing is not None:
-        key = existing._key()  # the real key: YAML may have made it an int
-    done.append(_Undo(node, key, _ABSENT if new else copy.deepcopy(existing)))
-    if isinstance(value, dict) and isinstance(existing, DictConfig) and is_branch(existing):
-        # A dict merges into an existing node (as in hydra and detectron2), so that
-        # model={depth: 50} keeps the node's _target_ and other arguments.
+    real_key: Any = key if existing is None else existing._key()  # YAML may have made it an int
+    done.append(_Undo(node, real_key, _ABSENT if new else copy.deepcopy(existing)))
+    if isinstance(real_key, str) and not any(c in real_key for c in "[]\\"):
+        OmegaConf.update(node, real_key, value, merge=True, force_add=new)
+    elif isinstance(value, dict) and isinstance(existing, DictConfig) and is_branch(existing):
         existing.merge_with(value)
     else:
-        node[key] = value
+        # Keys OmegaConf.update cannot address (ints, brackets) are set directly.
+        node[real_key] = value
 
 
 def _undo(undo: _Undo) -> None:
@@ -137,7 +159,9 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
             try:
                 _apply_one(cfg, override, done)
             except OmegaConfBaseException as e:
-                raise ConfigError(f"Cannot apply override {override.text!r}: {e}") from e
+                raise ConfigError(
+                    f"Cannot apply override {override.text!r}: {first_line(e)}"
+                ) from e
     except BaseException:
         for undo in reversed(done):
             _undo(undo)

@@ -42,6 +42,10 @@ class TrainerBase:
         max_iter: the iteration training ends before.
         storage: the :class:`EventStorage` opened by :meth:`train`.
         nonfinite_check: passed to the ``EventStorage``: ``"flush"``, ``"step"`` or ``"off"``.
+        epoch_length: iterations per epoch when the data has a length (set by
+            whoever builds the trainer); hooks with periods in epochs need it.
+        training_error: during ``after_train``, the exception that ended
+            training, or ``None`` when it ended normally or by a stop request.
     """
 
     def __init__(self, step: Optional[StepBase] = None, *, nonfinite_check: str = "flush") -> None:
@@ -54,6 +58,8 @@ class TrainerBase:
         self.nonfinite_check = nonfinite_check
         self._step: Optional[StepBase] = None
         self._stop_reason: Optional[str] = None
+        self.epoch_length: Optional[int] = None
+        self.training_error: Optional[BaseException] = None
         self._timings: Dict[str, float] = defaultdict(float)
         if step is not None:
             self.step = step
@@ -117,10 +123,21 @@ class TrainerBase:
         An exception is logged with the iteration it happened at, ``after_train``
         runs, and the exception is re-raised.
         """
+        if start_iter >= max_iter:
+            logger.warning(
+                "Nothing to train: the run starts at iteration %d and max_iter is %d, so it has "
+                "finished already. Raise max_iter to train further.",
+                start_iter,
+                max_iter,
+            )
+            self.iter = self.start_iter = start_iter
+            self.max_iter = max_iter
+            return
         logger.info("Starting training from iteration %d", start_iter)
         self.iter = self.start_iter = start_iter
         self.max_iter = max_iter
         self._stop_reason = None
+        self.training_error = None
         self._timings = defaultdict(float)
         with EventStorage(start_iter, nonfinite_check=self.nonfinite_check) as self.storage:
             try:
@@ -133,8 +150,9 @@ class TrainerBase:
                         break
                 # Like detectron2: after_train sees the first iteration not run.
                 self.iter += 1
-            except Exception:
+            except Exception as e:
                 logger.exception("Exception during training at iteration %d:", self.iter)
+                self.training_error = e
                 self._after_train_after_error()
                 raise
             else:

@@ -63,7 +63,9 @@ class ClassificationEvaluator(StatisticsEvaluator):
         self.metrics: List[str] = _check_metrics(metrics)
         if average not in _AVERAGES:
             raise ValueError(f"average must be one of {list(_AVERAGES)}, got {average!r}")
-        if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1):
+        if num_classes is not None and (
+            isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1
+        ):
             raise ValueError(f"num_classes must be a positive int or None, got {num_classes!r}")
         self.num_classes = num_classes
         self.average = average
@@ -110,15 +112,20 @@ class ClassificationEvaluator(StatisticsEvaluator):
         if self._seen_classes is None:
             self._seen_classes = num_classes
         elif num_classes != self._seen_classes:
-            source = "num_classes" if self.num_classes is not None else "earlier batches"
-            raise ValueError(
-                f"{who}: logits have {num_classes} classes but {source} had {self._seen_classes}"
+            expected = (
+                f"num_classes is {self.num_classes}"
+                if self.num_classes is not None
+                else f"earlier batches had {self._seen_classes}"
             )
+            raise ValueError(f"{who}: logits have {num_classes} classes but {expected}")
         if self.topk and self.topk[-1] > num_classes:
-            raise ValueError(f"{who}: top{self.topk[-1]}_accuracy needs at least {self.topk[-1]} classes, the logits have {num_classes}")
+            k = self.topk[-1]
+            raise ValueError(
+                f"{who}: top{k}_accuracy needs at least {k} classes, the logits have {num_classes}"
+            )
 
         logits = logits.detach().reshape(-1, num_classes)
-        targets = targets.reshape(-1).long()
+        targets = targets.to(logits.device, non_blocking=True).reshape(-1).long()
         in_range = (targets >= 0) & (targets < num_classes)
         if self.ignore_index is not None:
             counted = targets != self.ignore_index
@@ -174,7 +181,9 @@ class ClassificationEvaluator(StatisticsEvaluator):
             )
         total = int(stats["total"])
         if total == 0:
-            raise ValueError(f"{who}: no targets were counted; is the data loader empty, or every target ignore_index?")
+            raise ValueError(
+                f"{who}: no targets were counted; is the data loader empty, or every target ignore_index?"
+            )
         results: Results = {}
         per_class = _per_class_scores(stats["confusion"], self.average) if self.needs_confusion else {}
         for name in self.metrics:

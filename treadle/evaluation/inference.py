@@ -6,7 +6,7 @@ import contextlib
 import datetime
 import logging
 import time
-from typing import Any, Iterable, Iterator, List, Optional, Sequence, Union
+from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
 import torch
 from torch import nn

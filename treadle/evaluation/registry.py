@@ -58,9 +58,15 @@ def _make_entry(name: str, factory: Callable[..., DatasetEvaluator]) -> _Entry:
             any_option = True
         elif p.kind is p.VAR_POSITIONAL:
             continue
+        elif p.kind is p.POSITIONAL_ONLY:
+            if p.default is p.empty:
+                raise TypeError(
+                    f"the factory for metric {name!r} has a required positional-only parameter "
+                    f"{p.name!r}; build_evaluator passes only metrics= and options by keyword"
+                )
         elif p.name == "metrics":
             takes_metrics = True
-        elif p.kind is not p.POSITIONAL_ONLY:
+        else:
             options.add(p.name)
             if p.default is p.empty:
                 required.add(p.name)
@@ -150,7 +156,9 @@ def build_evaluator(metrics: Union[str, Sequence[str]], **options: Any) -> Datas
     """
     names = [metrics] if isinstance(metrics, str) else list(metrics)
     if not names:
-        raise ValueError(f"build_evaluator needs at least one metric; valid metrics: {', '.join(available_metrics())}")
+        raise ValueError(
+            f"build_evaluator needs at least one metric; valid metrics: {', '.join(available_metrics())}"
+        )
     groups: Dict[int, List[str]] = {}
     entries: Dict[int, _Entry] = {}
     seen = set()
@@ -186,7 +194,10 @@ def build_evaluator(metrics: Union[str, Sequence[str]], **options: Any) -> Datas
                 f"build_evaluator: metric(s) {groups[key]} need option(s) {missing} "
                 f"(for {_describe(entry.factory)})"
             )
-        kwargs = dict(options) if entry.any_option else {k: v for k, v in options.items() if k in entry.options}
+        if entry.any_option:
+            kwargs = dict(options)
+        else:
+            kwargs = {k: v for k, v in options.items() if k in entry.options}
         if entry.takes_metrics:
             kwargs["metrics"] = list(groups[key])
         evaluators.append(entry.factory(**kwargs))

@@ -40,7 +40,9 @@ class RegressionEvaluator(StatisticsEvaluator):
         names = [metrics] if isinstance(metrics, str) else list(metrics)
         bad = [m for m in names if m not in _METRICS]
         if bad or not names:
-            raise ValueError(f"RegressionEvaluator cannot compute {bad or names}; it computes {list(_METRICS)}")
+            raise ValueError(
+                f"RegressionEvaluator cannot compute {bad or names}; it computes {list(_METRICS)}"
+            )
         self.metrics = names
         self.output_key = output_key
         self.target_key = target_key
@@ -68,7 +70,8 @@ class RegressionEvaluator(StatisticsEvaluator):
                 f"targets of shape {tuple(targets.shape)}"
             )
         dtype = float_accumulator_dtype(predictions.device)
-        error = predictions.detach().reshape(-1).to(dtype) - targets.reshape(-1).to(device=predictions.device, dtype=dtype)
+        targets = targets.reshape(-1).to(device=predictions.device, dtype=dtype)
+        error = predictions.detach().reshape(-1).to(dtype) - targets
         self.update("squared_error", error.square().sum())
         self.update("absolute_error", error.abs().sum())
         self.update("count", error.numel(), device=error.device)

@@ -52,7 +52,9 @@ def _as_strings(value: Any, what: str, who: str, hint: str) -> List[str]:
     try:
         items = list(value)
     except TypeError:
-        raise TypeError(f"{who}: {what} must be a list of strings, got {type(value).__name__}; {hint}") from None
+        raise TypeError(
+            f"{who}: {what} must be a list of strings, got {type(value).__name__}; {hint}"
+        ) from None
     for i, s in enumerate(items):
         if not isinstance(s, str):
             raise TypeError(f"{who}: {what}[{i}] is a {type(s).__name__}, not a str; {hint}")
@@ -114,10 +116,16 @@ class SequenceEvaluator(StatisticsEvaluator):
             raw_predictions = self.decode(raw_predictions)
         if self.decode_targets is not None:
             raw_targets = self.decode_targets(raw_targets)
-        predictions = _as_strings(raw_predictions, "predictions", who, "pass decode=... to turn outputs into strings")
-        references = _as_strings(raw_targets, "targets", who, "pass decode_targets=... to turn targets into strings")
+        predictions = _as_strings(
+            raw_predictions, "predictions", who, "pass decode=... to turn outputs into strings"
+        )
+        references = _as_strings(
+            raw_targets, "targets", who, "pass decode_targets=... to turn targets into strings"
+        )
         if len(predictions) != len(references):
-            raise ValueError(f"{who}: {len(predictions)} predictions for {len(references)} targets in a batch")
+            raise ValueError(
+                f"{who}: {len(predictions)} predictions for {len(references)} targets in a batch"
+            )
         char_edits = char_length = word_edits = word_length = 0
         for hypothesis, reference in zip(predictions, references):
             if "cer" in self.metrics:

@@ -8,8 +8,22 @@ from .storage import (
     get_event_storage,
     has_event_storage,
 )
+from .writers import (
+    CommonMetricPrinter,
+    CSVWriter,
+    EventWriter,
+    JSONWriter,
+    TensorboardWriter,
+    get_default_writers,
+)
 
 __all__ = [
+    "CommonMetricPrinter",
+    "CSVWriter",
+    "EventWriter",
+    "JSONWriter",
+    "TensorboardWriter",
+    "get_default_writers",
     "EventStorage",
     "HistoryBuffer",
     "NonFiniteLossError",

@@ -169,15 +169,17 @@ class EventStorage:
             kind: one of :class:`ScalarKind`.
         """
         name = self._prefix + name
-        if kind not in ScalarKind.ALL:
-            raise ValueError(f"Unknown scalar kind {kind!r} for '{name}'; use one of {ScalarKind.ALL}")
-        previous_hint = self._smoothing_hints.setdefault(name, smoothing_hint)
-        if previous_hint != smoothing_hint:
+        previous_hint = self._smoothing_hints.get(name)
+        if previous_hint is None:  # first put of this name: validate once
+            if kind not in ScalarKind.ALL:
+                raise ValueError(f"Unknown scalar kind {kind!r} for '{name}'; use one of {ScalarKind.ALL}")
+            self._smoothing_hints[name] = smoothing_hint
+            self._kinds[name] = kind
+        elif previous_hint != smoothing_hint:
             raise ValueError(
                 f"Scalar '{name}' was put with smoothing_hint={previous_hint} before and "
                 f"smoothing_hint={smoothing_hint} now; one name must keep one hint."
             )
-        self._kinds.setdefault(name, kind)
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
                 raise ValueError(

@@ -1,1 +1,39 @@
+"""Hooks: code that runs around each training iteration.
 
+One module per family; :class:`HookBase` is in ``base``.
+"""
+
+from .base import HookBase
+from .callback import CallbackHook
+from .checkpointing import BestCheckpointer, PeriodicCheckpointer
+from .early_stopping import EarlyStopping
+from .ema import EMA
+from .evaluation import EvalHook, flatten_results
+from .lr_scheduler import LRMultiplier, LRScheduler
+from .periods import Period
+from .precise_bn import PreciseBN
+from .preemption import PREEMPTED_EXIT_CODE, PreemptionHandler
+from .profiling import TorchMemoryStats, TorchProfiler
+from .timing import IterationTimer
+from .writing import PeriodicWriter
+
+__all__ = [
+    "HookBase",
+    "CallbackHook",
+    "IterationTimer",
+    "LRScheduler",
+    "LRMultiplier",
+    "PeriodicWriter",
+    "PeriodicCheckpointer",
+    "BestCheckpointer",
+    "EvalHook",
+    "flatten_results",
+    "EarlyStopping",
+    "EMA",
+    "PreciseBN",
+    "PreemptionHandler",
+    "PREEMPTED_EXIT_CODE",
+    "TorchProfiler",
+    "TorchMemoryStats",
+    "Period",
+]

@@ -1,0 +1,706 @@
+import collections
+import enum
+import io
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import treadle
+from treadle.checkpoint import (
+    CheckpointError,
+    Checkpointer,
+    UnsafeCheckpointError,
+    canonical_keys,
+    check_weights_only_loadable,
+    init_weights_from,
+    unwrap_model,
+)
+
+
+# ---------------------------------------------------------------- helpers
+class Net(nn.Module):
+    """A backbone and a head, like a classifier being fine-tuned."""
+
+    def __init__(self, num_classes: int = 3, width: int = 4):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Linear(2, width), nn.BatchNorm1d(width))
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, x):
+        return self.head(self.backbone(x))
+
+
+class Counter:
+    """A custom checkpointable (an EMA, a hook, a data position...)."""
+
+    def __init__(self, value: int = 0):
+        self.value = value
+        self.history = [float(value)]
+
+    def state_dict(self):
+        return {"value": self.value, "history": list(self.history)}
+
+    def load_state_dict(self, state):
+        self.value = state["value"]
+        self.history = list(state["history"])
+
+
+class StateOf:
+    """A checkpointable whose state is whatever the test puts in it."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def state_dict(self):
+        return self.state
+
+    def load_state_dict(self, state):
+        self.state = state
+
+
+def trained(seed: int = 0, num_classes: int = 3):
+    """A model and an Adam optimizer after one step, so that the optimizer has state."""
+    torch.manual_seed(seed)
+    model = Net(num_classes)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    model(torch.randn(8, 2)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def assert_same_weights(a: nn.Module, b: nn.Module):
+    sa, sb = unwrap_model(a).state_dict(), unwrap_model(b).state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+
+
+def messages(caplog, level=None):
+    """Distinct log messages (the 'treadle' handler and the root one both see each record)."""
+    return list(dict.fromkeys(r.getMessage() for r in caplog.records if level is None or r.levelno == level))
+
+
+def read_pointer(d) -> str:
+    return (d / "last_checkpoint").read_text()
+
+
+def visible_and_hidden(d):
+    return sorted(os.listdir(d))
+
+
+# ---------------------------------------------------------------- round trip
+def test_round_trip_model_optimizer_custom_and_extra(tmp_path):
+    model, opt = trained(0)
+    counter = Counter(5)
+    ckpt = Checkpointer(model, str(tmp_path / "out" / "nested"), optimizer=opt, counter=counter)
+    path = ckpt.save("model_0000007", iteration=7)
+
+    # The directory was created; the file holds exactly these entries and loads weights-only.
+    assert path == str(tmp_path / "out" / "nested" / "model_0000007.pth")
+    raw = torch.load(path, weights_only=True)
+    assert set(raw) == {"model", "optimizer", "counter", "iteration"}
+    assert raw["iteration"] == 7
+    assert raw["counter"] == {"value": 5, "history": [5.0]}
+    assert set(raw["model"]) == set(model.state_dict())
+    assert read_pointer(tmp_path / "out" / "nested") == "model_0000007.pth"
+
+    model2, opt2 = trained(1)
+    counter2 = Counter(0)
+    ckpt2 = Checkpointer(model2, str(tmp_path / "out" / "nested"), optimizer=opt2, counter=counter2)
+    assert ckpt2.has_checkpoint()
+    assert ckpt2.get_checkpoint_file() == path
+    extra = ckpt2.resume_or_load("", resume=True)
+
+    assert extra == {"iteration": 7}
+    assert_same_weights(model, model2)
+    assert counter2.value == 5 and counter2.history == [5.0]
+    s1, s2 = opt.state_dict(), opt2.state_dict()
+    assert s1["param_groups"] == s2["param_groups"]
+    for idx, st in s1["state"].items():
+        for k, v in st.items():
+            assert torch.equal(v, s2["state"][idx][k]), (idx, k)
+
+
+def test_trainer_state_with_rng_is_weights_only_safe(tmp_path):
+    from treadle.engine.train_loop import TrainerBase
+
+    trainer = TrainerBase()
+    trainer.iter = 41
+    model = nn.Linear(2, 2)
+    Checkpointer(model, str(tmp_path), trainer=trainer).save("model_0000041")
+    expected = torch.rand(3)  # the first draw after the save
+    torch.rand(10)
+
+    other = TrainerBase()
+    Checkpointer(nn.Linear(2, 2), str(tmp_path), trainer=other).resume_or_load()
+    assert other.iter == 41
+    assert torch.equal(torch.rand(3), expected)  # the generator is back where it was saved
+
+
+def test_save_strips_wrappers_from_saved_keys(tmp_path):
+    model = Net()
+    wrapped = torch.compile(nn.DataParallel(model))  # DataParallel on CPU is a plain `.module` wrapper
+    assert all(k.startswith("_orig_mod.module.") for k in wrapped.state_dict())
+    Checkpointer(wrapped, str(tmp_path)).save("m")
+    saved = torch.load(tmp_path / "m.pth", weights_only=True)["model"]
+    assert list(saved) == list(model.state_dict())
+
+
+def test_get_all_checkpoint_files_and_no_pointer(tmp_path):
+    ckpt = Checkpointer(nn.Linear(1, 1), str(tmp_path / "missing"))
+    assert not ckpt.has_checkpoint()
+    assert ckpt.get_checkpoint_file() == ""
+    assert ckpt.get_all_checkpoint_files() == []
+    ckpt.save("model_0000002")
+    ckpt.save("model_best", tag_last_checkpoint=False)
+    d = tmp_path / "missing"
+    assert ckpt.get_all_checkpoint_files() == [str(d / "model_0000002.pth"), str(d / "model_best.pth")]
+    assert ckpt.get_checkpoint_file() == str(d / "model_0000002.pth")  # model_best did not move it
+
+
+def test_save_to_disk_false_writes_nothing(tmp_path):
+    ckpt = Checkpointer(nn.Linear(1, 1), str(tmp_path / "out"), save_to_disk=False)
+    assert ckpt.save("model_0000001") is None
+    assert not (tmp_path / "out").exists()
+
+
+def test_save_rejects_bad_names_and_colliding_extras(tmp_path):
+    ckpt = Checkpointer(nn.Linear(1, 1), str(tmp_path), optimizer=StateOf({}))
+    with pytest.raises(ValueError, match="plain, non-hidden file name"):
+        ckpt.save("sub/model")
+    with pytest.raises(ValueError, match="collides with the checkpointable 'optimizer'"):
+        ckpt.save("m", optimizer=1)
+    with pytest.raises(TypeError, match="Checkpointable 'ema' .* has no state_dict"):
+        ckpt.add_checkpointable("ema", object())
+    assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------- atomicity
+def test_failed_rename_keeps_previous_checkpoint_and_pointer(tmp_path, monkeypatch):
+    model, opt = trained(0)
+    ckpt = Checkpointer(model, str(tmp_path), optimizer=opt)
+    ckpt.save("model_0000001", iteration=1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        model.head.weight.add_(1.0)
+
+    def crash(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(CheckpointError, match=f"in directory '{tmp_path}'.*No space left"):
+        ckpt.save("model_0000002", iteration=2)
+    monkeypatch.undo()
+
+    # No partial final file, no temporary file, the pointer still names the old file.
+    assert visible_and_hidden(tmp_path) == ["last_checkpoint", "model_0000001.pth"]
+    assert read_pointer(tmp_path) == "model_0000001.pth"
+    fresh = Net()
+    fresh_opt = torch.optim.Adam(fresh.parameters())
+    assert Checkpointer(fresh, str(tmp_path), optimizer=fresh_opt).resume_or_load() == {"iteration": 1}
+    for k, v in before.items():
+        assert torch.equal(fresh.state_dict()[k], v), k
+
+
+def test_crash_mid_write_keeps_old_file_of_same_name(tmp_path, monkeypatch):
+    model = Net()
+    ckpt = Checkpointer(model, str(tmp_path))
+    ckpt.save("model_final", iteration=9)
+    good = (tmp_path / "model_final.pth").read_bytes()
+    with torch.no_grad():
+        model.head.bias.fill_(123.0)
+
+    def half_then_die(obj, f):
+        f.write(good[: len(good) // 2])  # some bytes reach the temporary file...
+        raise KeyboardInterrupt  # ...then the process is interrupted
+
+    monkeypatch.setattr(torch, "save", half_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save("model_final", iteration=10)
+    monkeypatch.undo()
+
+    assert (tmp_path / "model_final.pth").read_bytes() == good
+    assert visible_and_hidden(tmp_path) == ["last_checkpoint", "model_final.pth"]
+    fresh = Net()
+    extra = Checkpointer(fresh, str(tmp_path)).resume_or_load()
+    assert extra == {"iteration": 9}
+    assert not torch.equal(fresh.head.bias, model.head.bias)
+
+
+def test_crash_before_pointer_update_resumes_previous(tmp_path, monkeypatch):
+    ckpt = Checkpointer(Net(), str(tmp_path))
+    ckpt.save("model_0000001", iteration=1)
+    real_replace = os.replace
+
+    def replace_files_only(src, dst):
+        if os.path.basename(dst) == "last_checkpoint":
+            raise OSError(5, "Input/output error")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace_files_only)
+    with pytest.raises(CheckpointError, match="still names the previous checkpoint"):
+        ckpt.save("model_0000002", iteration=2)
+    monkeypatch.undo()
+
+    assert read_pointer(tmp_path) == "model_0000001.pth"
+    assert visible_and_hidden(tmp_path) == ["last_checkpoint", "model_0000001.pth", "model_0000002.pth"]
+    assert Checkpointer(Net(), str(tmp_path)).resume_or_load() == {"iteration": 1}
+
+
+def test_kill_9_during_save_leaves_previous_usable(tmp_path):
+    """A real SIGKILL in the middle of writing: the temporary file is left
+    behind, nothing else changes, and prune removes the leftover."""
+    script = textwrap.dedent(
+        """
+        import os, signal, sys, torch
+        from torch import nn
+        from treadle.checkpoint import Checkpointer
+        torch.manual_seed(0)
+        model = nn.Linear(16, 16)
+        ckpt = Checkpointer(model, sys.argv[1], save_to_disk=True)
+        ckpt.save("model_0000001", iteration=1)
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        def dying_save(obj, f):
+            f.write(b"PK\\x03\\x04 half a checkpoint")
+            f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        torch.save = dying_save
+        ckpt.save("model_0000002", iteration=2)
+        """
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(treadle.__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr.decode()
+
+    names = visible_and_hidden(tmp_path)
+    leftovers = [n for n in names if n.startswith(".model_0000002.pth.tmp.")]
+    assert len(leftovers) == 1 and names == sorted(["last_checkpoint", "model_0000001.pth"] + leftovers)
+    assert read_pointer(tmp_path) == "model_0000001.pth"
+
+    torch.manual_seed(0)
+    expected = nn.Linear(16, 16)
+    loaded = nn.Linear(16, 16)
+    ckpt = Checkpointer(loaded, str(tmp_path))
+    assert ckpt.resume_or_load() == {"iteration": 1}
+    assert_same_weights(loaded, expected)
+    assert ckpt.prune(keep_last=3) == [str(tmp_path / leftovers[0])]
+    assert visible_and_hidden(tmp_path) == ["last_checkpoint", "model_0000001.pth"]
+
+
+# ---------------------------------------------------------------- unsafe files
+def _plant_marker(path):
+    with open(path, "w") as f:
+        f.write("code from the checkpoint ran")
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (_plant_marker, (self.marker,))
+
+
+@pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy"])
+def test_malicious_pickle_is_refused_and_runs_nothing(tmp_path, zip_format):
+    marker = tmp_path / "marker"
+    out = tmp_path / "out"
+    out.mkdir()
+    evil = out / "model_0000005.pth"
+    torch.save(
+        {"model": Net().state_dict(), "iteration": 5, "payload": _Payload(str(marker))},
+        evil,
+        _use_new_zipfile_serialization=zip_format,
+    )
+    (out / "last_checkpoint").write_text("model_0000005.pth")
+    ckpt = Checkpointer(Net(), str(out))
+
+    with pytest.raises(UnsafeCheckpointError) as info:
+        ckpt.load(str(evil))
+    message = str(info.value)
+    assert f"'{evil}'" in message
+    assert "would run code from the file" in message and "not loaded" in message
+    assert "_plant_marker" in message
+    assert not marker.exists()
+
+    # Resuming does not fall back past it either: the file is intact, a person must decide.
+    with pytest.raises(UnsafeCheckpointError):
+        ckpt.resume_or_load()
+    with pytest.raises(UnsafeCheckpointError):
+        init_weights_from(Net(), str(evil))
+    assert not marker.exists()
+
+    # The payload is live: an unsafe load does run it (so the checks above mean something).
+    torch.load(evil, weights_only=False)
+    assert marker.read_text() == "code from the checkpoint ran"
+
+
+# ---------------------------------------------------------------- corrupt files
+def test_truncated_newest_falls_back_to_previous_with_warning(tmp_path, treadle_caplog):
+    first, _ = trained(0)
+    ckpt = Checkpointer(first, str(tmp_path))
+    ckpt.save("model_0000001", iteration=1)
+    second, _ = trained(1)
+    Checkpointer(second, str(tmp_path)).save("model_0000002", iteration=2)
+    newest = tmp_path / "model_0000002.pth"
+    data = newest.read_bytes()
+    newest.write_bytes(data[: len(data) // 2])
+
+    fresh = Net()
+    extra = Checkpointer(fresh, str(tmp_path)).resume_or_load()
+
+    assert extra == {"iteration": 1}
+    assert_same_weights(fresh, first)
+    warnings = messages(treadle_caplog, logging.WARNING)
+    assert any(str(newest) in w and "truncated or corrupt" in w for w in warnings), warnings
+    assert any("older checkpoint" in w and "model_0000001.pth" in w for w in warnings), warnings
+
+
+def test_pointer_to_missing_file_falls_back_by_iteration_number(tmp_path):
+    ckpt = Checkpointer(Net(), str(tmp_path))
+    for it in (3, 10, 7):  # saved out of order: the number in the name decides, not the save order
+        ckpt.save(f"model_{it:07d}", iteration=it)
+    ckpt.save("model_best", tag_last_checkpoint=False, iteration=5)
+    (tmp_path / "last_checkpoint").write_text("model_0000099.pth")
+    assert Checkpointer(Net(), str(tmp_path)).resume_or_load() == {"iteration": 10}
+
+
+def test_no_readable_checkpoint_lists_what_was_tried(tmp_path):
+    (tmp_path / "model_0000001.pth").write_bytes(b"")
+    (tmp_path / "model_0000002.pth").write_bytes(os.urandom(200))
+    with pytest.raises(CheckpointError) as info:
+        Checkpointer(Net(), str(tmp_path)).resume_or_load()
+    message = str(info.value)
+    assert f"checkpoints in '{tmp_path}'" in message
+    assert message.index("model_0000002.pth") < message.index("model_0000001.pth")  # newest first
+
+
+def test_load_corrupt_and_missing_files_name_them(tmp_path):
+    ckpt = Checkpointer(Net(), str(tmp_path))
+    garbage = tmp_path / "garbage.pth"
+    garbage.write_bytes(b"PK\x03\x04 not a checkpoint at all")
+    with pytest.raises(CheckpointError, match=f"'{garbage}' is truncated or corrupt"):
+        ckpt.load(str(garbage))
+    with pytest.raises(CheckpointError, match="'.*nope.pth' does not exist"):
+        ckpt.load(str(tmp_path / "nope.pth"))
+    torch.save([1, 2], tmp_path / "list.pth")
+    with pytest.raises(CheckpointError, match="holds a list, not the dict"):
+        ckpt.load(str(tmp_path / "list.pth"))
+
+
+# ---------------------------------------------------------------- model key matching
+def test_canonical_keys():
+    assert canonical_keys(["module._orig_mod.a.weight", "module._orig_mod.b"]) == {
+        "a.weight": "module._orig_mod.a.weight",
+        "b": "module._orig_mod.b",
+    }
+    # A compiled submodule inside, and a lone child called "module" that must stay.
+    assert canonical_keys(["backbone._orig_mod.conv.weight", "module.x", "y"]) == {
+        "backbone.conv.weight": "backbone._orig_mod.conv.weight",
+        "module.x": "module.x",
+        "y": "y",
+    }
+    with pytest.raises(ValueError, match="'a' and '_orig_mod.a' are the same parameter"):
+        canonical_keys(["a", "_orig_mod.a"])
+
+
+@pytest.mark.parametrize("prefix", ["module.", "_orig_mod.", "module._orig_mod.", "_orig_mod.module."])
+def test_load_accepts_wrapper_prefixed_state_dicts(tmp_path, prefix):
+    source, _ = trained(3)
+    state = {prefix + k: v for k, v in source.state_dict().items()}
+    torch.save({"model": state, "iteration": 4}, tmp_path / "wrapped.pth")
+    target = Net()
+    extra = Checkpointer(target, str(tmp_path)).load(str(tmp_path / "wrapped.pth"))
+    assert extra == {"iteration": 4}
+    assert_same_weights(target, source)
+
+
+def test_load_into_wrapped_model(tmp_path):
+    source, _ = trained(3)
+    torch.save({"model": source.state_dict()}, tmp_path / "plain.pth")
+    inner = Net()
+    wrapped = torch.compile(nn.DataParallel(inner))
+    Checkpointer(wrapped, str(tmp_path)).load(str(tmp_path / "plain.pth"))
+    assert_same_weights(inner, source)
+
+
+def test_shape_mismatch_is_skipped_and_tabulated(tmp_path, treadle_caplog):
+    source, _ = trained(0, num_classes=10)
+    source.extra = nn.Linear(1, 1)  # in the checkpoint, not in the target: unexpected
+    torch.save({"model": source.state_dict()}, tmp_path / "ten.pth")
+    target = Net(num_classes=5)
+    target.neck = nn.Linear(4, 4)  # in the target, not in the checkpoint: missing
+    head_before = target.head.weight.clone()
+
+    Checkpointer(target, str(tmp_path)).load(str(tmp_path / "ten.pth"))
+
+    for k, v in source.backbone.state_dict().items():
+        assert torch.equal(target.backbone.state_dict()[k], v), k
+    assert torch.equal(target.head.weight, head_before)
+    (message,) = [m for m in messages(treadle_caplog, logging.WARNING) if "were not loaded" in m]
+    rows = {
+        line.split("|")[2].strip(): [c.strip() for c in line.split("|")[1:-1]]
+        for line in message.splitlines()
+        if line.startswith("| ") and "status" not in line
+    }
+    assert rows == {
+        "head.weight": ["shape mismatch", "head.weight", "(10, 4)", "(5, 4)"],
+        "head.bias": ["shape mismatch", "head.bias", "(10,)", "(5,)"],
+        "neck.weight": ["missing", "neck.weight", "-", "(4, 4)"],
+        "neck.bias": ["missing", "neck.bias", "-", "(4,)"],
+        "extra.weight": ["unexpected", "extra.weight", "(1, 1)", "-"],
+        "extra.bias": ["unexpected", "extra.bias", "(1,)", "-"],
+    }  # loaded keys are not listed on load, only what went wrong
+
+
+def test_init_weights_from_backbone_into_new_head(tmp_path, treadle_caplog):
+    pretrained, _ = trained(0, num_classes=1000)
+    Checkpointer(pretrained, str(tmp_path)).save("pretrained")
+    model = torch.compile(Net(num_classes=7))
+
+    report = init_weights_from(model, str(tmp_path / "pretrained.pth"))
+
+    backbone_keys = sorted(pretrained.backbone.state_dict())
+    assert sorted(report.loaded) == ["backbone." + k for k in backbone_keys]
+    assert [(m.key, m.checkpoint_shape, m.model_shape) for m in report.shape_mismatched] == [
+        ("head.weight", (1000, 4), (7, 4)),
+        ("head.bias", (1000,), (7,)),
+    ]
+    assert report.missing == [] and report.unexpected == [] and not report.complete
+    assert torch.equal(unwrap_model(model).backbone[0].weight, pretrained.backbone[0].weight)
+    (message,) = [m for m in messages(treadle_caplog) if "Initialized" in m]
+    assert "Initialized 6 of 8 model keys" in message
+    assert "| loaded         | backbone.0.{bias, weight}" in message
+    assert "| shape mismatch | head.weight" in message and "(1000, 4)" in message
+
+
+def test_init_weights_from_bare_backbone_with_prefix_map():
+    torch.manual_seed(1)
+    backbone = nn.Sequential(nn.Linear(2, 4), nn.BatchNorm1d(4))
+    model = Net()
+    report = init_weights_from(model, backbone.state_dict(), prefix_map={"": "backbone."})
+    assert report.missing == ["head.weight", "head.bias"]
+    assert report.unexpected == []
+    assert torch.equal(model.backbone[1].running_var, backbone[1].running_var)
+    with pytest.raises(TypeError, match="a file path or a state dict"):
+        init_weights_from(model, 3)
+
+
+# ---------------------------------------------------------------- pruning
+def _names(d):
+    return sorted(n for n in os.listdir(d) if n.endswith(".pth"))
+
+
+def test_prune_counts_files_on_disk_across_restarts(tmp_path):
+    first = Checkpointer(nn.Linear(1, 1), str(tmp_path))
+    for it in range(4):
+        first.save(f"model_{it:07d}", iteration=it)
+        first.prune(keep_last=2)
+    first.save("model_best", tag_last_checkpoint=False)
+    assert _names(tmp_path) == ["model_0000002.pth", "model_0000003.pth", "model_best.pth"]
+
+    # A restarted run: a new Checkpointer that has saved nothing yet still sees the old files.
+    second = Checkpointer(nn.Linear(1, 1), str(tmp_path))
+    second.save("model_0000004", iteration=4)
+    deleted = second.prune(keep_last=2)
+    assert deleted == [str(tmp_path / "model_0000002.pth")]
+    second.save("model_final")
+    second.prune(keep_last=2)
+    assert _names(tmp_path) == ["model_0000003.pth", "model_0000004.pth", "model_best.pth", "model_final.pth"]
+
+
+def test_prune_never_deletes_the_pointed_to_file(tmp_path):
+    ckpt = Checkpointer(nn.Linear(1, 1), str(tmp_path))
+    for it in (10, 20, 30):
+        ckpt.save(f"model_{it:07d}", iteration=it)
+    ckpt.tag_last_checkpoint("model_0000010.pth")  # e.g. resumed from an older file
+    ckpt.prune(keep_last=1)
+    assert _names(tmp_path) == ["model_0000010.pth", "model_0000030.pth"]
+    ckpt.save("ckpt_0000001")
+    ckpt.prune(keep_last=1, protect=("model_0000030",))  # other prefixes are not touched
+    assert _names(tmp_path) == ["ckpt_0000001.pth", "model_0000010.pth", "model_0000030.pth"]
+    with pytest.raises(ValueError, match="keep_last must be >= 1"):
+        ckpt.prune(keep_last=0)
+
+
+def test_prune_keeps_this_process_temporary_files(tmp_path):
+    ckpt = Checkpointer(nn.Linear(1, 1), str(tmp_path))
+    ckpt.save("model_0000001")
+    mine = tmp_path / f".model_0000002.pth.tmp.{os.getpid()}.0123abcd"
+    other = tmp_path / ".model_0000002.pth.tmp.999999999.89abcdef"
+    unrelated = tmp_path / ".notes.tmp"
+    for p in (mine, other, unrelated):
+        p.write_bytes(b"x")
+    assert ckpt.prune(keep_last=5) == [str(other)]
+    assert mine.exists() and unrelated.exists()
+
+
+# ---------------------------------------------------------------- what may be saved
+def test_unsupported_object_is_a_type_error_naming_its_key_path(tmp_path):
+    trainer = StateOf({"iteration": 3, "hooks": {"EMA": {"decay": 0.99, "fn": lambda x: x}}})
+    ckpt = Checkpointer(nn.Linear(1, 1), str(tmp_path / "out"), trainer=trainer)
+    with pytest.raises(TypeError) as info:
+        ckpt.save("model_0000003")
+    message = str(info.value)
+    assert "'trainer.hooks.EMA.fn'" in message and "builtins.function" in message
+    assert "Nothing was written" in message
+    assert not (tmp_path / "out").exists()
+
+    trainer.state = {"lrs": [0.1, np.float64(0.2)]}
+    with pytest.raises(TypeError, match=r"'trainer\.lrs\[1\]' is a numpy\.float64.*\.item\(\)"):
+        ckpt.save("model_0000003")
+    with pytest.raises(TypeError, match=r"'scale' is a numpy\.ndarray"):
+        ckpt.save("model_0000003", scale=np.ones(2))
+    assert not (tmp_path / "out").exists()
+
+
+class _Color(enum.Enum):
+    RED = 1
+
+
+_Point = collections.namedtuple("_Point", "x y")
+_tagged = torch.ones(2)
+_tagged.note = "kept"
+_tagged_bad = torch.ones(2)
+_tagged_bad.fn = len
+
+_VALUES = {
+    "none_bool_int": [None, True, 2**70, -1],
+    "float_complex": [float("nan"), 1.5, 2j],
+    "str_bytes": ["a", b"b", bytearray(b"c")],
+    "torch_types": [torch.float16, torch.device("cpu"), torch.Size([2, 3]), torch.strided],
+    "containers": {"a": (1, [2, {3}]), 4: collections.OrderedDict(b=1), (5, 6): collections.Counter(c=2)},
+    "tensors": [torch.ones(2, dtype=torch.bfloat16), nn.Parameter(torch.ones(1)), torch.arange(6)[2:4]],
+    "tensor_with_attribute": _tagged,
+    "tensor_with_function_attribute": _tagged_bad,
+    "frozenset": frozenset([1]),
+    "slice": slice(1, 2),
+    "numpy_scalar": np.int64(3),
+    "enum": _Color.RED,
+    "defaultdict": collections.defaultdict(int),
+    "namedtuple": _Point(1, 2),
+    "function": len,
+    "type": int,
+    "enum_key": {_Color.RED: 1},
+}
+
+
+@pytest.mark.parametrize("name", sorted(_VALUES))
+def test_save_check_agrees_with_weights_only_load(name):
+    value = {"x": _VALUES[name]}
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    buffer.seek(0)
+    try:
+        torch.load(buffer, weights_only=True)
+        torch_accepts = True
+    except Exception:
+        torch_accepts = False
+    try:
+        check_weights_only_loadable(value)
+        we_accept = True
+    except TypeError as e:
+        we_accept = False
+        assert "'x" in str(e)  # the key path starts at the top-level key
+    assert we_accept == torch_accepts
+
+
+def test_self_referencing_state_terminates():
+    loop = [1]
+    loop.append(loop)
+    check_weights_only_loadable({"loop": loop})
+
+
+# ---------------------------------------------------------------- directories
+def test_unwritable_directory_is_named(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    save_dir = blocker / "checkpoints"
+    ckpt = Checkpointer(nn.Linear(1, 1), str(save_dir))
+    with pytest.raises(CheckpointError, match=f"Cannot create the checkpoint directory '{save_dir}'"):
+        ckpt.save("model_0000001")
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root can write anywhere")
+def test_read_only_directory_is_named(tmp_path):
+    save_dir = tmp_path / "ro"
+    save_dir.mkdir()
+    save_dir.chmod(0o500)
+    try:
+        with pytest.raises(CheckpointError, match=f"in directory '{save_dir}'"):
+            Checkpointer(nn.Linear(1, 1), str(save_dir)).save("model_0000001")
+    finally:
+        save_dir.chmod(0o700)
+
+
+def test_save_without_save_dir_is_an_error():
+    with pytest.raises(ValueError, match="needs a save_dir"):
+        Checkpointer(nn.Linear(1, 1)).save("model_final")
+
+
+# ---------------------------------------------------------------- resume or load
+def test_resume_without_checkpoint_warns_and_loads_weights_only(tmp_path, treadle_caplog):
+    source, source_opt = trained(5)
+    Checkpointer(source, str(tmp_path / "init"), optimizer=source_opt).save("weights", iteration=50)
+
+    model, opt = trained(6)
+    opt_before = opt.state_dict()["state"][0]["exp_avg"].clone()
+    ckpt = Checkpointer(model, str(tmp_path / "run"), optimizer=opt)
+    extra = ckpt.resume_or_load(str(tmp_path / "init" / "weights.pth"), resume=True)
+
+    assert extra == {}
+    assert_same_weights(model, source)
+    assert torch.equal(opt.state_dict()["state"][0]["exp_avg"], opt_before)  # optimizer untouched
+    warnings = messages(treadle_caplog, logging.WARNING)
+    assert any(
+        f"no checkpoint in '{tmp_path / 'run'}'" in w and "training starts fresh" in w and "weights.pth" in w
+        for w in warnings
+    ), warnings
+
+
+def test_no_resume_loads_only_model_weights_even_with_checkpoints(tmp_path):
+    source, source_opt = trained(5)
+    Checkpointer(source, str(tmp_path), optimizer=source_opt, counter=Counter(9)).save("model_0000009", iteration=9)
+    model, opt = trained(6)
+    counter = Counter(1)
+    ckpt = Checkpointer(model, str(tmp_path), optimizer=opt, counter=counter)
+    assert ckpt.resume_or_load(str(tmp_path / "model_0000009.pth"), resume=False) == {}
+    assert_same_weights(model, source)
+    assert counter.value == 1
+    assert ckpt.resume_or_load("", resume=False) == {}
+
+
+def test_load_partial_checkpointables_and_missing_state(tmp_path, treadle_caplog):
+    model, opt = trained(0)
+    Checkpointer(model, str(tmp_path), optimizer=opt).save("m", iteration=1)
+    counter = Counter(4)
+    ckpt = Checkpointer(Net(), str(tmp_path), optimizer=torch.optim.SGD(Net().parameters(), lr=1.0), counter=counter)
+
+    rest = ckpt.load(str(tmp_path / "m.pth"), checkpointables=[])
+    assert set(rest) == {"optimizer", "iteration"}  # not consumed
+    with pytest.raises(ValueError, match=r"Unknown checkpointables \['ema'\]"):
+        ckpt.load(str(tmp_path / "m.pth"), checkpointables=["ema"])
+
+    treadle_caplog.clear()
+    ckpt.load(str(tmp_path / "m.pth"), checkpointables=["counter"])
+    assert counter.value == 4
+    assert any("has no state for 'counter'" in m for m in messages(treadle_caplog, logging.WARNING))
+
+
+def test_checkpointable_load_error_names_file_and_entry(tmp_path):
+    model, opt = trained(0)
+    Checkpointer(model, str(tmp_path), optimizer=opt).save("m")
+    other = nn.Linear(3, 3)
+    wrong_opt = torch.optim.Adam([{"params": [other.weight]}, {"params": [other.bias]}])
+    with pytest.raises(ValueError) as info:
+        Checkpointer(Net(), str(tmp_path), optimizer=wrong_opt).load(str(tmp_path / "m.pth"))
+    assert f"while loading 'optimizer' from checkpoint '{tmp_path / 'm.pth'}'" in "\n".join(info.value.__notes__)

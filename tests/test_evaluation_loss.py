@@ -1,0 +1,63 @@
+"""Validation loss: per-sample mean, batches weighted by size."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from treadle.evaluation import LossEvaluator
+
+
+def test_mean_loss_batches_weighted_by_size():
+    # Batch 1: mse((1, 2), (0, 0)) = 2.5 over 2 samples; batch 2: mse(3, 0) = 9 over 1.
+    # Per sample: (2 * 2.5 + 9) / 3 = 14 / 3, not the mean of batch means 5.75.
+    ev = LossEvaluator(loss_fn=F.mse_loss)
+    ev.process((None, torch.tensor([0.0, 0.0])), torch.tensor([1.0, 2.0]))
+    ev.process((None, torch.tensor([0.0])), torch.tensor([3.0]))
+    assert ev.evaluate() == {"loss": 14 / 3}
+
+
+def test_per_sample_losses_are_summed_and_counted():
+    ev = LossEvaluator(loss_fn=lambda out, y: F.mse_loss(out, y, reduction="none"))
+    ev.process((None, torch.tensor([0.0, 0.0])), torch.tensor([1.0, 2.0]))
+    ev.process((None, torch.tensor([0.0])), torch.tensor([3.0]))
+    assert ev.evaluate() == {"loss": (1 + 4 + 9) / 3}
+
+
+def test_loss_from_model_outputs_without_loss_fn():
+    ev = LossEvaluator()
+    # A dict batch of 4 samples whose model returns {"loss": 1.0, ...}, then a
+    # pair batch of 2 whose model returns a bare loss 4.0: (4 * 1 + 2 * 4) / 6.
+    ev.process({"input_ids": torch.zeros(4, 7)}, {"loss": torch.tensor(1.0), "logits": torch.zeros(4, 7, 2)})
+    ev.process((torch.zeros(2, 3), torch.zeros(2)), torch.tensor(4.0))
+    assert ev.evaluate() == {"loss": 2.0}
+
+
+def test_dict_of_scalar_losses_is_summed_and_object_with_loss():
+    class Out:
+        loss = torch.tensor(0.5)
+
+    ev = LossEvaluator()
+    ev.process(torch.zeros(2, 1), {"loss_cls": torch.tensor(1.0), "loss_box": torch.tensor(2.0)})
+    ev.process(torch.zeros(2, 1), Out())
+    assert ev.evaluate() == {"loss": (2 * 3.0 + 2 * 0.5) / 4}
+
+
+def test_errors():
+    with pytest.raises(TypeError, match="without loss_fn the model must return a loss .* got list. Pass loss_fn="):
+        LossEvaluator().process(torch.zeros(1), [1.0])
+    with pytest.raises(ValueError, match=r"got a dict with keys \['logits'\]"):
+        LossEvaluator().process(torch.zeros(1), {"logits": torch.zeros(1, 3)})
+    with pytest.raises(TypeError, match="the loss must be a tensor, got float"):
+        LossEvaluator(loss_fn=lambda o, t: 1.0).process((None, torch.zeros(1)), torch.zeros(1))
+    with pytest.raises(ValueError, match=r"LossEvaluator computes only \['loss'\], got \['mse'\]"):
+        LossEvaluator(["mse"])
+    with pytest.raises(ValueError, match="no samples were processed"):
+        LossEvaluator(loss_fn=F.mse_loss).evaluate()
+    with pytest.raises(ValueError, match="cannot tell the batch size of a object"):
+        LossEvaluator().process(object(), torch.tensor(1.0))
+
+
+def test_process_never_reads_values_on_the_host():
+    ev = LossEvaluator(loss_fn=F.mse_loss)
+    ev.process((None, torch.zeros(4, device="meta")), torch.zeros(4, device="meta"))
+    assert {v.device.type for v in ev.statistics.values()} == {"meta"}

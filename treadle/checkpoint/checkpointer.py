@@ -1,0 +1,428 @@
+"""Saving, resuming and rotating training checkpoints."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from treadle.utils import comm
+from treadle.utils.file_io import PathManager
+
+from .atomic import TEMP_MARKER, atomic_write, is_local_path
+from .key_matching import extract_model_state, load_model_state, unwrap_model
+from .serialization import (
+    CheckpointError,
+    UnsafeCheckpointError,
+    check_weights_only_loadable,
+    load_checkpoint_file,
+)
+
+__all__ = ["Checkpointer"]
+
+logger = logging.getLogger(__name__)
+
+_TRAILING_NUMBER = re.compile(r"(\d+)\.pth$")
+# What atomic.temporary_name produces: .{final name}.tmp.{pid}.{8 hex digits}
+_TEMP_FILE = re.compile(r"\..+" + re.escape(TEMP_MARKER) + r"(\d+)\.[0-9a-f]{8}")
+
+
+class Checkpointer:
+    """Saves a model with everything a run needs to continue, and restores it.
+
+    A checkpoint ``{save_dir}/{name}.pth`` is one dict: ``"model"`` (the
+    unwrapped model's state dict), one entry per checkpointable (optimizer,
+    scheduler, the trainer, a grad scaler... anything with
+    ``state_dict``/``load_state_dict``) and the ``extra`` values given to
+    :meth:`save` (e.g. ``iteration``). The file ``last_checkpoint`` names the
+    checkpoint to resume from.
+
+    Contract:
+
+    - Atomic: a crash at any instant leaves the previous checkpoint and
+      ``last_checkpoint`` usable (see :func:`~treadle.checkpoint.atomic_write`);
+      a file is written before the pointer moves to it.
+    - Safe: everything saved loads with ``torch.load(weights_only=True)``,
+      checked before writing; every file is read that way, so loading a
+      checkpoint never runs code from it.
+    - Only the main process writes (``save_to_disk`` defaults to
+      :func:`~treadle.utils.comm.is_main_process`, checked at each call); every
+      process can read.
+
+    Args:
+        model: the model; DDP/DataParallel/``torch.compile`` wrappers are
+            stripped when saving and accepted when loading.
+        save_dir: where checkpoints live; created on the first save.
+        save_to_disk: whether :meth:`save` and :meth:`prune` touch the disk.
+        **checkpointables: name -> object with ``state_dict``/``load_state_dict``.
+    """
+
+    POINTER_FILE = "last_checkpoint"
+    RESUME_PATTERN = re.compile(r"model_.*\.pth")
+    """Files :meth:`resume_or_load` falls back to when the pointed-to file is unreadable."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        save_dir: str = "",
+        *,
+        save_to_disk: Optional[bool] = None,
+        **checkpointables: Any,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"Checkpointer expects an nn.Module as model, got {type(model).__name__}")
+        self.model = model
+        self.save_dir = save_dir
+        self._save_to_disk = save_to_disk
+        self.checkpointables: Dict[str, Any] = {}
+        for name, obj in checkpointables.items():
+            self.add_checkpointable(name, obj)
+
+    # ------------------------------------------------------------------ setup
+    @property
+    def save_to_disk(self) -> bool:
+        # Resolved per call: a Checkpointer built before the process group was
+        # initialized must still write on rank 0 only.
+        return comm.is_main_process() if self._save_to_disk is None else self._save_to_disk
+
+    def add_checkpointable(self, name: str, obj: Any) -> None:
+        """Adds an object whose state is saved under ``name``.
+
+        Raises:
+            ValueError: ``name`` is ``"model"`` or already used.
+            TypeError: ``obj`` lacks ``state_dict``/``load_state_dict``.
+        """
+        if name == "model" or name in self.checkpointables:
+            raise ValueError(f"Checkpointable name '{name}' is already used in this Checkpointer.")
+        for method in ("state_dict", "load_state_dict"):
+            if not callable(getattr(obj, method, None)):
+                raise TypeError(
+                    f"Checkpointable '{name}' ({type(obj).__name__}) has no {method}() method; "
+                    f"a checkpointable needs both state_dict() and load_state_dict()."
+                )
+        self.checkpointables[name] = obj
+
+    # ------------------------------------------------------------------ paths
+    def _path(self, filename: str) -> str:
+        return os.path.join(self.save_dir, filename)
+
+    def _list_dir(self) -> List[str]:
+        if not self.save_dir or not PathManager.isdir(self.save_dir):
+            return []
+        return sorted(PathManager.ls(self.save_dir))
+
+    def _mtime(self, path: str) -> float:
+        if not is_local_path(path):
+            return 0.0  # iopath has no portable mtime; the number in the name decides
+        try:
+            return os.path.getmtime(PathManager.get_local_path(path))
+        except OSError:
+            return 0.0
+
+    def has_checkpoint(self) -> bool:
+        """True when there is something to resume from: a ``last_checkpoint``
+        pointer or a ``model_*.pth`` file in ``save_dir``."""
+        return bool(self._pointer_target()) or bool(self._resume_files())
+
+    def _pointer_target(self) -> str:
+        """The file name in ``last_checkpoint``, or "" when there is none."""
+        if not self.save_dir:
+            return ""
+        pointer = self._path(self.POINTER_FILE)
+        try:
+            with PathManager.open(pointer, "r") as f:
+                return f.read().strip()
+        except FileNotFoundError:
+            return ""
+        except (OSError, UnicodeDecodeError) as e:
+            # Written atomically, so only outside damage gets here: resume falls
+            # back to the files themselves.
+            logger.warning("Cannot read the checkpoint pointer '%s' (%s); ignoring it.", pointer, e)
+            return ""
+
+    def get_checkpoint_file(self) -> str:
+        """The full path of the file named by ``last_checkpoint``, or "" without one."""
+        name = self._pointer_target()
+        return self._path(name) if name else ""
+
+    def get_all_checkpoint_files(self) -> List[str]:
+        """Full paths of every ``.pth`` file in ``save_dir``, sorted by name
+        (temporary files of unfinished saves excluded)."""
+        return [self._path(n) for n in self._list_dir() if n.endswith(".pth") and not n.startswith(".")]
+
+    def _resume_files(self) -> List[str]:
+        """``model_*.pth`` names, newest first.
+
+        Newest = highest iteration number in the name; files without one
+        (``model_final``, ``model_best``) follow, newest modification time first.
+        """
+        names = [n for n in self._list_dir() if self.RESUME_PATTERN.fullmatch(n)]
+        numbered: List[Tuple[int, str]] = []
+        unnumbered: List[Tuple[float, str]] = []
+        for n in names:
+            m = _TRAILING_NUMBER.search(n)
+            if m:
+                numbered.append((int(m.group(1)), n))
+            else:
+                unnumbered.append((self._mtime(self._path(n)), n))
+        numbered.sort(reverse=True)
+        unnumbered.sort(reverse=True)
+        return [n for _, n in numbered] + [n for _, n in unnumbered]
+
+    # ------------------------------------------------------------------ save
+    def save(self, name: str, *, tag_last_checkpoint: bool = True, **extra: Any) -> Optional[str]:
+        """Writes ``{save_dir}/{name}.pth`` atomically; returns its path.
+
+        Holds ``{"model": ..., <checkpointable>: state, ..., **extra}``. With
+        ``tag_last_checkpoint`` (the default) ``last_checkpoint`` then names it;
+        ``False`` writes the file without moving the pointer (e.g. ``model_best``).
+        Returns ``None`` without writing on processes that do not save to disk.
+
+        Raises:
+            ValueError: ``name`` is empty, contains a path separator or starts
+                with "."; an ``extra`` key collides with ``"model"`` or a
+                checkpointable; there is no ``save_dir``.
+            TypeError: a value would not load with ``weights_only=True``; the
+                message names its key path. Nothing is written.
+            CheckpointError: ``save_dir`` cannot be created or written.
+        """
+        if not self.save_to_disk:
+            return None
+        if not self.save_dir:
+            raise ValueError("Checkpointer.save needs a save_dir; this Checkpointer was built without one.")
+        if not name or "/" in name or os.sep in name or name.startswith("."):
+            raise ValueError(
+                f"Checkpoint name {name!r} must be a plain, non-hidden file name (no directories); "
+                f"it is written as '{{save_dir}}/{{name}}.pth'."
+            )
+        for key in extra:
+            if key == "model" or key in self.checkpointables:
+                raise ValueError(f"save(..., {key}=...) collides with the checkpointable '{key}'; rename it.")
+
+        filename = f"{name}.pth"
+        path = self._path(filename)
+        data: Dict[str, Any] = {"model": unwrap_model(self.model).state_dict()}
+        for key, obj in self.checkpointables.items():
+            data[key] = obj.state_dict()
+        data.update(extra)
+        check_weights_only_loadable(data, what=f"checkpoint '{path}'")
+
+        self._make_save_dir()
+        try:
+            atomic_write(path, lambda f: torch.save(data, f))
+        except OSError as e:
+            raise CheckpointError(
+                f"Cannot write checkpoint '{path}' in directory '{self.save_dir}': {e.strerror or e}. "
+                f"The previous checkpoints are untouched."
+            ) from e
+        logger.info("Saved checkpoint to %s", path)
+        if tag_last_checkpoint:
+            self.tag_last_checkpoint(filename)
+        return path
+
+    def _make_save_dir(self) -> None:
+        try:
+            PathManager.mkdirs(self.save_dir)
+        except OSError as e:
+            raise CheckpointError(
+                f"Cannot create the checkpoint directory '{self.save_dir}': {e.strerror or e}."
+            ) from e
+
+    def tag_last_checkpoint(self, filename: str) -> None:
+        """Points ``last_checkpoint`` at ``filename`` (a name inside ``save_dir``), atomically."""
+        if not self.save_to_disk:
+            return
+        pointer = self._path(self.POINTER_FILE)
+        self._make_save_dir()
+        try:
+            atomic_write(pointer, lambda f: f.write(filename.encode("utf-8")))
+        except OSError as e:
+            raise CheckpointError(
+                f"Cannot update '{pointer}' in directory '{self.save_dir}': {e.strerror or e}. "
+                f"It still names the previous checkpoint."
+            ) from e
+
+    # ------------------------------------------------------------------ load
+    def load(self, path: str, checkpointables: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """Loads ``path`` into the model and the checkpointables.
+
+        The model takes every key that matches by name (DDP ``module.`` and
+        compile ``_orig_mod.`` prefixes are accepted on either side);
+        shape-mismatched keys are skipped; missing, unexpected and mismatched
+        keys are logged as a table. Each checkpointable (all of them, or those
+        named in ``checkpointables``; ``[]`` loads the model only) is loaded
+        when the file has its state; a missing one is a warning.
+
+        Returns what the file holds besides what was loaded (e.g. ``iteration``).
+        An empty ``path`` loads nothing and returns ``{}`` (no initial weights).
+
+        Raises:
+            UnsafeCheckpointError: the file needs unsafe unpickling; not loaded.
+            CheckpointError: the file is missing, truncated or corrupt.
+            ValueError: ``checkpointables`` names an unknown checkpointable.
+        """
+        if not path:
+            logger.info("No checkpoint given: the model keeps its current weights.")
+            return {}
+        names = self._select(checkpointables)
+        logger.info("Loading checkpoint from %s", path)
+        return self._restore(load_checkpoint_file(path), path, names)
+
+    def _select(self, checkpointables: Optional[Sequence[str]]) -> List[str]:
+        if checkpointables is None:
+            return list(self.checkpointables)
+        if isinstance(checkpointables, str):
+            raise TypeError("checkpointables must be a list of names, not a string.")
+        unknown = [n for n in checkpointables if n not in self.checkpointables]
+        if unknown:
+            raise ValueError(
+                f"Unknown checkpointables {unknown}; this Checkpointer has {sorted(self.checkpointables)}."
+            )
+        return list(checkpointables)
+
+    def _restore(self, checkpoint: Dict[str, Any], path: str, names: Iterable[str]) -> Dict[str, Any]:
+        state, container = extract_model_state(checkpoint, path)
+        report = load_model_state(self.model, state, source=path)
+        if report.complete:
+            logger.info("Loaded all %d model keys from %s", len(report.loaded), path)
+        else:
+            logger.warning(
+                "Loaded %d model keys from %s; these were not loaded:\n%s",
+                len(report.loaded),
+                path,
+                report.table(include_loaded=False),
+            )
+        rest = dict(checkpoint) if container is not None else {}
+        rest.pop(container, None)
+        for name in names:
+            if name not in rest:
+                logger.warning("Checkpoint %s has no state for '%s'; it keeps its current state.", path, name)
+                continue
+            try:
+                self.checkpointables[name].load_state_dict(rest.pop(name))
+            except Exception as e:
+                e.add_note(f"treadle: raised while loading '{name}' from checkpoint '{path}'")
+                raise
+        return rest
+
+    def resume_or_load(self, path: str = "", *, resume: bool = True) -> Dict[str, Any]:
+        """Continues a run from ``save_dir``, or starts one from ``path``'s weights.
+
+        With ``resume`` and a checkpoint in ``save_dir``: loads everything from
+        the newest readable checkpoint, starting with the one ``last_checkpoint``
+        names; a truncated, corrupt or missing one is reported (warning naming
+        the file and the error) and the other ``model_*.pth`` files are tried,
+        newest first (see :meth:`_resume_files`). ``path`` is not used then.
+        Returns the extra data of the checkpoint (e.g. ``iteration``).
+
+        Otherwise (no ``resume``, or nothing to resume from, which is a
+        warning): loads only the model weights from ``path`` if given, leaves
+        the other checkpointables untouched, and returns ``{}``.
+
+        Raises:
+            CheckpointError: resuming, but no checkpoint could be read; the
+                message lists each file tried and why it failed.
+            UnsafeCheckpointError: a checkpoint needs unsafe unpickling. This
+                stops the resume instead of falling back to an older file: the
+                file is intact, and a person must decide whether to trust it.
+        """
+        if resume:
+            candidates = self._resume_candidates()
+            if candidates:
+                return self._resume_from(candidates)
+            logger.warning(
+                "Asked to resume, but there is no checkpoint in '%s': training starts fresh%s.",
+                self.save_dir,
+                f", from the weights in {path}" if path else "",
+            )
+        if path:
+            self.load(path, checkpointables=[])
+        return {}
+
+    def _resume_candidates(self) -> List[str]:
+        pointed = self._pointer_target()
+        names = ([pointed] if pointed else []) + [n for n in self._resume_files() if n != pointed]
+        return [self._path(n) for n in names]
+
+    def _resume_from(self, candidates: List[str]) -> Dict[str, Any]:
+        failures: List[str] = []
+        for i, path in enumerate(candidates):
+            try:
+                checkpoint = load_checkpoint_file(path)
+            except UnsafeCheckpointError:
+                raise
+            except CheckpointError as e:
+                then = "trying an older one" if i + 1 < len(candidates) else "no older one to try"
+                logger.warning("Cannot resume from %s (%s); %s.", path, e, then)
+                failures.append(f"{path}: {e}")
+                continue
+            if failures:
+                logger.warning("Resuming from %s, an older checkpoint than the newest one.", path)
+            else:
+                logger.info("Resuming from %s", path)
+            return self._restore(checkpoint, path, list(self.checkpointables))
+        raise CheckpointError(
+            f"Cannot resume: none of the checkpoints in '{self.save_dir}' could be read. Tried:\n  "
+            + "\n  ".join(failures)
+        )
+
+    # ------------------------------------------------------------------ rotation
+    def prune(
+        self,
+        prefix: str = "model_",
+        *,
+        keep_last: int,
+        protect: Sequence[str] = ("model_final", "model_best"),
+    ) -> List[str]:
+        """Deletes all but the newest ``keep_last`` files ``{prefix}{number}.pth``.
+
+        Files are counted on disk, so the limit holds across restarts and
+        Checkpointer instances, and ordered by the number in their names. Never
+        deleted: the file ``last_checkpoint`` names, and names in ``protect``
+        (with or without ``.pth``). Also removes temporary files left in
+        ``save_dir`` by other processes' unfinished saves. Does nothing on
+        processes that do not save to disk.
+
+        Returns the paths deleted.
+
+        Raises:
+            ValueError: ``keep_last`` < 1.
+        """
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        if not self.save_to_disk:
+            return []
+        pattern = re.compile(re.escape(prefix) + r"(\d+)\.pth")
+        kept = {self._pointer_target()} | {p if p.endswith(".pth") else f"{p}.pth" for p in protect}
+        names = self._list_dir()
+        numbered = sorted(
+            (int(m.group(1)), n) for n in names if (m := pattern.fullmatch(n)) is not None
+        )
+        doomed = [n for _, n in numbered[:-keep_last] if n not in kept]
+        doomed += self._stale_temporary_files(names)
+        deleted = []
+        for n in doomed:
+            path = self._path(n)
+            PathManager.rm(path)
+            deleted.append(path)
+        if deleted:
+            logger.info("Removed old checkpoint files: %s", ", ".join(os.path.basename(p) for p in deleted))
+        return deleted
+
+    @staticmethod
+    def _stale_temporary_files(names: Iterable[str]) -> List[str]:
+        """Temporary files (``.{name}.tmp.{pid}.{random}``) not written by this process.
+
+        Only the main process of one run writes into ``save_dir``, so another
+        pid's temporary file is what a killed run left behind.
+        """
+        out = []
+        for n in names:
+            m = _TEMP_FILE.fullmatch(n)
+            if m is not None and int(m.group(1)) != os.getpid():
+                out.append(n)
+        return out

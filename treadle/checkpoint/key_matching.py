@@ -1,0 +1,309 @@
+"""Matching a checkpoint's weights to a model by name, across wrappers.
+
+A model's parameter names change when it is wrapped: DDP and DataParallel add
+``module.``, ``torch.compile`` adds ``_orig_mod.`` (at the top, or inside when
+a submodule was compiled). Weights saved from one form must load into any
+other, so both sides are compared by *canonical* names: every ``_orig_mod``
+segment removed, then a leading ``module.`` removed while every key has it.
+
+What cannot be loaded is skipped, never silently: a shape mismatch, a
+missing or an unexpected key each appear in the returned :class:`LoadReport`
+and in a logged table.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple, Union
+
+import torch
+from tabulate import tabulate
+from torch import nn
+
+from .serialization import CheckpointError, load_checkpoint_file
+
+__all__ = [
+    "LoadReport",
+    "ShapeMismatch",
+    "unwrap_model",
+    "canonical_keys",
+    "extract_model_state",
+    "load_model_state",
+    "init_weights_from",
+]
+
+logger = logging.getLogger(__name__)
+
+_COMPILE_SEGMENT = "_orig_mod"
+_DDP_PREFIX = "module."
+
+
+def _is_fsdp(model: nn.Module) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:
+        return False
+    return isinstance(model, FullyShardedDataParallel)
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The module a user wrote: strips DDP/DataParallel ``.module`` and
+    ``torch.compile``'s ``_orig_mod``, in any nesting.
+
+    Raises:
+        NotImplementedError: the model is FSDP-wrapped (its state is sharded;
+            not supported yet).
+    """
+    while True:
+        if _is_fsdp(model):
+            raise NotImplementedError(
+                "treadle checkpoints do not support FSDP-wrapped models yet: their state is sharded "
+                "across ranks. Save the unwrapped model's full state_dict instead."
+            )
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+            continue
+        # A compiled model implies torch._dynamo was imported; looking it up in
+        # sys.modules keeps plain models from paying for that import.
+        eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+        if eval_frame is not None and isinstance(model, eval_frame.OptimizedModule):
+            model = model._orig_mod
+            continue
+        return model
+
+
+def canonical_keys(keys: Iterable[str]) -> Dict[str, str]:
+    """``{canonical name: original name}`` for state-dict keys.
+
+    Removes every ``_orig_mod`` segment (a name torch.compile reserves), then a
+    leading ``module.`` while *every* key has it (a lone submodule that happens
+    to be called ``module`` is left alone).
+
+    Raises:
+        ValueError: two keys become the same name.
+    """
+    keys = list(keys)
+    names = [".".join(p for p in k.split(".") if p != _COMPILE_SEGMENT) for k in keys]
+    while names and all(n.startswith(_DDP_PREFIX) for n in names):
+        names = [n[len(_DDP_PREFIX):] for n in names]
+    out: Dict[str, str] = {}
+    for name, key in zip(names, keys):
+        if name in out:
+            raise ValueError(
+                f"State-dict keys '{out[name]}' and '{key}' are the same parameter '{name}' once "
+                f"wrapper prefixes (module., _orig_mod.) are removed; the state dict is ambiguous."
+            )
+        out[name] = key
+    return out
+
+
+def _apply_prefix_map(names: Iterable[str], prefix_map: Mapping[str, str]) -> Dict[str, str]:
+    """``{renamed: name}``: the longest matching old prefix of each name is replaced."""
+    ordered = sorted(prefix_map.items(), key=lambda kv: -len(kv[0]))
+    out: Dict[str, str] = {}
+    for name in names:
+        new = name
+        for old, repl in ordered:
+            if name.startswith(old):
+                new = repl + name[len(old):]
+                break
+        if new in out:
+            raise ValueError(f"prefix_map renames both '{out[new]}' and '{name}' to '{new}'.")
+        out[new] = name
+    return out
+
+
+class ShapeMismatch(NamedTuple):
+    """A key present on both sides whose tensors have different shapes (it is skipped)."""
+
+    key: str
+    checkpoint_shape: Tuple[int, ...]
+    model_shape: Tuple[int, ...]
+
+
+@dataclass
+class LoadReport:
+    """What loading a state dict into a model did, by canonical key name.
+
+    Attributes:
+        loaded: keys copied into the model.
+        missing: model keys the checkpoint has no value for (they keep their
+            current values).
+        unexpected: checkpoint keys the model has no parameter or buffer for.
+        shape_mismatched: keys on both sides with different shapes (skipped).
+        source: the file (or "a state dict") the weights came from.
+        shapes: ``{key: (checkpoint shape, model shape)}`` as text for the
+            table; "-" where a side has no such key, "" for non-tensor values.
+    """
+
+    loaded: List[str] = field(default_factory=list)
+    missing: List[str] = field(default_factory=list)
+    unexpected: List[str] = field(default_factory=list)
+    shape_mismatched: List[ShapeMismatch] = field(default_factory=list)
+    source: str = "a state dict"
+    shapes: Dict[str, Tuple[str, str]] = field(default_factory=dict, repr=False)
+
+    @property
+    def complete(self) -> bool:
+        """True when every key on both sides matched."""
+        return not (self.missing or self.unexpected or self.shape_mismatched)
+
+    def table(self, *, include_loaded: bool = True) -> str:
+        """A tabulate table: status, key, checkpoint shape, model shape.
+
+        Loaded keys are grouped by their module (``backbone.conv1.{bias, weight}``)
+        to keep the table short.
+        """
+        rows: List[Tuple[str, str, str, str]] = []
+        if include_loaded:
+            rows += [("loaded", k, "", "") for k in _group_by_module(self.loaded)]
+        rows += [("shape mismatch", m.key, str(tuple(m.checkpoint_shape)), str(tuple(m.model_shape)))
+                 for m in self.shape_mismatched]
+        rows += [("missing", k, "-", self.shapes.get(k, ("-", ""))[1]) for k in self.missing]
+        rows += [("unexpected", k, self.shapes.get(k, ("", "-"))[0], "-") for k in self.unexpected]
+        return tabulate(rows, headers=["status", "key", "checkpoint shape", "model shape"], tablefmt="pipe")
+
+
+def _group_by_module(keys: List[str]) -> List[str]:
+    groups: "OrderedDict[str, List[str]]" = OrderedDict()
+    for k in keys:
+        parent, _, leaf = k.rpartition(".")
+        groups.setdefault(parent, []).append(leaf)
+    out = []
+    for parent, leaves in groups.items():
+        dot = "." if parent else ""
+        out.append(f"{parent}{dot}{leaves[0]}" if len(leaves) == 1 else f"{parent}{dot}{{{', '.join(sorted(leaves))}}}")
+    return out
+
+
+def _shape_text(value: Any) -> str:
+    return str(tuple(value.shape)) if isinstance(value, torch.Tensor) else ""
+
+
+def extract_model_state(checkpoint: Mapping[str, Any], source: str) -> Tuple[Mapping[str, Any], Optional[str]]:
+    """The model weights in a loaded file, and the key they were under.
+
+    Accepts a treadle/detectron2 checkpoint (``"model"``), a Lightning one
+    (``"state_dict"``) or a bare ``model.state_dict()`` (key ``None``).
+
+    Raises:
+        CheckpointError: none of these shapes, naming ``source`` and its keys.
+    """
+    for container in ("model", "state_dict"):
+        if isinstance(checkpoint.get(container), Mapping):
+            return checkpoint[container], container
+    if checkpoint and all(
+        isinstance(k, str) and (isinstance(v, torch.Tensor) or k.endswith("_extra_state"))
+        for k, v in checkpoint.items()
+    ):
+        return checkpoint, None
+    shown = ", ".join(repr(k) for k in list(checkpoint)[:10]) or "none"
+    raise CheckpointError(
+        f"Checkpoint '{source}' holds no model weights: no 'model' or 'state_dict' entry and it is not "
+        f"a state dict of tensors (top-level keys: {shown})."
+    )
+
+
+def load_model_state(
+    model: nn.Module,
+    state_dict: Mapping[str, Any],
+    *,
+    prefix_map: Optional[Mapping[str, str]] = None,
+    source: str = "a state dict",
+) -> LoadReport:
+    """Copies the matching entries of ``state_dict`` into ``model`` (unwrapped).
+
+    Keys are compared by canonical name (see :func:`canonical_keys`), after
+    ``prefix_map`` (``{old prefix: new prefix}``, applied to canonical
+    checkpoint names, longest prefix first; ``{"": "backbone."}`` loads a bare
+    backbone into ``model.backbone``). Tensors whose shapes differ are skipped.
+    Nothing is logged here; see :func:`init_weights_from` and the
+    :class:`~treadle.checkpoint.Checkpointer`.
+    """
+    target = unwrap_model(model)
+    own = target.state_dict()
+    own_names = canonical_keys(own.keys())
+    ckpt_names = canonical_keys(state_dict.keys())
+    if prefix_map:
+        renamed = _apply_prefix_map(ckpt_names.keys(), prefix_map)
+        ckpt_names = {new: ckpt_names[old] for new, old in renamed.items()}
+
+    report = LoadReport(source=source)
+    to_load: Dict[str, Any] = {}
+    for name, ckpt_key in ckpt_names.items():
+        if name not in own_names:
+            report.unexpected.append(name)
+            report.shapes[name] = (_shape_text(state_dict[ckpt_key]), "-")
+            continue
+        own_key = own_names[name]
+        value, current = state_dict[ckpt_key], own[own_key]
+        if isinstance(value, torch.Tensor) and isinstance(current, torch.Tensor) and value.shape != current.shape:
+            report.shape_mismatched.append(ShapeMismatch(name, tuple(value.shape), tuple(current.shape)))
+            continue
+        to_load[own_key] = value
+        report.loaded.append(name)
+    report.missing = [name for name in own_names if name not in ckpt_names]
+    for name in report.missing:
+        report.shapes[name] = ("-", _shape_text(own[own_names[name]]))
+
+    result = target.load_state_dict(to_load, strict=False)
+    # Modules with their own _load_from_state_dict may still refuse a key.
+    refused = set(result.unexpected_keys)
+    if refused:
+        back = {v: k for k, v in own_names.items()}
+        names = {back.get(k, k) for k in refused}
+        report.loaded = [k for k in report.loaded if k not in names]
+        report.unexpected += sorted(names)
+    return report
+
+
+def init_weights_from(
+    model: nn.Module,
+    path_or_state_dict: Union[str, Mapping[str, Any]],
+    *,
+    prefix_map: Optional[Mapping[str, str]] = None,
+) -> LoadReport:
+    """Initializes ``model`` with the matching weights of another model.
+
+    For fine-tuning: a pretrained backbone into a model with a new head. Keys
+    match by canonical name (wrapper prefixes removed, then ``prefix_map``);
+    shape-mismatched keys are skipped. A table of loaded, missing, unexpected
+    and shape-mismatched keys is logged, and returned as a :class:`LoadReport`.
+
+    Args:
+        model: the model to initialize (may be DDP- or compile-wrapped).
+        path_or_state_dict: a checkpoint file (read with ``weights_only=True``:
+            a treadle checkpoint, a Lightning one or a bare state dict), or an
+            in-memory mapping of either shape.
+        prefix_map: ``{old prefix: new prefix}`` renames applied to the
+            checkpoint's names, e.g. ``{"encoder.": "backbone."}``.
+
+    Raises:
+        UnsafeCheckpointError, CheckpointError: the file cannot be read safely.
+        TypeError: ``path_or_state_dict`` is neither a path nor a mapping.
+    """
+    if isinstance(path_or_state_dict, Mapping):
+        source = "a state dict"
+        checkpoint = path_or_state_dict
+    elif isinstance(path_or_state_dict, str):
+        source = path_or_state_dict
+        checkpoint = load_checkpoint_file(source)
+    else:
+        raise TypeError(
+            f"init_weights_from expects a file path or a state dict, got {type(path_or_state_dict).__name__}"
+        )
+    state, _ = extract_model_state(checkpoint, source)
+    report = load_model_state(model, state, prefix_map=prefix_map, source=source)
+    logger.info(
+        "Initialized %s of %s model keys from %s:\n%s",
+        len(report.loaded),
+        len(report.loaded) + len(report.missing) + len(report.shape_mismatched),
+        source,
+        report.table(),
+    )
+    return report

@@ -1,0 +1,234 @@
+"""What a checkpoint may hold, and reading one without running code from it.
+
+Checkpoints are loaded with ``torch.load(weights_only=True)``: the unpickler
+then only builds tensors, numbers, strings, containers and a few allowlisted
+torch types, so a file cannot run code when it is read. Two consequences live
+here:
+
+- before a checkpoint is written, :func:`check_weights_only_loadable` walks
+  the state and rejects anything that would not load back that way, naming its
+  key path (saving a file that can never be resumed from is worse than failing
+  at once);
+- :func:`load_checkpoint_file` turns torch's loading failures into one error
+  naming the file: :class:`UnsafeCheckpointError` when the file needs
+  arbitrary unpickling, :class:`CheckpointError` when it is missing, truncated
+  or corrupt.
+"""
+
+from __future__ import annotations
+
+import collections
+import pickle
+import re
+from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Tuple
+
+import torch
+
+from treadle.utils.file_io import PathManager
+
+__all__ = [
+    "CheckpointError",
+    "UnsafeCheckpointError",
+    "check_weights_only_loadable",
+    "load_checkpoint_file",
+]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file cannot be used: missing, unreadable, truncated or
+    corrupt, or its directory cannot be written. The message names the file
+    (or directory)."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint file needs arbitrary unpickling (it references functions or
+    classes that ``torch.load(weights_only=True)`` does not allow), so it was
+    refused: loading it could run code from the file."""
+
+
+# Exact types, not isinstance: a subclass (an IntEnum, a defaultdict, a
+# namedtuple) is pickled as a reference to its class, which weights_only refuses.
+_SCALAR_TYPES: FrozenSet[type] = frozenset(
+    {type(None), bool, int, float, complex, str, bytes, bytearray}
+)
+_TORCH_VALUE_TYPES: FrozenSet[type] = frozenset({torch.dtype, torch.device, torch.layout, torch.qscheme})
+_MAPPING_TYPES: FrozenSet[type] = frozenset({dict, collections.OrderedDict, collections.Counter})
+_SEQUENCE_TYPES: FrozenSet[type] = frozenset({list, tuple, set, torch.Size})
+
+
+def _allowed_tensor_types() -> FrozenSet[type]:
+    """Tensor classes torch's weights-only unpickler rebuilds by default."""
+    try:
+        from torch._weights_only_unpickler import _get_allowed_globals
+
+        found = {
+            v for v in _get_allowed_globals().values() if isinstance(v, type) and issubclass(v, torch.Tensor)
+        }
+    except (ImportError, AttributeError):  # private API: keep the public minimum if it moves
+        found = set()
+    return frozenset(found | {torch.Tensor, torch.nn.Parameter})
+
+
+def _user_safe_types() -> FrozenSet[type]:
+    """Classes the user allowlisted with ``torch.serialization.add_safe_globals``."""
+    out = set()
+    for entry in torch.serialization.get_safe_globals():
+        obj = entry[0] if isinstance(entry, tuple) else entry
+        if isinstance(obj, type):
+            out.add(obj)
+    return frozenset(out)
+
+
+def _child_path(path: str, key: Any) -> str:
+    if isinstance(key, (str, int)) and not isinstance(key, bool):
+        return f"{path}.{key}" if path else str(key)
+    return f"{path}[{key!r}]"
+
+
+def _describe(obj: Any) -> str:
+    t = type(obj)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def _hint(obj: Any) -> str:
+    module = type(obj).__module__ or ""
+    if module.split(".")[0] == "numpy":
+        return "Convert numpy values with .item() (scalars) or torch.from_numpy (arrays)."
+    if callable(obj) and not isinstance(obj, torch.Tensor):
+        return "Store data, not functions or objects: state_dict() must return plain values."
+    return (
+        "state_dict() must return tensors, numbers, strings, bools, None and lists/tuples/dicts of them; "
+        "if you trust the type, allowlist it with torch.serialization.add_safe_globals."
+    )
+
+
+def _iter_children(obj: Any, path: str) -> Iterator[Tuple[str, Any]]:
+    t = type(obj)
+    if t in _MAPPING_TYPES:
+        for k, v in obj.items():
+            yield _child_path(path, k) + " (a key)", k
+            yield _child_path(path, k), v
+    elif t in _SEQUENCE_TYPES:
+        for i, v in enumerate(obj):
+            yield f"{path}[{i}]", v
+    elif isinstance(obj, torch.Tensor):
+        # Python attributes set on a tensor are pickled with it.
+        for k, v in getattr(obj, "__dict__", {}).items():
+            yield f"{path}.__dict__.{k}", v
+
+
+def check_weights_only_loadable(state: Any, *, what: str = "checkpoint") -> None:
+    """Raises ``TypeError`` if ``state`` would not load with ``torch.load(weights_only=True)``.
+
+    Accepted: tensors (and ``nn.Parameter``), ``None``/bool/int/float/complex/
+    str/bytes, ``torch.dtype``/``device``/``layout``/``Size``, and dicts,
+    ``OrderedDict``\\ s, lists, tuples and sets of these, plus instances of classes
+    allowlisted with ``torch.serialization.add_safe_globals`` (trusted as they
+    are). The first rejected value is named by its key path, e.g.
+    ``trainer.hooks.EMA.fn``; ``what`` names the file in the message.
+    """
+    tensor_types = _allowed_tensor_types()
+    user_types = _user_safe_types()
+    # Iterative, with a memo: deep or self-referencing states must neither
+    # overflow the stack nor loop (pickle memoizes shared objects too).
+    seen: set = set()
+    stack: List[Tuple[str, Any]] = [("", state)]
+    while stack:
+        path, obj = stack.pop()
+        t = type(obj)
+        if t in _SCALAR_TYPES or t in _TORCH_VALUE_TYPES:
+            continue
+        if t in user_types:
+            continue
+        if isinstance(obj, torch.Tensor):
+            if t not in tensor_types:
+                raise TypeError(_reject_message(what, path, obj))
+        elif t not in _MAPPING_TYPES and t not in _SEQUENCE_TYPES:
+            raise TypeError(_reject_message(what, path, obj))
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        children = list(_iter_children(obj, path))
+        stack.extend(reversed(children))  # reversed: report the first bad value in iteration order
+
+
+def _reject_message(what: str, path: str, obj: Any) -> str:
+    shown = path or "<top level>"
+    return (
+        f"Cannot save {what}: the value at '{shown}' is a {_describe(obj)}, which "
+        f"torch.load(weights_only=True) cannot load, so the checkpoint could not be resumed from. "
+        f"Nothing was written. {_hint(obj)}"
+    )
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_UNSAFE_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
+
+
+def _unsafe_globals(path: str, error: BaseException) -> List[str]:
+    """The disallowed globals a refused file references, found without running it."""
+    names = _UNSAFE_GLOBAL.findall(_ANSI.sub("", str(error)))
+    try:
+        # Static disassembly of the pickle: lists every offending global, not
+        # only the first one the unpickler met. Zip-format files only.
+        with PathManager.open(path, "rb") as f:
+            names += torch.serialization.get_unsafe_globals_in_checkpoint(f)
+    except Exception:  # legacy or damaged file: keep what the error message said
+        pass
+    return sorted(set(names))
+
+
+def _weights_only_detail(error: BaseException) -> str:
+    text = _ANSI.sub("", str(error))
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        text = text.split(marker, 1)[1]
+    return " ".join(text.split("\n\n")[0].split()) or type(error).__name__
+
+
+def load_checkpoint_file(path: str) -> Dict[str, Any]:
+    """Reads a checkpoint with ``torch.load(map_location="cpu", weights_only=True)``.
+
+    Returns the dict stored in the file.
+
+    Raises:
+        UnsafeCheckpointError: the file references code (functions, classes)
+            that weights-only loading does not allow. Nothing from it ran.
+        CheckpointError: the file does not exist, cannot be read, is truncated
+            or corrupt, or does not hold a dict.
+    """
+    try:
+        with PathManager.open(path, "rb") as f:
+            obj = torch.load(f, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        unsafe = _unsafe_globals(path, e)
+        if unsafe:
+            raise UnsafeCheckpointError(
+                f"Refusing to load checkpoint '{path}': it needs unsafe unpickling of "
+                f"{', '.join(unsafe)}, and loading it would run code from the file. It was not loaded "
+                f"and nothing from it ran. If you trust the file, allowlist these with "
+                f"torch.serialization.add_safe_globals, or convert it to plain tensors and data once."
+            ) from e
+        raise CheckpointError(
+            f"Cannot load checkpoint '{path}': it is corrupt or not a plain-data torch checkpoint "
+            f"(weights-only unpickling stopped at: {_weights_only_detail(e)}). It was not loaded, "
+            f"because reading it with full unpickling could run code from the file."
+        ) from e
+    except FileNotFoundError as e:
+        raise CheckpointError(f"Checkpoint file '{path}' does not exist.") from e
+    except PermissionError as e:
+        raise CheckpointError(f"Checkpoint file '{path}' cannot be read: permission denied.") from e
+    except Exception as e:  # zip, EOF and OS errors from a partly written or damaged file
+        raise CheckpointError(
+            f"Checkpoint file '{path}' is truncated or corrupt: {type(e).__name__}: {_first_line(e)}"
+        ) from e
+    if not isinstance(obj, dict):
+        raise CheckpointError(
+            f"Checkpoint file '{path}' holds a {type(obj).__name__}, not the dict a checkpoint is."
+        )
+    return obj
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "(no message)"

@@ -1,0 +1,167 @@
+"""Periodic, final and best checkpoints."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+from .base import HookBase
+from .early_stopping import EarlyStopping, _better, _latest_metric
+from .ema import EMA
+from .evaluation import EvalHook
+from .periods import Period
+
+if TYPE_CHECKING:
+    from treadle.checkpoint import Checkpointer
+
+__all__ = ["PeriodicCheckpointer", "BestCheckpointer"]
+
+logger = logging.getLogger(__name__)
+
+
+def _trainer_checkpointer(hook: HookBase, given: Optional["Checkpointer"]) -> "Checkpointer":
+    if given is not None:
+        return given
+    checkpointer = getattr(hook.trainer, "checkpointer", None)
+    if checkpointer is None:
+        raise ValueError(
+            f"{type(hook).__name__} was given no checkpointer and the trainer has none (trainer.checkpointer)."
+        )
+    return checkpointer
+
+
+class BestCheckpointer(HookBase):
+    """Saves ``model_best`` when ``metric`` improves.
+
+    Runs after_step and after_train, after the :class:`EvalHook` that puts
+    ``metric`` into storage, and only at iterations where that hook
+    evaluated (so it never forces a device sync in between). NaN values are
+    ignored. The best value and its iteration are kept in the trainer's
+    state, so they survive a resume. Saving ``model_best`` does not move the
+    ``last_checkpoint`` pointer used for resuming.
+
+    Args:
+        metric: the scalar name, as put by the EvalHook (e.g. ``"accuracy"``
+            or ``"val/accuracy"`` for nested results).
+        mode: ``"max"`` or ``"min"``.
+        checkpointer: defaults to ``trainer.checkpointer``.
+        file_prefix: name of the file written.
+    """
+
+    runs_after = (EvalHook,)
+    state_attributes = ("best_metric", "best_iter")
+
+    def __init__(
+        self,
+        metric: str,
+        mode: str = "max",
+        checkpointer: Optional["Checkpointer"] = None,
+        *,
+        file_prefix: str = "model_best",
+    ) -> None:
+        if mode not in ("max", "min"):
+            raise ValueError(f"BestCheckpointer mode must be 'max' or 'min', got {mode!r}")
+        self.metric = metric
+        self.mode = mode
+        self._checkpointer = checkpointer
+        self.file_prefix = file_prefix
+        self.best_metric: Optional[float] = None
+        self.best_iter: Optional[int] = None
+        self._eval_hooks: List[EvalHook] = []
+
+    def before_train(self) -> None:
+        self._eval_hooks = [h for h in self.trainer.hooks if isinstance(h, EvalHook)]
+        if not self._eval_hooks:
+            raise ValueError(f"BestCheckpointer('{self.metric}') needs an EvalHook registered before it.")
+        self._checkpointer = _trainer_checkpointer(self, self._checkpointer)
+
+    def _check(self) -> None:
+        if not any(h.last_eval_iter == self.trainer.iter for h in self._eval_hooks):
+            return
+        found = _latest_metric(self.trainer.storage, self.metric, type(self).__name__)
+        if found is None:
+            return
+        value, metric_iter = found
+        if math.isnan(value):
+            logger.warning("BestCheckpointer: %s is NaN at iteration %d; ignored.", self.metric, metric_iter)
+            return
+        if self.best_metric is None or _better(value, self.best_metric, self.mode, 0.0):
+            previous = self.best_metric
+            self.best_metric, self.best_iter = value, metric_iter
+            # The trainer state saved with model_best carries the new best.
+            self._checkpointer.save(self.file_prefix, iteration=self.trainer.iter, tag_last_checkpoint=False)
+            logger.info(
+                "Saved %s: %s = %.6g at iteration %d (previous best: %s)",
+                self.file_prefix, self.metric, value, metric_iter, "none" if previous is None else f"{previous:.6g}",
+            )
+
+    def after_step(self) -> None:
+        self._check()
+
+    def after_train(self) -> None:
+        if self.trainer.training_error is None:
+            self._check()
+
+
+class PeriodicCheckpointer(HookBase):
+    """Saves ``model_{iter:07d}`` every ``period`` and ``model_final`` at the end.
+
+    Keeps the last ``max_to_keep`` periodic files, counted from the files on
+    disk, so the limit holds across restarts. The final checkpoint is written
+    after the last iteration and after a stop request (early stopping), not
+    after an exception.
+
+    Order: after the hooks whose state it saves must have finished their
+    work for the iteration (:class:`EMA`, :class:`EvalHook`,
+    :class:`BestCheckpointer`, :class:`EarlyStopping`), so that a resumed run
+    continues exactly where the saved one was. Register writers after it.
+
+    Args:
+        checkpointer: defaults to ``trainer.checkpointer``.
+        period: iterations (or a :class:`Period`, e.g. ``Period(1, "epoch")``).
+        max_to_keep: periodic checkpoints kept on disk; None keeps all.
+        file_prefix: prefix of the periodic files.
+    """
+
+    runs_after = (EMA, EvalHook, BestCheckpointer, EarlyStopping)
+
+    def __init__(
+        self,
+        checkpointer: Optional["Checkpointer"] = None,
+        period: int | Period = 5000,
+        max_to_keep: Optional[int] = None,
+        *,
+        file_prefix: str = "model",
+    ) -> None:
+        if max_to_keep is not None and max_to_keep < 1:
+            raise ValueError(f"max_to_keep must be >= 1 or None, got {max_to_keep}")
+        self._checkpointer = checkpointer
+        self._period = period if isinstance(period, Period) else Period(period)
+        self.max_to_keep = max_to_keep
+        self.file_prefix = file_prefix
+
+    @property
+    def checkpointer(self) -> "Checkpointer":
+        return _trainer_checkpointer(self, self._checkpointer)
+
+    def before_train(self) -> None:
+        self._checkpointer = self.checkpointer
+        self._period.resolve(self.trainer, "PeriodicCheckpointer")
+
+    def save(self, iteration: int) -> None:
+        """Writes the checkpoint of ``iteration`` and prunes old ones."""
+        self.checkpointer.save(f"{self.file_prefix}_{iteration:07d}", iteration=iteration)
+        if self.max_to_keep is not None:
+            self.checkpointer.prune(prefix=f"{self.file_prefix}_", keep_last=self.max_to_keep)
+
+    def after_step(self) -> None:
+        it = self.trainer.iter
+        if self._period.fires_after(it) and it + 1 != self.trainer.max_iter:
+            self.save(it)
+
+    def after_train(self) -> None:
+        if self.trainer.training_error is not None:
+            return
+        # trainer.iter is one past the last iteration run.
+        self.checkpointer.save(f"{self.file_prefix}_final", iteration=self.trainer.iter - 1)

@@ -1,0 +1,80 @@
+"""Stopping when a metric stops improving."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, List, Optional, Tuple
+
+from .base import HookBase
+from .evaluation import EvalHook
+
+if TYPE_CHECKING:
+    from treadle.events import EventStorage
+
+__all__ = ["EarlyStopping"]
+
+logger = logging.getLogger(__name__)
+
+
+def _better(value: float, best: float, mode: str, min_delta: float) -> bool:
+    return value > best + min_delta if mode == "max" else value < best - min_delta
+
+
+def _latest_metric(storage: "EventStorage", metric: str, owner: str) -> Optional[Tuple[float, int]]:
+    latest = storage.latest()
+    if metric not in latest:
+        known = sorted(k for k in latest if storage.kind(k) == "metric")
+        raise KeyError(f"{owner}: the evaluation did not produce '{metric}'. Evaluation results: {known}")
+    return latest[metric]
+
+
+class EarlyStopping(HookBase):
+    """Stops training when ``metric`` has not improved by more than
+    ``min_delta`` for ``patience`` evaluations in a row.
+
+    Runs after_step, after the :class:`EvalHook` that produces ``metric``,
+    at the iterations it evaluated. It stops through the loop's stop
+    request, so ``after_train`` runs as on success: the final checkpoint and
+    evaluation still happen. A NaN result counts as no improvement. Its
+    counters are kept in the trainer's state and survive a resume.
+    """
+
+    runs_after = (EvalHook,)
+    state_attributes = ("best_metric", "best_iter", "num_bad_evals")
+
+    def __init__(self, metric: str, patience: int, min_delta: float = 0.0, mode: str = "max") -> None:
+        if mode not in ("max", "min"):
+            raise ValueError(f"EarlyStopping mode must be 'max' or 'min', got {mode!r}")
+        if patience < 1:
+            raise ValueError(f"EarlyStopping patience must be >= 1, got {patience}")
+        if min_delta < 0:
+            raise ValueError(f"EarlyStopping min_delta must be >= 0, got {min_delta}")
+        self.metric = metric
+        self.patience = patience
+        self.min_delta = min_delta
+        self.mode = mode
+        self.best_metric: Optional[float] = None
+        self.best_iter: Optional[int] = None
+        self.num_bad_evals = 0
+        self._eval_hooks: List[EvalHook] = []
+
+    def before_train(self) -> None:
+        self._eval_hooks = [h for h in self.trainer.hooks if isinstance(h, EvalHook)]
+        if not self._eval_hooks:
+            raise ValueError(f"EarlyStopping('{self.metric}') needs an EvalHook registered before it.")
+
+    def after_step(self) -> None:
+        if not any(h.last_eval_iter == self.trainer.iter for h in self._eval_hooks):
+            return
+        value, metric_iter = _latest_metric(self.trainer.storage, self.metric, "EarlyStopping")
+        if not math.isnan(value) and (self.best_metric is None or _better(value, self.best_metric, self.mode, self.min_delta)):
+            self.best_metric, self.best_iter = value, metric_iter
+            self.num_bad_evals = 0
+            return
+        self.num_bad_evals += 1
+        if self.num_bad_evals >= self.patience:
+            self.trainer.request_stop(
+                f"early stopping: {self.metric} has not improved by more than {self.min_delta} for "
+                f"{self.patience} evaluation(s); best {self.best_metric} at iteration {self.best_iter}"
+            )

@@ -1,0 +1,138 @@
+"""Periodic evaluation."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any, Callable, Dict, Optional
+
+from treadle.events import ScalarKind
+from treadle.utils import comm
+
+from .base import HookBase
+from .ema import EMA
+from .periods import Period
+from .precise_bn import PreciseBN
+
+__all__ = ["EvalHook", "flatten_results"]
+
+logger = logging.getLogger(__name__)
+
+
+def flatten_results(results: Mapping, prefix: str = "") -> Dict[str, float]:
+    """``{"val": {"acc": 0.9}}`` becomes ``{"val/acc": 0.9}``.
+
+    Raises:
+        TypeError: a leaf is not a number; the message names its key.
+    """
+    flat: Dict[str, float] = {}
+    for key, value in results.items():
+        name = f"{prefix}/{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            flat.update(flatten_results(value, name))
+        elif isinstance(value, numbers.Number) and not isinstance(value, complex):
+            flat[name] = float(value)
+        elif hasattr(value, "numel") and value.numel() == 1:
+            flat[name] = float(value)  # evaluation time, not the training path
+        else:
+            raise TypeError(
+                f"Evaluation result '{name}' is a {type(value).__name__}; results must be numbers "
+                "or (nested) dicts of numbers"
+            )
+    return flat
+
+
+class EvalHook(HookBase):
+    """Runs ``eval_function`` every ``period`` iterations and after training.
+
+    Results (a possibly nested dict of numbers) are flattened to ``name/key``
+    scalars and put into storage without smoothing, at the iteration they
+    were computed after, so every evaluation reaches ``metrics.json`` and
+    TensorBoard whatever the writer's period. The final evaluation, after the
+    last iteration or a stop request, is put at ``trainer.iter`` (the number of
+    iterations run); none is run when training raised.
+
+    Runs on every rank: ``eval_function`` is expected to evaluate its shard
+    and reduce (``inference_on_dataset`` does). When an :class:`EMA` hook with
+    ``eval_with_ema=True`` is registered, evaluation runs on the averaged
+    weights.
+
+    Order: after :class:`EMA` and :class:`PreciseBN` (it evaluates the weights
+    and statistics they produce at the same iteration).
+
+    Args:
+        period: iterations (or a :class:`Period`) between evaluations; 0
+            evaluates only after training.
+        eval_function: called with no arguments; returns the results dict.
+        eval_after_train: also evaluate once training ends.
+    """
+
+    runs_after = (EMA, PreciseBN)
+
+    def __init__(
+        self,
+        period: int | Period,
+        eval_function: Callable[[], Optional[Mapping[str, Any]]],
+        eval_after_train: bool = True,
+    ) -> None:
+        self._period = period if isinstance(period, Period) else Period(period)
+        if not callable(eval_function):
+            raise TypeError(f"EvalHook needs a callable eval_function, got {type(eval_function).__name__}")
+        self._func = eval_function
+        self._eval_after_train = eval_after_train
+        self.last_eval_iter: Optional[int] = None
+        self.last_results: Dict[str, float] = {}
+
+    def before_train(self) -> None:
+        self._period.resolve(self.trainer, "EvalHook")
+        self.last_eval_iter = None
+
+    def after_step(self) -> None:
+        it = self.trainer.iter
+        # The last iteration is evaluated by after_train.
+        if self._period.fires_after(it) and it + 1 != self.trainer.max_iter:
+            self._do_eval(it)
+
+    def after_train(self) -> None:
+        if not self._eval_after_train or self.trainer.training_error is not None:
+            return
+        # A stop request right after a periodic evaluation leaves the weights
+        # that were just evaluated: no second evaluation of the same weights.
+        if self.last_eval_iter == self.trainer.iter - 1:
+            return
+        self._do_eval(self.trainer.iter)
+
+    def _ema_context(self) -> contextlib.AbstractContextManager:
+        for h in self.trainer.hooks:
+            if isinstance(h, EMA) and h.eval_with_ema:
+                return h.averaged_weights()
+        return contextlib.nullcontext()
+
+    def _do_eval(self, iteration: int) -> None:
+        with self._ema_context():
+            results = self._func()
+        self.last_eval_iter = self.trainer.iter
+        if results:
+            if not isinstance(results, Mapping):
+                raise TypeError(
+                    f"eval_function must return a dict of results, got {type(results).__name__}"
+                )
+            flat = flatten_results(results)
+            for name, value in flat.items():
+                if not math.isfinite(value):
+                    logger.warning("Evaluation result %s is %s at iteration %d", name, value, iteration)
+            self.trainer.storage.put_scalars(
+                smoothing_hint=False, cur_iter=iteration, kind=ScalarKind.METRIC, **flat
+            )
+            self.last_results = flat
+            logger.info("Evaluation after iteration %d: %s", iteration, _format(flat))
+        # Ranks leave together: a fast rank must not start the next step's
+        # collectives while another still evaluates.
+        comm.synchronize()
+
+
+def _format(results: Dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:.6g}" for k, v in results.items())

@@ -1,0 +1,109 @@
+"""Precise BatchNorm statistics before evaluation."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import torch
+from fvcore.nn.precise_bn import get_bn_modules, update_bn_stats
+from torch import nn
+
+from treadle.utils.device import to_device
+
+from .base import HookBase
+from .periods import Period
+
+__all__ = ["PreciseBN"]
+
+logger = logging.getLogger(__name__)
+
+
+def _default_inputs(batch: Any) -> Any:
+    """The model input of a batch: the first element of an (inputs, targets) pair."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0]
+    return batch
+
+
+def _forever(loader: Iterable[Any]) -> Iterator[Any]:
+    # Not itertools.cycle: it would keep every batch of the first pass in memory.
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("PreciseBN's data loader yields no batches")
+
+
+class PreciseBN(HookBase):
+    """Recomputes BatchNorm running statistics as true averages over
+    ``num_iter`` batches (fvcore's precise BN), before evaluation.
+
+    Running averages with momentum lag behind the weights; evaluating with
+    them understates a model's accuracy. This hook runs every ``period``
+    iterations and after training, in train mode and without gradients.
+
+    Register it before :class:`EvalHook` (which declares so) with the same
+    period, so each evaluation sees fresh statistics. It iterates its own
+    ``data_loader`` (not the training loader, whose position is part of the
+    resumable state).
+
+    Args:
+        period: iterations (or a :class:`Period`) between recomputations.
+        model: the model; its BatchNorm layers are updated in place.
+        data_loader: an iterable of training-like batches.
+        num_iter: batches to average over.
+        input_fn: maps a batch to the model's input (default: ``batch[0]``
+            of an ``(inputs, targets)`` pair, else the batch).
+    """
+
+    def __init__(
+        self,
+        period: int | Period,
+        model: nn.Module,
+        data_loader: Iterable[Any],
+        num_iter: int = 200,
+        *,
+        input_fn: Callable[[Any], Any] = _default_inputs,
+    ) -> None:
+        self._period = period if isinstance(period, Period) else Period(period)
+        self._model = model
+        self._data_loader = data_loader
+        self._num_iter = num_iter
+        self._input_fn = input_fn
+        self._disabled = len(get_bn_modules(model)) == 0
+        if self._disabled:
+            logger.info("PreciseBN is disabled: the model has no BatchNorm layer in training mode.")
+
+    def before_train(self) -> None:
+        self._period.resolve(self.trainer, "PreciseBN")
+
+    def after_step(self) -> None:
+        it = self.trainer.iter
+        if self._period.fires_after(it) and it + 1 != self.trainer.max_iter:
+            self.update_stats()
+
+    def after_train(self) -> None:
+        if self.trainer.training_error is None:
+            self.update_stats()
+
+    def _inputs(self) -> Iterator[Any]:
+        device = next(iter(self._model.parameters())).device
+        for batch in itertools.islice(_forever(self._data_loader), self._num_iter):
+            yield to_device(self._input_fn(batch), device)
+
+    @torch.no_grad()
+    def update_stats(self) -> None:
+        """Recomputes the statistics now."""
+        if self._disabled:
+            return
+        was_training = self._model.training
+        self._model.train()
+        try:
+            logger.info("Recomputing BatchNorm statistics over %d batches", self._num_iter)
+            update_bn_stats(self._model, self._inputs(), self._num_iter)
+        finally:
+            self._model.train(was_training)

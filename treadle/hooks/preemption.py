@@ -1,0 +1,119 @@
+"""Checkpoint and exit cleanly when the job is asked to stop."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
+
+from treadle.utils import comm
+
+from .base import HookBase
+from .checkpointing import PeriodicCheckpointer, _trainer_checkpointer
+
+if TYPE_CHECKING:
+    from treadle.checkpoint import Checkpointer
+
+__all__ = ["PreemptionHandler", "PREEMPTED_EXIT_CODE"]
+
+logger = logging.getLogger(__name__)
+
+#: Exit status after a preemption checkpoint: EX_TEMPFAIL from sysexits.h,
+#: "temporary failure, retry later". Schedulers and wrapper scripts can
+#: tell it apart from success (0) and from a crash (1) and requeue the job.
+PREEMPTED_EXIT_CODE = 75
+
+
+class PreemptionHandler(HookBase):
+    """On SIGTERM or SIGUSR1, checkpoints at the next step boundary and exits.
+
+    The signal handler only sets a flag; the work happens in ``after_step``
+    of the iteration running when the signal came: the checkpoint
+    ``model_{iter:07d}`` is written (and becomes ``last_checkpoint``), a
+    stop is requested, every hook's ``after_train`` runs (writers flush),
+    and then the process exits with :data:`PREEMPTED_EXIT_CODE`
+    (``exit_code``). Resuming from that checkpoint is exact.
+
+    With several processes, the ranks agree on the stop every
+    ``sync_period`` iterations with one small collective, so that they all
+    stop at the same iteration even when the signal reaches them at
+    different times. In a single process the flag is read every iteration.
+
+    Register it after :class:`PeriodicCheckpointer` and before the writers.
+    Handlers are installed in ``before_train`` (main thread only) and the
+    previous ones restored in ``after_train``.
+    """
+
+    runs_after = (PeriodicCheckpointer,)
+
+    def __init__(
+        self,
+        checkpointer: Optional["Checkpointer"] = None,
+        *,
+        signals: Sequence[int] = (signal.SIGTERM, signal.SIGUSR1),
+        exit_code: Optional[int] = PREEMPTED_EXIT_CODE,
+        sync_period: int = 20,
+        file_prefix: str = "model",
+    ) -> None:
+        self._checkpointer = checkpointer
+        self._signals = tuple(signals)
+        self.exit_code = exit_code
+        self._sync_period = max(int(sync_period), 1)
+        self.file_prefix = file_prefix
+        self._received: Optional[int] = None
+        self._preempted = False
+        self._previous: Dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
+        self._received = signum
+
+    def before_train(self) -> None:
+        self._checkpointer = _trainer_checkpointer(self, self._checkpointer)
+        self._received = None
+        self._preempted = False
+        if threading.current_thread() is not threading.main_thread():
+            logger.warning("PreemptionHandler: not on the main thread, so no signal handler is installed.")
+            return
+        for sig in self._signals:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _should_stop(self) -> bool:
+        if comm.get_world_size() == 1:
+            return self._received is not None
+        if (self.trainer.iter + 1) % self._sync_period != 0:
+            return False
+        import torch
+
+        flag = torch.tensor([1.0 if self._received is not None else 0.0])
+        if torch.distributed.get_backend() == "nccl":
+            flag = flag.cuda()
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item() > 0)
+
+    def after_step(self) -> None:
+        if self._preempted or not self._should_stop():
+            return
+        it = self.trainer.iter
+        name = signal.Signals(self._received).name if self._received else "a signal on another rank"
+        logger.warning("Received %s: saving a checkpoint at iteration %d and stopping.", name, it)
+        self._checkpointer.save(f"{self.file_prefix}_{it:07d}", iteration=it)
+        self._preempted = True
+        self.trainer.request_stop(f"preempted by {name}")
+
+    def after_train(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+        if self._preempted and self.exit_code is not None:
+            logger.info("Exiting with status %d after preemption.", self.exit_code)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            raise SystemExit(self.exit_code)
+
+    @property
+    def preempted(self) -> bool:
+        """Whether the last training stopped because of a signal."""
+        return self._preempted
