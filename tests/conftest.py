@@ -17,7 +17,10 @@ def _deterministic_torch():
 def treadle_caplog(caplog):
     """caplog that also sees the 'treadle' logger, which does not propagate once set up."""
     logger = logging.getLogger("treadle")
-    logger.addHandler(caplog.handler)
+    attach = not logger.propagate  # else caplog sees each record through the root logger already
+    if attach:
+        logger.addHandler(caplog.handler)
     caplog.set_level(logging.INFO)
     yield caplog
-    logger.removeHandler(caplog.handler)
+    if attach:
+        logger.removeHandler(caplog.handler)

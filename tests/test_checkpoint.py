@@ -478,7 +478,7 @@ def test_init_weights_from_backbone_into_new_head(tmp_path, treadle_caplog):
     assert report.missing == [] and report.unexpected == [] and not report.complete
     assert torch.equal(unwrap_model(model).backbone[0].weight, pretrained.backbone[0].weight)
     (message,) = [m for m in messages(treadle_caplog) if "Initialized" in m]
-    assert "Initialized 6 of 8 model keys" in message
+    assert "Initialized 7 of 9 model keys" in message
     assert "| loaded         | backbone.0.{bias, weight}" in message
     assert "| shape mismatch | head.weight" in message and "(1000, 4)" in message
 
@@ -525,8 +525,10 @@ def test_prune_never_deletes_the_pointed_to_file(tmp_path):
     ckpt.tag_last_checkpoint("model_0000010.pth")  # e.g. resumed from an older file
     ckpt.prune(keep_last=1)
     assert _names(tmp_path) == ["model_0000010.pth", "model_0000030.pth"]
-    ckpt.save("ckpt_0000001")
-    ckpt.prune(keep_last=1, protect=("model_0000030",))  # other prefixes are not touched
+    ckpt.tag_last_checkpoint("model_0000030.pth")
+    ckpt.save("ckpt_0000001", tag_last_checkpoint=False)
+    # model_0000010 is protected by name now; other prefixes are not touched.
+    assert ckpt.prune(keep_last=1, protect=("model_0000010",)) == []
     assert _names(tmp_path) == ["ckpt_0000001.pth", "model_0000010.pth", "model_0000030.pth"]
     with pytest.raises(ValueError, match="keep_last must be >= 1"):
         ckpt.prune(keep_last=0)
@@ -558,6 +560,7 @@ def test_unsupported_object_is_a_type_error_naming_its_key_path(tmp_path):
     trainer.state = {"lrs": [0.1, np.float64(0.2)]}
     with pytest.raises(TypeError, match=r"'trainer\.lrs\[1\]' is a numpy\.float64.*\.item\(\)"):
         ckpt.save("model_0000003")
+    trainer.state = {"lrs": [0.1, 0.2]}
     with pytest.raises(TypeError, match=r"'scale' is a numpy\.ndarray"):
         ckpt.save("model_0000003", scale=np.ones(2))
     assert not (tmp_path / "out").exists()

@@ -288,6 +288,22 @@ def test_overrides_apply_all_or_nothing():
     assert cfg.train.max_iter == 100
 
 
+def test_rollback_works_on_struct_and_read_only_configs():
+    cfg = OmegaConf.create({"a": {"b": 1}, "c": 2, "seq": [1, 2]})
+    OmegaConf.set_struct(cfg, True)
+    with pytest.raises(ConfigError, match=r"^Unknown config key 'zz' "):
+        apply(cfg, "+a.x=1", "+new.deep=2", "c=5", "seq.0=9", "zz=1")
+    assert OmegaConf.to_container(cfg) == {"a": {"b": 1}, "c": 2, "seq": [1, 2]}
+    assert OmegaConf.is_struct(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    assert error_of(apply, cfg, "c=3") == (
+        "Cannot apply override 'c=3': Cannot change read-only config container"
+    )
+    assert error_of(apply, cfg, "seq.1=3") == "Cannot apply override 'seq.1=3': ListConfig is read-only"
+    assert OmegaConf.to_container(cfg) == {"a": {"b": 1}, "c": 2, "seq": [1, 2]}
+    assert OmegaConf.is_readonly(cfg) and OmegaConf.is_struct(cfg)
+
+
 def test_bad_arguments_to_apply_overrides():
     with pytest.raises(ConfigError, match=r"^apply_overrides needs a DictConfig, got dict"):
         LazyConfig.apply_overrides({"a": 1}, ["a=2"])

@@ -14,7 +14,7 @@ from treadle.utils import comm
 from treadle.utils.file_io import PathManager
 
 from .atomic import TEMP_MARKER, atomic_write, is_local_path
-from .key_matching import extract_model_state, load_model_state, unwrap_model
+from .key_matching import extract_model_state, load_model_state, model_state_for_saving
 from .serialization import (
     CheckpointError,
     UnsafeCheckpointError,
@@ -205,7 +205,7 @@ class Checkpointer:
 
         filename = f"{name}.pth"
         path = self._path(filename)
-        data: Dict[str, Any] = {"model": unwrap_model(self.model).state_dict()}
+        data: Dict[str, Any] = {"model": model_state_for_saving(self.model)}
         for key, obj in self.checkpointables.items():
             data[key] = obj.state_dict()
         data.update(extra)
@@ -316,7 +316,8 @@ class Checkpointer:
         the newest readable checkpoint, starting with the one ``last_checkpoint``
         names; a truncated, corrupt or missing one is reported (warning naming
         the file and the error) and the other ``model_*.pth`` files are tried,
-        newest first (see :meth:`_resume_files`). ``path`` is not used then.
+        newest first (highest iteration number in the name, then files without
+        one by modification time). ``path`` is not used then (logged).
         Returns the extra data of the checkpoint (e.g. ``iteration``).
 
         Otherwise (no ``resume``, or nothing to resume from, which is a
@@ -333,7 +334,7 @@ class Checkpointer:
         if resume:
             candidates = self._resume_candidates()
             if candidates:
-                return self._resume_from(candidates)
+                return self._resume_from(candidates, ignored_path=path)
             logger.warning(
                 "Asked to resume, but there is no checkpoint in '%s': training starts fresh%s.",
                 self.save_dir,
@@ -348,7 +349,7 @@ class Checkpointer:
         names = ([pointed] if pointed else []) + [n for n in self._resume_files() if n != pointed]
         return [self._path(n) for n in names]
 
-    def _resume_from(self, candidates: List[str]) -> Dict[str, Any]:
+    def _resume_from(self, candidates: List[str], ignored_path: str) -> Dict[str, Any]:
         failures: List[str] = []
         for i, path in enumerate(candidates):
             try:
@@ -364,6 +365,8 @@ class Checkpointer:
                 logger.warning("Resuming from %s, an older checkpoint than the newest one.", path)
             else:
                 logger.info("Resuming from %s", path)
+            if ignored_path:
+                logger.info("Resuming, so the initial weights '%s' are not loaded.", ignored_path)
             return self._restore(checkpoint, path, list(self.checkpointables))
         raise CheckpointError(
             f"Cannot resume: none of the checkpoints in '{self.save_dir}' could be read. Tried:\n  "

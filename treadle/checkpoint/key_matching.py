@@ -29,6 +29,7 @@ __all__ = [
     "LoadReport",
     "ShapeMismatch",
     "unwrap_model",
+    "model_state_for_saving",
     "canonical_keys",
     "extract_model_state",
     "load_model_state",
@@ -77,6 +78,28 @@ def unwrap_model(model: nn.Module) -> nn.Module:
         return model
 
 
+def _drop_compile_segments(name: str) -> str:
+    return ".".join(p for p in name.split(".") if p != _COMPILE_SEGMENT)
+
+
+def _module_of(key: str) -> str:
+    return key.rpartition(".")[0]
+
+
+def model_state_for_saving(model: nn.Module) -> Dict[str, Any]:
+    """The state dict of the unwrapped model, with the ``_orig_mod`` segments of
+    compiled submodules removed, so that a saved file loads into the plain model
+    with ``load_state_dict`` alone. Module versions (``_metadata``) are kept."""
+    state = unwrap_model(model).state_dict()
+    if not any(_COMPILE_SEGMENT in k.split(".") for k in state):
+        return state
+    out: "OrderedDict[str, Any]" = OrderedDict((_drop_compile_segments(k), v) for k, v in state.items())
+    metadata = getattr(state, "_metadata", None)
+    if metadata is not None:
+        out._metadata = OrderedDict((_drop_compile_segments(k), v) for k, v in metadata.items())  # type: ignore[attr-defined]
+    return out
+
+
 def canonical_keys(keys: Iterable[str]) -> Dict[str, str]:
     """``{canonical name: original name}`` for state-dict keys.
 
@@ -88,7 +111,7 @@ def canonical_keys(keys: Iterable[str]) -> Dict[str, str]:
         ValueError: two keys become the same name.
     """
     keys = list(keys)
-    names = [".".join(p for p in k.split(".") if p != _COMPILE_SEGMENT) for k in keys]
+    names = [_drop_compile_segments(k) for k in keys]
     while names and all(n.startswith(_DDP_PREFIX) for n in names):
         names = [n[len(_DDP_PREFIX):] for n in names]
     out: Dict[str, str] = {}
@@ -235,6 +258,7 @@ def load_model_state(
 
     report = LoadReport(source=source)
     to_load: Dict[str, Any] = {}
+    pairs: Dict[str, str] = {}  # model key -> checkpoint key, for module versions
     for name, ckpt_key in ckpt_names.items():
         if name not in own_names:
             report.unexpected.append(name)
@@ -246,11 +270,13 @@ def load_model_state(
             report.shape_mismatched.append(ShapeMismatch(name, tuple(value.shape), tuple(current.shape)))
             continue
         to_load[own_key] = value
+        pairs[own_key] = ckpt_key
         report.loaded.append(name)
     report.missing = [name for name in own_names if name not in ckpt_names]
     for name in report.missing:
         report.shapes[name] = ("-", _shape_text(own[own_names[name]]))
 
+    to_load = _with_metadata(to_load, own, state_dict, pairs)
     result = target.load_state_dict(to_load, strict=False)
     # Modules with their own _load_from_state_dict may still refuse a key.
     refused = set(result.unexpected_keys)
@@ -260,6 +286,29 @@ def load_model_state(
         report.loaded = [k for k in report.loaded if k not in names]
         report.unexpected += sorted(names)
     return report
+
+
+def _with_metadata(
+    to_load: Dict[str, Any], own: Mapping[str, Any], state_dict: Mapping[str, Any], pairs: Dict[str, str]
+) -> "OrderedDict[str, Any]":
+    """``to_load`` with the ``_metadata`` (module versions) ``load_state_dict`` reads.
+
+    Without it every module would be treated as saved by its oldest version
+    and might apply a legacy conversion. Each module takes its version from
+    the checkpoint (under the checkpoint's name for it), else from the model.
+    """
+    out: "OrderedDict[str, Any]" = OrderedDict(to_load)
+    own_meta = getattr(own, "_metadata", None)
+    if own_meta is None:
+        return out
+    ckpt_meta = getattr(state_dict, "_metadata", None) or {}
+    metadata = OrderedDict(own_meta)
+    for own_key, ckpt_key in pairs.items():
+        own_module, ckpt_module = _module_of(own_key), _module_of(ckpt_key)
+        if ckpt_module in ckpt_meta:
+            metadata[own_module] = ckpt_meta[ckpt_module]
+    out._metadata = metadata  # type: ignore[attr-defined]
+    return out
 
 
 def init_weights_from(

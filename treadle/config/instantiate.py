@@ -32,6 +32,7 @@ def _read(container: Any, key: Any, path: str) -> Any:
 
 
 def _target_name(target: Any) -> str:
+    """How a target is named in messages (computed only on errors: it may import)."""
     if isinstance(target, str):
         return target
     return import_path(target) or getattr(target, "__qualname__", None) or repr(target)
@@ -87,19 +88,20 @@ def _argument_hint(target: Callable[..., Any], kwargs: Dict[str, Any]) -> str:
     return ("; its arguments are: " + ", ".join(names)) if names else ""
 
 
-def _call(target: Callable[..., Any], kwargs: Dict[str, Any], path: str, name: str) -> Any:
+def _call(target: Callable[..., Any], kwargs: Dict[str, Any], path: str, raw_target: Any) -> Any:
     try:
         return target(**kwargs)
     except ConfigError:
         raise
     except TypeError as e:
         raise ConfigError(
-            f"Cannot instantiate config node {_shown(path)} (_target_ {name}): "
+            f"Cannot instantiate config node {_shown(path)} (_target_ {_target_name(raw_target)}): "
             f"{e}{_argument_hint(target, kwargs)}"
         ) from e
     except Exception as e:
         # Keep the original exception type (callers may catch it) and add where it came from.
         if hasattr(e, "add_note"):
+            name = _target_name(raw_target)
             e.add_note(f"while instantiating config node {_shown(path)} (_target_ {name})")
         raise
 
@@ -139,7 +141,7 @@ def _instantiate(node: Any, path: str) -> Any:
     if bad:
         raise ConfigError(f"Config node {_shown(path)} has non-string argument names {bad!r}")
     kwargs = {key: _instantiate(value, join_path(path, key)) for key, value in entries.items()}
-    return _call(target, kwargs, path, _target_name(raw_target))
+    return _call(target, kwargs, path, raw_target)
 
 
 def instantiate(cfg: Any) -> Any:

@@ -12,10 +12,10 @@ from omegaconf import DictConfig
 from treadle.utils.file_io import PathManager
 
 from ._keys import select
-from .errors import ConfigError
 from ._loader import load_config_file
-from .overrides import apply_overrides
 from ._serialize import to_yaml
+from .errors import ConfigError
+from .overrides import apply_overrides
 
 __all__ = ["LazyConfig"]
 

@@ -7,14 +7,17 @@ from typing import Any, Callable, Union
 
 from omegaconf import DictConfig
 
-from .errors import ConfigError
 from ._values import tuples_to_lists
+from .errors import ConfigError
 from .locate import import_path
 
 __all__ = ["LazyCall", "L"]
 
 
 def _describe(target: Any) -> str:
+    """How a target is named in messages (computed only when needed: it may import)."""
+    if isinstance(target, str):
+        return target
     return import_path(target) or getattr(target, "__qualname__", None) or repr(target)
 
 
@@ -52,15 +55,15 @@ class LazyCall:
         self._target = target
 
     def __call__(self, *args: Any, **kwargs: Any) -> DictConfig:
-        name = self._target if isinstance(self._target, str) else _describe(self._target)
         if args:
             raise ConfigError(
-                f"LazyCall({name}) takes keyword arguments only (a config names every "
-                f"argument); got {len(args)} positional argument(s)"
+                f"LazyCall({_describe(self._target)}) takes keyword arguments only "
+                f"(a config names every argument); got {len(args)} positional argument(s)"
             )
         if "_target_" in kwargs:
             raise ConfigError(
-                f"LazyCall({name}) got '_target_' as an argument; the target is set by LazyCall"
+                f"LazyCall({_describe(self._target)}) got '_target_' as an argument; "
+                f"the target is set by LazyCall"
             )
         target: Any = self._target
         if isinstance(target, type) and (
@@ -69,16 +72,16 @@ class LazyCall:
             path = import_path(target)
             if path is None:
                 raise ConfigError(
-                    f"LazyCall target {name} is a dataclass/attrs class that cannot be imported "
-                    f"by name; define it at module level so that it can be stored as an import path"
+                    f"LazyCall target {_describe(target)} is a dataclass/attrs class that cannot "
+                    f"be imported by name; define it at module level so that it can be stored "
+                    f"as an import path"
                 )
             target = path
         content = {"_target_": target, **tuples_to_lists(kwargs)}
         return DictConfig(content=content, flags={"allow_objects": True})
 
     def __repr__(self) -> str:
-        name = self._target if isinstance(self._target, str) else _describe(self._target)
-        return f"LazyCall({name})"
+        return f"LazyCall({_describe(self._target)})"
 
 
 L = LazyCall

@@ -6,7 +6,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any, List, Sequence
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from ._keys import child, deepest, is_branch, unknown_key_message
@@ -120,11 +120,14 @@ def _set(node: Any, key: str, value: Any, override: Override, new: bool, done: L
 
 
 def _undo(undo: _Undo) -> None:
-    if undo.old is _ABSENT:
-        if undo.key in undo.parent.keys():
+    # Putting back the previous state is allowed where flags forbid changes (a struct
+    # config refuses deletions, a read-only one refuses everything): the failed
+    # override may have been recorded before OmegaConf refused it.
+    with read_write(undo.parent), open_dict(undo.parent):
+        if undo.old is not _ABSENT:
+            undo.parent[undo.key] = undo.old
+        elif undo.key in undo.parent.keys():
             del undo.parent[undo.key]
-    else:
-        undo.parent[undo.key] = undo.old
 
 
 def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:

@@ -8,7 +8,7 @@ from .callback import CallbackHook
 from .checkpointing import BestCheckpointer, PeriodicCheckpointer
 from .early_stopping import EarlyStopping
 from .ema import EMA
-from .evaluation import EvalHook, flatten_results
+from .evaluation import EvalHook
 from .lr_scheduler import LRMultiplier, LRScheduler
 from .periods import Period
 from .precise_bn import PreciseBN
@@ -27,7 +27,6 @@ __all__ = [
     "PeriodicCheckpointer",
     "BestCheckpointer",
     "EvalHook",
-    "flatten_results",
     "EarlyStopping",
     "EMA",
     "PreciseBN",

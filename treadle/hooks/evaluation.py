@@ -5,10 +5,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import numbers
 from collections.abc import Mapping
 from typing import Any, Callable, Dict, Optional
 
+from treadle.evaluation.results import flatten_results, format_results
 from treadle.events import ScalarKind
 from treadle.utils import comm
 
@@ -17,32 +17,9 @@ from .ema import EMA
 from .periods import Period
 from .precise_bn import PreciseBN
 
-__all__ = ["EvalHook", "flatten_results"]
+__all__ = ["EvalHook"]
 
 logger = logging.getLogger(__name__)
-
-
-def flatten_results(results: Mapping, prefix: str = "") -> Dict[str, float]:
-    """``{"val": {"acc": 0.9}}`` becomes ``{"val/acc": 0.9}``.
-
-    Raises:
-        TypeError: a leaf is not a number; the message names its key.
-    """
-    flat: Dict[str, float] = {}
-    for key, value in results.items():
-        name = f"{prefix}/{key}" if prefix else str(key)
-        if isinstance(value, Mapping):
-            flat.update(flatten_results(value, name))
-        elif isinstance(value, numbers.Number) and not isinstance(value, complex):
-            flat[name] = float(value)
-        elif hasattr(value, "numel") and value.numel() == 1:
-            flat[name] = float(value)  # evaluation time, not the training path
-        else:
-            raise TypeError(
-                f"Evaluation result '{name}' is a {type(value).__name__}; results must be numbers "
-                "or (nested) dicts of numbers"
-            )
-    return flat
 
 
 class EvalHook(HookBase):
@@ -128,11 +105,8 @@ class EvalHook(HookBase):
                 smoothing_hint=False, cur_iter=iteration, kind=ScalarKind.METRIC, **flat
             )
             self.last_results = flat
-            logger.info("Evaluation after iteration %d: %s", iteration, _format(flat))
+            logger.info("Evaluation after iteration %d:\n%s", iteration, format_results(flat))
         # Ranks leave together: a fast rank must not start the next step's
         # collectives while another still evaluates.
         comm.synchronize()
 
-
-def _format(results: Dict[str, float]) -> str:
-    return ", ".join(f"{k}={v:.6g}" for k, v in results.items())
