@@ -3,6 +3,7 @@
 import builtins
 import logging
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -29,24 +30,14 @@ def write(root: Path, name: str, text: str) -> str:
     return str(path)
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @pytest.fixture
-def config_warnings():
-    """Records logged under treadle.config (attached directly: the treadle logger may not
-    propagate to the root logger that caplog listens to)."""
-    handler = _Records()
-    logger = logging.getLogger("treadle.config")
-    logger.addHandler(handler)
-    yield handler.records
-    logger.removeHandler(handler)
+def config_warnings(treadle_caplog):
+    """A function giving the messages of the warnings logged so far by treadle.config."""
+    return lambda: [
+        r.getMessage()
+        for r in treadle_caplog.records
+        if r.name.startswith("treadle.config") and r.levelno == logging.WARNING
+    ]
 
 
 # ---------------------------------------------------------------------------- load .py
@@ -256,6 +247,23 @@ def test_import_machinery_restored_when_config_raises(tmp_path):
     assert builtins.__import__ is original
 
 
+def test_concurrent_loads_leave_the_import_machinery_intact():
+    original = builtins.__import__
+    results = []
+
+    def load_many() -> None:
+        for _ in range(5):
+            results.append(LazyConfig.load(MLP).train.max_iter)
+
+    threads = [threading.Thread(target=load_many) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [10] * 15
+    assert builtins.__import__ is original
+
+
 def test_relative_import_of_missing_file_or_name(tmp_path):
     write(tmp_path, "common/train.py", "train = dict(max_iter=1)\n")
     nofile = write(tmp_path, "nofile.py", "a = 1\nfrom .common.optim import SGD\n")
@@ -365,7 +373,7 @@ def test_unserializable_values_warn_by_key_and_no_pickle(tmp_path, config_warnin
     )
     LazyConfig.save(cfg, str(tmp_path / "cfg.yaml"))
     assert sorted(os.listdir(tmp_path)) == ["cfg.yaml"]  # no .pkl next to it
-    warned = [r.getMessage() for r in config_warnings if r.levelno == logging.WARNING]
+    warned = config_warnings()
     assert len(warned) == 2
     assert warned[0].startswith("Config key 'model.act' holds function ")
     assert "<lambda>" in warned[0] and "saved as ??? (missing)" in warned[0]

@@ -12,22 +12,14 @@ from treadle.config import ConfigError, L, LazyConfig, Override, parse_override,
 from treadle.config._values import SEQUENCE_CONFIGS
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @pytest.fixture
-def config_warnings():
-    handler = _Records()
-    logger = logging.getLogger("treadle.config")
-    logger.addHandler(handler)
-    yield handler.records
-    logger.removeHandler(handler)
+def config_warnings(treadle_caplog):
+    """A function giving the messages of the warnings logged so far by treadle.config."""
+    return lambda: [
+        r.getMessage()
+        for r in treadle_caplog.records
+        if r.name.startswith("treadle.config") and r.levelno == logging.WARNING
+    ]
 
 
 def error_of(fn, *args, **kwargs) -> str:
@@ -126,7 +118,7 @@ def test_unparseable_container_is_kept_as_string_with_warning(config_warnings):
     assert parse_value("[1,,2]") == "[1,,2]"
     assert parse_value("{a: 1, a: 2}") == "{a: 1, a: 2}"
     assert parse_value("'a'b") == "'a'b"
-    messages = [r.getMessage() for r in config_warnings]
+    messages = config_warnings()
     assert messages[0] == (
         "Override value '[1, 2' does not parse (expected ',' or ']' at position 5, found the end); "
         "it is kept as a plain string."
@@ -279,7 +271,9 @@ def test_overrides_apply_all_or_nothing():
     cfg = base_cfg()
     before = OmegaConf.to_container(cfg)
     with pytest.raises(ConfigError, match=r"^Unknown config key 'no' "):
-        apply(cfg, "train.max_iter=1", "d={a: 9, new: 1}", "+added=1", "sizes.0=4", "todo=3", "no=1")
+        apply(
+            cfg, "train.max_iter=1", "d={a: 9, new: 1}", "+added=1", "sizes.0=4", "todo=3", "no=1"
+        )
     assert OmegaConf.to_container(cfg) == before
     assert OmegaConf.is_missing(cfg, "todo")
     # A malformed override anywhere means nothing is applied.
@@ -299,7 +293,9 @@ def test_rollback_works_on_struct_and_read_only_configs():
     assert error_of(apply, cfg, "c=3") == (
         "Cannot apply override 'c=3': Cannot change read-only config container"
     )
-    assert error_of(apply, cfg, "seq.1=3") == "Cannot apply override 'seq.1=3': ListConfig is read-only"
+    assert error_of(apply, cfg, "seq.1=3") == (
+        "Cannot apply override 'seq.1=3': ListConfig is read-only"
+    )
     assert OmegaConf.to_container(cfg) == {"a": {"b": 1}, "c": 2, "seq": [1, 2]}
     assert OmegaConf.is_readonly(cfg) and OmegaConf.is_struct(cfg)
 

@@ -155,7 +155,7 @@ def test_memory_stats_is_a_no_op_with_one_info_line_on_cpu(treadle_caplog):
 
 def test_precise_bn_recomputes_true_statistics_before_evaluation():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
     trainer, _ = make_trainer(model)
     bn_data = [(torch.randn(16, 3) * 2 + 1, None) for _ in range(5)]
     seen = []

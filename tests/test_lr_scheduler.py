@@ -78,3 +78,20 @@ def test_bad_scheduler_is_rejected():
         LRScheduler(scheduler=3)
     with pytest.raises(TypeError, match="ParamScheduler"):
         LRMultiplier(torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=1), object(), 10)
+
+
+def test_named_schedules_with_warmup():
+    from treadle.hooks.lr_scheduler import build_lr_multiplier
+
+    cosine = build_lr_multiplier("cosine", max_iter=100, warmup_iters=10, warmup_factor=0.1)
+    assert cosine(0.0) == pytest.approx(0.1)
+    assert cosine(0.05) == pytest.approx((0.1 + (1 + __import__("math").cos(__import__("math").pi * 0.1)) / 2) / 2, rel=1e-6)
+    assert cosine(0.5) == pytest.approx(0.5)
+    step = build_lr_multiplier("step", max_iter=90, gamma=0.5)
+    assert [step(i / 90) for i in (0, 59, 60, 79, 80)] == pytest.approx([1, 1, 0.5, 0.5, 0.25])
+    assert build_lr_multiplier("linear", max_iter=10)(0.5) == pytest.approx(0.5)
+    assert build_lr_multiplier("constant", max_iter=10)(0.9) == 1.0
+    with pytest.raises(ValueError, match="Unknown schedule 'poly'; choose one of constant, cosine, linear, step"):
+        build_lr_multiplier("poly", max_iter=10)
+    with pytest.raises(ValueError, match="warmup_iters \\(10\\) must be smaller than max_iter"):
+        build_lr_multiplier("cosine", max_iter=10, warmup_iters=10)

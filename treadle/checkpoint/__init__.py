@@ -12,6 +12,7 @@ from .key_matching import (
     extract_model_state,
     init_weights_from,
     load_model_state,
+    model_state_for_saving,
     unwrap_model,
 )
 from .serialization import (
@@ -31,6 +32,7 @@ __all__ = [
     "load_model_state",
     "extract_model_state",
     "unwrap_model",
+    "model_state_for_saving",
     "canonical_keys",
     "check_weights_only_loadable",
     "load_checkpoint_file",

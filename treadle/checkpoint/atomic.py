@@ -60,17 +60,11 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
     at ``path`` before is untouched, and the error propagates. The parent
     directory must exist.
 
-    For a non-local ``path``: a plain write through ``PathManager`` (logged once),
-    since iopath has no atomic rename for those backends.
+    For a non-local ``path``: a plain write through ``PathManager``, since
+    iopath has no atomic rename for those backends (callers say so to the user).
     """
     if not is_local_path(path):
-        log_once(
-            logger,
-            logging.INFO,
-            "Checkpoint path '%s' is not on the local filesystem: it is written in place, "
-            "so whether a crash mid-write can leave a partial file depends on the storage backend.",
-            path,
-        )
+        logger.debug("'%s' is not a local path: written in place, without a rename.", path)
         with PathManager.open(path, "wb") as f:
             write(f)
         return

@@ -78,6 +78,7 @@ class Checkpointer:
         self.model = model
         self.save_dir = save_dir
         self._save_to_disk = save_to_disk
+        self._noted_non_local = False
         self.checkpointables: Dict[str, Any] = {}
         for name, obj in checkpointables.items():
             self.add_checkpointable(name, obj)
@@ -212,6 +213,13 @@ class Checkpointer:
         check_weights_only_loadable(data, what=f"checkpoint '{path}'")
 
         self._make_save_dir()
+        if not self._noted_non_local and not is_local_path(path):
+            self._noted_non_local = True
+            logger.info(
+                "Checkpoints in '%s' are not on the local filesystem: they are written in place, so whether "
+                "a crash mid-write can leave a partial file depends on the storage backend.",
+                self.save_dir,
+            )
         try:
             atomic_write(path, lambda f: torch.save(data, f))
         except OSError as e:

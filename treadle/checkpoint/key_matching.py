@@ -43,13 +43,10 @@ _DDP_PREFIX = "module."
 
 
 def _is_fsdp(model: nn.Module) -> bool:
-    if not torch.distributed.is_available():
-        return False
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-    except ImportError:
-        return False
-    return isinstance(model, FullyShardedDataParallel)
+    # An FSDP model implies its module was imported; never import it here.
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    wrapper = getattr(fsdp, "FullyShardedDataParallel", None)
+    return wrapper is not None and isinstance(model, wrapper)
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -104,8 +101,8 @@ def canonical_keys(keys: Iterable[str]) -> Dict[str, str]:
     """``{canonical name: original name}`` for state-dict keys.
 
     Removes every ``_orig_mod`` segment (a name torch.compile reserves), then a
-    leading ``module.`` while *every* key has it (a lone submodule that happens
-    to be called ``module`` is left alone).
+    leading ``module.`` while *every* key has it (a submodule that happens to
+    be called ``module``, next to others, keeps its name).
 
     Raises:
         ValueError: two keys become the same name.
@@ -248,6 +245,9 @@ def load_model_state(
     Nothing is logged here; see :func:`init_weights_from` and the
     :class:`~treadle.checkpoint.Checkpointer`.
     """
+    bad = [k for k in state_dict if not isinstance(k, str)]
+    if bad:
+        raise CheckpointError(f"The model weights in {source} have non-string keys, e.g. {bad[0]!r}.")
     target = unwrap_model(model)
     own = target.state_dict()
     own_names = canonical_keys(own.keys())

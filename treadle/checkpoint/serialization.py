@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import pickle
 import re
-from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Iterator, List, Tuple
 
 import torch
 
@@ -108,6 +108,9 @@ def _iter_children(obj: Any, path: str) -> Iterator[Tuple[str, Any]]:
         for k, v in obj.items():
             yield _child_path(path, k) + " (a key)", k
             yield _child_path(path, k), v
+        # OrderedDict/Counter pickle their attributes too (a state dict's _metadata).
+        for k, v in getattr(obj, "__dict__", {}).items():
+            yield f"{path}.__dict__.{k}", v
     elif t in _SEQUENCE_TYPES:
         for i, v in enumerate(obj):
             yield f"{path}[{i}]", v
@@ -143,6 +146,12 @@ def check_weights_only_loadable(state: Any, *, what: str = "checkpoint") -> None
         if isinstance(obj, torch.Tensor):
             if t not in tensor_types:
                 raise TypeError(_reject_message(what, path, obj))
+            if obj.requires_grad and not obj.is_leaf:
+                raise TypeError(
+                    f"Cannot save {what}: the tensor at '{path or '<top level>'}' is part of an autograd "
+                    f"graph (requires grad and is not a leaf), which torch.save refuses. "
+                    f"Nothing was written. Save .detach() of it."
+                )
         elif t not in _MAPPING_TYPES and t not in _SEQUENCE_TYPES:
             raise TypeError(_reject_message(what, path, obj))
         if id(obj) in seen:

@@ -3,7 +3,9 @@
 from treadle.hooks.base import HookBase
 
 from .steps import PRECISIONS, CompiledStep, EagerStep, StepBase
+from .build import build_optimizer, build_step, get_param_groups, resolve_scheduler
 from .train_loop import HookOrderError, TrainerBase
+from .trainer import Trainer, TrainingHistory
 
 __all__ = [
     "HookBase",
@@ -13,4 +15,10 @@ __all__ = [
     "EagerStep",
     "CompiledStep",
     "PRECISIONS",
+    "Trainer",
+    "TrainingHistory",
+    "build_optimizer",
+    "build_step",
+    "get_param_groups",
+    "resolve_scheduler",
 ]

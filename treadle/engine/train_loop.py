@@ -42,13 +42,16 @@ class TrainerBase:
         max_iter: the iteration training ends before.
         storage: the :class:`EventStorage` opened by :meth:`train`.
         nonfinite_check: passed to the ``EventStorage``: ``"flush"``, ``"step"`` or ``"off"``.
+        history_length: values the ``EventStorage`` keeps per scalar name.
         epoch_length: iterations per epoch when the data has a length (set by
             whoever builds the trainer); hooks with periods in epochs need it.
         training_error: during ``after_train``, the exception that ended
             training, or ``None`` when it ended normally or by a stop request.
     """
 
-    def __init__(self, step: Optional[StepBase] = None, *, nonfinite_check: str = "flush") -> None:
+    def __init__(
+        self, step: Optional[StepBase] = None, *, nonfinite_check: str = "flush", history_length: int = 10_000
+    ) -> None:
         self._hooks: List[HookBase] = []
         self._hooks_by_stage: Dict[str, List[HookBase]] = {s: [] for s in HOOK_STAGES}
         self.iter: int = 0
@@ -56,6 +59,7 @@ class TrainerBase:
         self.max_iter: int = 0
         self.storage: EventStorage
         self.nonfinite_check = nonfinite_check
+        self.history_length = history_length
         self._step: Optional[StepBase] = None
         self._stop_reason: Optional[str] = None
         self.epoch_length: Optional[int] = None
@@ -139,7 +143,9 @@ class TrainerBase:
         self._stop_reason = None
         self.training_error = None
         self._timings = defaultdict(float)
-        with EventStorage(start_iter, nonfinite_check=self.nonfinite_check) as self.storage:
+        with EventStorage(
+            start_iter, nonfinite_check=self.nonfinite_check, history_length=self.history_length
+        ) as self.storage:
             try:
                 self.before_train()
                 for self.iter in range(start_iter, max_iter):

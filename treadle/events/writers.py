@@ -618,9 +618,8 @@ class CommonMetricPrinter(EventWriter):
 
     A field appears only if its scalar was put since the previous line, so a
     missing producer (no LR hook, no timer) just drops its field, and a
-    second write at the same iteration prints nothing new. Scalars put with
-    ``smoothing_hint=False`` (evaluation results) are printed on their own
-    line, ``metrics @ iter 99:  eval/acc: 0.91``, latest value per name,
+    second write at the same iteration prints nothing new. Evaluation
+    results (scalars of kind ``"metric"``) are printed on their own line, ``metrics @ iter 99:  eval/acc: 0.91``, latest value per name,
     once each; every value is in ``metrics.json``.
 
     Args:
@@ -671,15 +670,15 @@ class CommonMetricPrinter(EventWriter):
     def write(self) -> None:
         storage = get_event_storage()
         latest = storage.latest()
-        hints = storage.smoothing_hints()
-        fresh = {name: it for name, (_, it) in latest.items() if hints[name] and it > self._last_iter}
+        is_metric = {name: storage.kind(name) == ScalarKind.METRIC for name in latest}
+        fresh = {name: it for name, (_, it) in latest.items() if not is_metric[name] and it > self._last_iter}
         if fresh:
             iteration = max(fresh.values())
             self._logger.info(self._training_line(storage, iteration, set(fresh)))
             self._last_iter = iteration
         by_iter: Dict[int, Dict[str, float]] = defaultdict(dict)
         for name, (value, it) in latest.items():
-            if not hints[name] and it > self._last_metric_iter.get(name, self._first_iter - 1):
+            if is_metric[name] and it > self._last_metric_iter.get(name, self._first_iter - 1):
                 by_iter[it][name] = value
                 self._last_metric_iter[name] = it
         for it in sorted(by_iter):
@@ -689,8 +688,12 @@ class CommonMetricPrinter(EventWriter):
     def _training_line(self, storage: EventStorage, iteration: int, fresh: Set[str]) -> str:
         histories = storage.histories()
 
+        hints = storage.smoothing_hints()
+
         def median(name: str) -> Optional[float]:
-            return histories[name].median(self._window_size) if name in fresh else None
+            if name not in fresh:
+                return None
+            return histories[name].median(self._window_size) if hints[name] else histories[name].latest()
 
         seconds_per_iter = median("time")
         parts: List[str] = []

@@ -13,6 +13,7 @@ from .lr_scheduler import LRMultiplier, LRScheduler
 from .periods import Period
 from .precise_bn import PreciseBN
 from .preemption import PREEMPTED_EXIT_CODE, PreemptionHandler
+from .progress import ProgressBar
 from .profiling import TorchMemoryStats, TorchProfiler
 from .timing import IterationTimer
 from .writing import PeriodicWriter
@@ -24,6 +25,7 @@ __all__ = [
     "LRScheduler",
     "LRMultiplier",
     "PeriodicWriter",
+    "ProgressBar",
     "PeriodicCheckpointer",
     "BestCheckpointer",
     "EvalHook",

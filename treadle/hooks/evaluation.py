@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Callable, Dict, Optional
 
-from treadle.evaluation.results import flatten_results, format_results
+from treadle.evaluation.results import flatten_results
 from treadle.events import ScalarKind
 from treadle.utils import comm
 
@@ -105,7 +105,9 @@ class EvalHook(HookBase):
                 smoothing_hint=False, cur_iter=iteration, kind=ScalarKind.METRIC, **flat
             )
             self.last_results = flat
-            logger.info("Evaluation after iteration %d:\n%s", iteration, format_results(flat))
+            logger.info(
+                "Evaluation after iteration %d: %s", iteration, ", ".join(f"{k}={v:.6g}" for k, v in flat.items())
+            )
         # Ranks leave together: a fast rank must not start the next step's
         # collectives while another still evaluates.
         comm.synchronize()

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
-from fvcore.common.param_scheduler import ParamScheduler
+from fvcore.common.param_scheduler import (
+    CompositeParamScheduler,
+    ConstantParamScheduler,
+    CosineParamScheduler,
+    LinearParamScheduler,
+    MultiStepParamScheduler,
+    ParamScheduler,
+)
 
 from .base import HookBase
 
-__all__ = ["LRMultiplier", "LRScheduler"]
+__all__ = ["LRMultiplier", "LRScheduler", "WarmupParamScheduler", "build_lr_multiplier", "SCHEDULE_NAMES"]
+
+SCHEDULE_NAMES = ("constant", "cosine", "linear", "step")
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +60,82 @@ class LRMultiplier(torch.optim.lr_scheduler.LRScheduler):
         where = min(self.last_epoch / self._max_iter, 1.0 - 1e-12)
         factor = self._multiplier(max(where, 0.0))
         return [base_lr * factor for base_lr in self.base_lrs]
+
+
+class WarmupParamScheduler(CompositeParamScheduler):
+    """``scheduler`` preceded by a warm-up over the first ``warmup_length``
+    (a fraction of training) from ``warmup_factor`` times its start value.
+
+    Args:
+        scheduler: the schedule after warm-up, over the whole of training.
+        warmup_factor: the multiplier at iteration 0, relative to the schedule's start.
+        warmup_length: the fraction of training spent warming up.
+        warmup_method: ``"linear"`` ramp or ``"constant"`` factor.
+    """
+
+    def __init__(
+        self,
+        scheduler: ParamScheduler,
+        warmup_factor: float,
+        warmup_length: float,
+        warmup_method: str = "linear",
+    ) -> None:
+        if not 0.0 < warmup_length < 1.0:
+            raise ValueError(f"warmup_length is a fraction of training in (0, 1), got {warmup_length}")
+        end_value = scheduler(warmup_length)
+        start_value = warmup_factor * scheduler(0.0)
+        if warmup_method == "linear":
+            warmup: ParamScheduler = LinearParamScheduler(start_value, end_value)
+        elif warmup_method == "constant":
+            warmup = ConstantParamScheduler(start_value)
+        else:
+            raise ValueError(f"warmup_method must be 'linear' or 'constant', got {warmup_method!r}")
+        # "fixed": after warm-up the schedule continues where it is at
+        # warmup_length, rather than being squeezed into the rest.
+        super().__init__(
+            [warmup, scheduler],
+            interval_scaling=["rescaled", "fixed"],
+            lengths=[warmup_length, 1.0 - warmup_length],
+        )
+
+
+def build_lr_multiplier(
+    name: str,
+    *,
+    max_iter: int,
+    warmup_iters: int = 0,
+    warmup_factor: float = 0.001,
+    steps: Sequence[int] = (),
+    gamma: float = 0.1,
+    end_value: float = 0.0,
+) -> ParamScheduler:
+    """A learning-rate multiplier by name: ``"constant"``, ``"cosine"`` (to
+    ``end_value``), ``"linear"`` (to ``end_value``) or ``"step"`` (times
+    ``gamma`` at each of ``steps``, by default at 2/3 and 8/9 of training),
+    with an optional linear warm-up over ``warmup_iters`` iterations.
+    """
+    if max_iter <= 0:
+        raise ValueError(f"max_iter must be positive, got {max_iter}")
+    if name == "constant":
+        schedule: ParamScheduler = ConstantParamScheduler(1.0)
+    elif name == "cosine":
+        schedule = CosineParamScheduler(1.0, end_value)
+    elif name == "linear":
+        schedule = LinearParamScheduler(1.0, end_value)
+    elif name == "step":
+        milestones = list(steps) or [int(max_iter * 2 / 3), int(max_iter * 8 / 9)]
+        if any(not 0 < m < max_iter for m in milestones) or milestones != sorted(set(milestones)):
+            raise ValueError(f"step milestones must be increasing and within (0, {max_iter}), got {milestones}")
+        schedule = MultiStepParamScheduler(
+            values=[gamma**i for i in range(len(milestones) + 1)], milestones=milestones, num_updates=max_iter
+        )
+    else:
+        raise ValueError(f"Unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
+    if warmup_iters > 0:
+        if warmup_iters >= max_iter:
+            raise ValueError(f"warmup_iters ({warmup_iters}) must be smaller than max_iter ({max_iter})")
+        schedule = WarmupParamScheduler(schedule, warmup_factor, warmup_iters / max_iter)
+    return schedule
 
 
 class LRScheduler(HookBase):

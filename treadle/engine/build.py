@@ -1,0 +1,166 @@
+"""Building the parts of a run from names: optimizers, parameter groups, schedules, steps.
+
+Shared by the plain :class:`~treadle.engine.Trainer` and the config-driven
+:class:`~treadle.engine.DefaultTrainer`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Dict, Iterable, List, Optional, Union
+
+import torch
+from fvcore.common.param_scheduler import ParamScheduler
+from torch import nn
+
+from treadle.hooks.lr_scheduler import SCHEDULE_NAMES, build_lr_multiplier
+
+from .steps import CompiledStep, EagerStep, StepBase
+
+__all__ = [
+    "OPTIMIZERS",
+    "build_optimizer",
+    "get_param_groups",
+    "resolve_scheduler",
+    "build_step",
+]
+
+OPTIMIZERS: Dict[str, type] = {
+    "sgd": torch.optim.SGD,
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+}
+
+_NORM_TYPES = (
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.SyncBatchNorm,
+    nn.GroupNorm,
+    nn.InstanceNorm1d,
+    nn.InstanceNorm2d,
+    nn.InstanceNorm3d,
+    nn.LayerNorm,
+    nn.LocalResponseNorm,
+)
+
+
+def get_param_groups(
+    model: nn.Module,
+    *,
+    weight_decay: float,
+    weight_decay_norm: Optional[float] = 0.0,
+    weight_decay_bias: Optional[float] = None,
+    base_lr: Optional[float] = None,
+) -> List[Dict[str, Any]]:
+    """Parameter groups with separate weight decay for norm layers and biases.
+
+    Decay on normalization scales and shifts (and often biases) only pulls
+    them towards zero without regularizing anything, so the usual recipe
+    turns it off. ``None`` for a value means "same as ``weight_decay``".
+    Groups with identical settings are merged; each parameter appears once
+    (shared parameters are counted at their first module).
+    """
+    norm_wd = weight_decay if weight_decay_norm is None else weight_decay_norm
+    bias_wd = weight_decay if weight_decay_bias is None else weight_decay_bias
+    buckets: Dict[float, List[nn.Parameter]] = {}
+    seen = set()
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if not param.requires_grad or id(param) in seen:
+                continue
+            seen.add(id(param))
+            if isinstance(module, _NORM_TYPES):
+                wd = norm_wd
+            elif name == "bias":
+                wd = bias_wd
+            else:
+                wd = weight_decay
+            buckets.setdefault(wd, []).append(param)
+    groups = []
+    for wd, params in buckets.items():
+        group: Dict[str, Any] = {"params": params, "weight_decay": wd}
+        if base_lr is not None:
+            group["lr"] = base_lr
+        groups.append(group)
+    return groups
+
+
+def build_optimizer(
+    name: str,
+    params: Union[Iterable[nn.Parameter], List[Dict[str, Any]], nn.Module],
+    *,
+    lr: Optional[float] = None,
+    weight_decay: float = 0.0,
+    no_decay_norm_and_bias: bool = True,
+    **kwargs: Any,
+) -> torch.optim.Optimizer:
+    """``"sgd"``, ``"adam"`` or ``"adamw"`` over a model's parameters.
+
+    Given a module, norms and biases go to a group without weight decay
+    (unless ``no_decay_norm_and_bias=False``).
+    """
+    key = name.lower()
+    if key not in OPTIMIZERS:
+        raise ValueError(f"Unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)} or pass an optimizer")
+    if lr is None:
+        raise ValueError(f"optimizer={name!r} needs a learning rate (lr=...)")
+    if isinstance(params, nn.Module):
+        if no_decay_norm_and_bias and weight_decay:
+            params = get_param_groups(params, weight_decay=weight_decay, weight_decay_norm=0.0, weight_decay_bias=0.0)
+        else:
+            params = [p for p in params.parameters() if p.requires_grad]
+    if key == "sgd":
+        kwargs.setdefault("momentum", 0.9)
+    return OPTIMIZERS[key](params, lr=lr, weight_decay=weight_decay, **kwargs)
+
+
+def resolve_scheduler(
+    scheduler: Union[None, str, ParamScheduler, torch.optim.lr_scheduler.LRScheduler, Callable[..., Any]],
+    optimizer: torch.optim.Optimizer,
+    max_iter: int,
+    *,
+    warmup_iters: int = 0,
+    warmup_factor: float = 0.001,
+) -> Union[None, ParamScheduler, torch.optim.lr_scheduler.LRScheduler]:
+    """A scheduler the ``LRScheduler`` hook takes, from what a user gave:
+    ``None``, an instance (torch scheduler or fvcore ``ParamScheduler``), a
+    name (``"cosine"``, ``"linear"``, ``"step"``, ``"constant"``), or a
+    factory called with ``(optimizer, max_iter)`` once the run length is known.
+    """
+    if scheduler is None:
+        if warmup_iters:
+            return build_lr_multiplier("constant", max_iter=max_iter, warmup_iters=warmup_iters, warmup_factor=warmup_factor)
+        return None
+    if isinstance(scheduler, str):
+        if scheduler not in SCHEDULE_NAMES:
+            raise ValueError(f"Unknown scheduler {scheduler!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
+        return build_lr_multiplier(scheduler, max_iter=max_iter, warmup_iters=warmup_iters, warmup_factor=warmup_factor)
+    if isinstance(scheduler, (ParamScheduler, torch.optim.lr_scheduler.LRScheduler)):
+        return scheduler
+    if callable(scheduler):
+        n_params = len(inspect.signature(scheduler).parameters)
+        built = scheduler(optimizer, max_iter) if n_params >= 2 else scheduler(optimizer)
+        if not isinstance(built, (ParamScheduler, torch.optim.lr_scheduler.LRScheduler)):
+            raise TypeError(
+                f"The scheduler factory returned {type(built).__name__}, not a torch LR scheduler or a ParamScheduler"
+            )
+        return built
+    raise TypeError(f"scheduler must be a name, a scheduler or a factory, got {type(scheduler).__name__}")
+
+
+def build_step(
+    kind: str,
+    model: nn.Module,
+    data_loader: Iterable[Any],
+    optimizer: torch.optim.Optimizer,
+    *,
+    compile_options: Optional[Dict[str, Any]] = None,
+    **step_kwargs: Any,
+) -> StepBase:
+    """``"eager"`` or ``"compiled"``; ``compile_options`` go to ``torch.compile``."""
+    if kind == "eager":
+        return EagerStep(model, data_loader, optimizer, **step_kwargs)
+    if kind == "compiled":
+        return CompiledStep(model, data_loader, optimizer, **(compile_options or {}), **step_kwargs)
+    raise ValueError(f"Unknown step kind {kind!r}; choose 'eager' or 'compiled'")
