@@ -24,5 +24,5 @@ setup(
         "plot": ["matplotlib"],
         "dev": ["pytest", "matplotlib"],
     },
-    entry_points={"console_scripts": ["treadle-train=treadle.cli:train_main"]},
+    entry_points={"console_scripts": ["treadle-train=treadle.tools.train_net:cli"]},
 )

@@ -78,7 +78,7 @@ def test_iterable_resume_skips_consumed_items_and_says_it_is_linear(data_log):
 
 
 def test_stateful_random_iterable_same_for_any_workers_and_resume():
-    kwargs = dict(total_batch_size=2, seed=1, world_size=1)
+    kwargs = dict(total_batch_size=2, seed=1, world_size=1, per_sample_seed=True)
     in_process = take(build_train_loader(ShuffleBuffer(7), **kwargs), 6)
     workers = take(build_train_loader(ShuffleBuffer(7), num_workers=2, **kwargs), 6)
     assert workers == in_process

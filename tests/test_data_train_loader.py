@@ -87,9 +87,9 @@ def test_attributes():
 
 def test_global_step_batch_is_the_same_for_any_world_size():
     dataset = RandomPlusIndex(9)
-    single = take(build_train_loader(dataset, total_batch_size=6, rank=0, world_size=1), 4)
+    single = take(build_train_loader(dataset, total_batch_size=6, rank=0, world_size=1, per_sample_seed=True), 4)
     ranks = [
-        take(build_train_loader(dataset, total_batch_size=6, rank=r, world_size=2), 4)
+        take(build_train_loader(dataset, total_batch_size=6, rank=r, world_size=2, per_sample_seed=True), 4)
         for r in range(2)
     ]
     for step in range(4):
@@ -101,7 +101,7 @@ def test_global_step_batch_is_the_same_for_any_world_size():
 
 def test_per_sample_seed_same_batches_for_any_num_workers():
     dataset = RandomPlusIndex(11)
-    in_process = take(build_train_loader(dataset, total_batch_size=3, seed=4, world_size=1), 6)
+    in_process = take(build_train_loader(dataset, total_batch_size=3, seed=4, world_size=1, per_sample_seed=True), 6)
     workers = take(
         build_train_loader(dataset, total_batch_size=3, seed=4, num_workers=2, world_size=1), 6
     )
@@ -145,7 +145,7 @@ def test_main_process_random_state_is_untouched():
     reseed()
     expected = draws()
     reseed()
-    take(build_train_loader(dataset, total_batch_size=2, world_size=1), 3)
+    take(build_train_loader(dataset, total_batch_size=2, world_size=1, per_sample_seed=True), 3)
     assert draws() == expected
 
 
@@ -267,3 +267,9 @@ def test_workers_are_seeded_deterministically_without_per_sample_seed():
     a = take(build_train_loader(dataset, **kwargs), 4)
     b = take(build_train_loader(dataset, **kwargs), 4)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_per_sample_seed_defaults_to_on_with_workers_only():
+    assert build_train_loader(Indices(10), total_batch_size=2, world_size=1).per_sample_seed is False
+    assert build_train_loader(Indices(10), total_batch_size=2, world_size=1, num_workers=1).per_sample_seed is True
+    assert build_train_loader(Indices(10), total_batch_size=2, world_size=1, per_sample_seed=True).per_sample_seed is True

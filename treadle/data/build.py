@@ -25,7 +25,7 @@ def build_train_loader(
     shuffle: Optional[bool] = None,
     drop_last: bool = True,
     pin_memory: bool = False,
-    per_sample_seed: bool = True,
+    per_sample_seed: Optional[bool] = None,
     worker_init_fn: Optional[Callable[[int], None]] = None,
     prefetch_factor: Optional[int] = None,
     timeout: float = 0,
@@ -56,7 +56,10 @@ def build_train_loader(
             so that random augmentation does not depend on ``num_workers`` or
             on resuming. Costs about 10-20 microseconds per sample (plus, with
             ``num_workers=0``, saving and restoring the generators once per
-            batch); pass False to opt out.
+            batch). ``None`` (default): on when ``num_workers > 0`` (the cost
+            is in the workers), off otherwise (the dataset then draws from the
+            training process's generators, which checkpoints restore, so
+            resume stays exact, but batches differ from a run with workers).
         worker_init_fn: run in each worker after treadle seeds it from
             ``(seed, rank, start position, worker id)``.
         prefetch_factor, timeout, multiprocessing_context: passed to

@@ -41,9 +41,13 @@ class TrainLoader:
       ``it = iter(loader)``, then ``loader.load_state_dict(...)``, then
       ``next(it)`` resumes correctly. One iteration is live at a time: starting
       another, or loading a state, makes the older one raise if advanced.
-    - With ``per_sample_seed`` (the default), a sample's randomness depends
-      only on ``(seed, its global position)``: batches are identical for any
-      ``num_workers`` and world size, and after a resume.
+    - With ``per_sample_seed``, a sample's randomness depends only on
+      ``(seed, its global position)``: batches are identical for any
+      ``num_workers`` and world size, and after a resume. By default
+      (``None``) it is on when worker processes load the data (where it
+      costs the training process nothing) and off with ``num_workers=0``,
+      where the dataset draws from the training process's generators, whose
+      state checkpoints restore: resume is exact either way.
 
     Build it with :func:`treadle.data.build_train_loader`, which documents the
     arguments.
@@ -60,7 +64,7 @@ class TrainLoader:
         shuffle: Optional[bool] = None,
         drop_last: bool = True,
         pin_memory: bool = False,
-        per_sample_seed: bool = True,
+        per_sample_seed: Optional[bool] = None,
         worker_init_fn: Optional[Callable[[int], None]] = None,
         prefetch_factor: Optional[int] = None,
         timeout: float = 0,
@@ -107,7 +111,7 @@ class TrainLoader:
         )
         self._seed_given = seed is not None
         self.seed = resolve_seed(seed)
-        self.per_sample_seed = bool(per_sample_seed)
+        self.per_sample_seed = num_workers > 0 if per_sample_seed is None else bool(per_sample_seed)
         # A one-shot iterator cannot restart, so a second iteration would
         # silently continue wherever the first one left it.
         self._one_shot = isinstance(dataset, collections.abc.Iterator)

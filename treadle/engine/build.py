@@ -21,6 +21,7 @@ __all__ = [
     "OPTIMIZERS",
     "build_optimizer",
     "get_param_groups",
+    "trainable_parameters",
     "resolve_scheduler",
     "build_step",
 ]
@@ -43,6 +44,11 @@ _NORM_TYPES = (
     nn.LayerNorm,
     nn.LocalResponseNorm,
 )
+
+
+def trainable_parameters(model: nn.Module) -> List[nn.Parameter]:
+    """The parameters of ``model`` that require gradients."""
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 def get_param_groups(

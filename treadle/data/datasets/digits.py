@@ -12,6 +12,7 @@ import functools
 import gzip
 import importlib.resources
 import io
+import math
 from typing import Literal, Tuple
 
 import numpy as np
@@ -77,10 +78,11 @@ def _stratified_split(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(train indices, test indices)``, both sorted, disjoint, covering every sample.
 
-    Each class gives ``round(n_c * test_fraction)`` of its samples to the test
-    split, drawn by a permutation seeded by ``(seed, class)``: the split depends
-    on nothing but ``seed`` and ``test_fraction``, and the class proportions of
-    both splits match the whole set's.
+    Each class of ``n_c`` samples gives ``n_c * test_fraction`` of them
+    (rounded, halves up) to the test split, drawn by a permutation seeded by
+    ``(seed, class)``: the split depends on nothing but ``seed`` and
+    ``test_fraction``, and the class proportions of both splits match the
+    whole set's.
     """
     train_parts, test_parts = [], []
     for c in range(_NUM_CLASSES):
@@ -90,7 +92,8 @@ def _stratified_split(
         # classes differently.
         gen = torch.Generator().manual_seed(seed * _NUM_CLASSES + c)
         perm = members[torch.randperm(len(members), generator=gen)]
-        n_test = int(round(len(members) * test_fraction))
+        # Halves round up (Python's round() would round them to even).
+        n_test = math.floor(len(members) * test_fraction + 0.5)
         test_parts.append(perm[:n_test])
         train_parts.append(perm[n_test:])
     train = torch.sort(torch.cat(train_parts)).values
@@ -106,11 +109,12 @@ class DigitsDataset(Dataset):
     ``[0, 1]`` when ``normalize`` (else the raw counts 0..16 as floats), and
     ``label`` an int64 scalar tensor in ``0..9``.
 
-    The split is stratified and seeded: each class puts ``round(n_c *
-    test_fraction)`` of its images, chosen by ``seed``, in ``"test"`` and the
-    rest in ``"train"``. The same ``(seed, test_fraction)`` gives the same
-    split on every machine and the two splits never share an image. Items are
-    in the order of the data file (shuffling is the sampler's job).
+    The split is stratified and seeded: each class of ``n_c`` images puts
+    ``n_c * test_fraction`` of them (rounded, halves up), chosen by ``seed``,
+    in ``"test"`` and the rest in ``"train"``. The same ``(seed,
+    test_fraction)`` gives the same split on every machine, and the two splits
+    never share an image. Items are in the order of the data file (shuffling
+    is the sampler's job).
 
     Args:
         split: ``"train"`` or ``"test"``.

@@ -1,0 +1,39 @@
+"""Defaults of the ``train`` section of a runnable config.
+
+Every key is read by ``DefaultTrainer`` / ``default_setup``; override from the
+command line, e.g. ``train.max_iter=500 train.step.precision=bf16``.
+"""
+
+train = dict(
+    output_dir="./output",
+    # Weights loaded at the start when not resuming (e.g. a pre-trained backbone).
+    init_checkpoint="",
+    max_iter=1000,
+    # "auto" picks cuda, then mps, then cpu.
+    device="auto",
+    # Python, numpy and torch are seeded with seed + rank; a negative seed picks one and logs it.
+    seed=0,
+    log_period=20,
+    # 0 evaluates only after training.
+    eval_period=200,
+    checkpointer=dict(period=200, max_to_keep=3),
+    step=dict(
+        kind="eager",  # or "compiled" (torch.compile)
+        precision="fp32",  # "bf16" (CPU or GPU) or "fp16" (CUDA, with a GradScaler)
+        grad_accum_steps=1,
+        clip_grad_norm=None,
+        loss_fn=None,  # None: the model returns its loss
+        compile=dict(mode=None, backend="inductor", fullgraph=False, dynamic=None),
+    ),
+    # Options of DistributedDataParallel when more than one process trains.
+    ddp=dict(broadcast_buffers=False, find_unused_parameters=False, fp16_compression=False),
+    ema=dict(enabled=False, decay=0.999),
+    # Save model_best when this evaluation metric improves (None: off).
+    best_checkpointer=dict(metric=None, mode="max"),
+    # Stop when this metric has not improved for `patience` evaluations (None: off).
+    early_stopping=dict(metric=None, patience=5, min_delta=0.0, mode="max"),
+    # Checkpoint and exit with status 75 on SIGTERM/SIGUSR1.
+    handle_preemption=True,
+    # When to look for NaN losses: "flush" (no extra sync), "step" (every iteration) or "off".
+    nonfinite_check="flush",
+)

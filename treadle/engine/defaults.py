@@ -1,0 +1,351 @@
+"""The config-driven trainer and the set-up every job shares.
+
+``DefaultTrainer(cfg)`` builds the model, optimizer, loaders, schedule, step
+object and hooks of a lazy config (``configs/``), as detectron2's does; every
+``build_*`` is a method to override in a subclass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from treadle.checkpoint import Checkpointer, CheckpointError
+from treadle.config import LazyCall, LazyConfig, instantiate
+from treadle.evaluation import inference_on_dataset
+from treadle.events import CommonMetricPrinter, JSONWriter, TensorboardWriter
+from treadle.hooks import (
+    EMA,
+    BestCheckpointer,
+    EarlyStopping,
+    EvalHook,
+    HookBase,
+    IterationTimer,
+    LRScheduler,
+    PeriodicCheckpointer,
+    PeriodicWriter,
+    PreemptionHandler,
+)
+from treadle.hooks.ema import _unwrap
+from treadle.utils import comm
+from treadle.utils.device import resolve_device
+from treadle.utils.env import collect_env_info, seed_all_rng
+from treadle.utils.file_io import PathManager
+from treadle.utils.logger import setup_logger
+
+from .build import build_step, trainable_parameters
+from .steps import StepBase
+from .train_loop import TrainerBase
+
+__all__ = ["default_argument_parser", "default_setup", "default_config_file", "DefaultTrainer"]
+
+logger = logging.getLogger(__name__)
+
+
+def default_config_file() -> str:
+    """The config ``tools/train_net.py`` runs without ``--config-file``: the digits example."""
+    return str(Path(__file__).resolve().parents[2] / "configs" / "digits_mlp.py")
+
+
+def default_argument_parser(epilog: Optional[str] = None) -> argparse.ArgumentParser:
+    """The command line of treadle jobs, detectron2's: options, then ``key=value`` overrides."""
+    parser = argparse.ArgumentParser(
+        epilog=epilog
+        or (
+            "Examples:\n"
+            "  python tools/train_net.py                                  # the digits example\n"
+            "  python tools/train_net.py --config-file configs/charlm_transformer.py train.max_iter=200\n"
+            "  python tools/train_net.py --resume                         # continue the last run\n"
+            "  python tools/train_net.py --eval-only train.init_checkpoint=output/digits_mlp/model_final.pth\n"
+            "  python tools/train_net.py --num-gpus 2                     # 2 processes (gloo on CPU)"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config-file", default=default_config_file(), metavar="FILE", help="path to a config file")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the last checkpoint in train.output_dir (a fresh start, with a warning, if there is none)",
+    )
+    parser.add_argument("--eval-only", action="store_true", help="evaluate train.init_checkpoint and exit")
+    parser.add_argument("--num-gpus", type=int, default=1, help="processes per machine (one per GPU; gloo on CPU)")
+    parser.add_argument("--num-machines", type=int, default=1, help="total number of machines")
+    parser.add_argument("--machine-rank", type=int, default=0, help="the rank of this machine (unique per machine)")
+    parser.add_argument(
+        "--dist-url",
+        default="auto",
+        help="initialization URL of torch.distributed, e.g. tcp://host:port; 'auto' picks a free local port "
+        "(one machine only)",
+    )
+    parser.add_argument(
+        "opts",
+        nargs=argparse.REMAINDER,
+        default=[],
+        help="config overrides, key=value (e.g. train.max_iter=500 optimizer.lr=0.01); +key=value adds a key",
+    )
+    return parser
+
+
+def _ensure_writable(output_dir: str) -> None:
+    try:
+        PathManager.mkdirs(output_dir)
+        probe = os.path.join(output_dir, f".treadle-write-test-{os.getpid()}")
+        with PathManager.open(probe, "w") as f:
+            f.write("")
+        PathManager.rm(probe)
+    except OSError as e:
+        raise PermissionError(
+            f"The output directory {output_dir!r} cannot be written: {e.strerror or e}"
+        ) from None
+
+
+def default_setup(cfg: DictConfig, args: Optional[argparse.Namespace] = None) -> None:
+    """What every job does first: output directory, logging, environment
+    report, ``config.yaml``, seeding.
+
+    - ``cfg.train.output_dir`` is created (a clear error if it cannot be written);
+    - logging: a colored console on the main process, ``log.txt`` (and
+      ``log.txt.rank{N}`` on other ranks) in the output directory;
+    - an environment table (python, torch, CUDA, devices) and the command line are logged;
+    - the resolved config is saved to ``config.yaml`` by the main process;
+    - python, numpy and torch are seeded with ``train.seed + rank``; a
+      negative seed picks one, logs it, and writes it back to ``cfg.train.seed``.
+    """
+    train = cfg.train
+    rank = comm.get_rank()
+    output_dir = train.output_dir
+    if comm.is_main_process() and output_dir:
+        _ensure_writable(output_dir)
+    comm.synchronize()
+    setup_logger(output_dir or None, distributed_rank=rank)
+    setup_logger(output_dir or None, distributed_rank=rank, name="fvcore")
+    logger.info("Rank of current process: %d. World size: %d", rank, comm.get_world_size())
+    logger.info("Environment info:\n%s", collect_env_info())
+    if args is not None:
+        logger.info("Command line arguments: %s", vars(args))
+    seed = train.get("seed", 0)
+    if seed is None or seed < 0:
+        seed = comm.broadcast_object(seed_all_rng(None))
+    # Each rank draws its own dropout masks and augmentations.
+    seed_all_rng(int(seed) + rank)
+    OmegaConf.update(cfg, "train.seed", int(seed), force_add=True)
+    if comm.is_main_process() and output_dir:
+        path = os.path.join(output_dir, "config.yaml")
+        LazyConfig.save(cfg, path)
+        logger.info("Full config saved to %s", path)
+    if torch.cuda.is_available():
+        torch.backends.cudnn.benchmark = bool(train.get("cudnn_benchmark", False))
+
+
+class DefaultTrainer(TrainerBase):
+    """A trainer built from a lazy config, with detectron2's conventions.
+
+    The config has the top-level keys ``model``, ``optimizer``,
+    ``lr_multiplier``, ``dataloader`` (``train``, ``test``, ``evaluator``) and
+    ``train`` (see ``configs/common/train.py`` for every key of ``train``).
+
+    ::
+
+        trainer = DefaultTrainer(cfg)
+        trainer.resume_or_load(resume=args.resume)
+        trainer.train()
+
+    Subclass and override ``build_model``, ``build_optimizer``,
+    ``build_train_loader``, ``build_test_loader``, ``build_evaluator``,
+    ``build_lr_scheduler``, ``build_step`` or ``build_hooks``.
+
+    Default hooks, in order (see ``docs/defaults.md`` for why this order):
+    ``IterationTimer``, ``LRScheduler``, ``EMA`` (``train.ema.enabled``),
+    ``EvalHook`` (``train.eval_period``), ``BestCheckpointer``
+    (``train.best_checkpointer.metric``), ``EarlyStopping``
+    (``train.early_stopping.metric``), ``PeriodicCheckpointer``,
+    ``PreemptionHandler``, then ``PeriodicWriter`` last.
+    """
+
+    def __init__(self, cfg: DictConfig) -> None:
+        self.cfg = cfg
+        train = cfg.train
+        self.device = resolve_device(train.get("device", "auto"))
+        model = self.build_model(cfg, device=self.device)
+        self.model = self.wrap_model(cfg, model)
+        self.optimizer = self.build_optimizer(cfg, _unwrap(self.model))
+        self.train_loader = self.build_train_loader(cfg)
+        step = self.build_step(cfg, self.model, self.train_loader, self.optimizer)
+        super().__init__(step, nonfinite_check=train.get("nonfinite_check", "flush"))
+        self.max_iter = int(train.max_iter)
+        self.epoch_length = getattr(self.train_loader, "epoch_length", None)
+        if self.epoch_length:
+            self.epoch_length = max(self.epoch_length // int(train.step.get("grad_accum_steps", 1)), 1)
+        self.start_iter = 0
+        self.checkpointer = Checkpointer(
+            _unwrap(self.model), train.output_dir, optimizer=self.optimizer, trainer=self
+        )
+        self.register_hooks(self.build_hooks())
+
+    # ------------------------------------------------------------------ builders
+    @classmethod
+    def build_model(cls, cfg: DictConfig, device: Optional[torch.device] = None) -> nn.Module:
+        """Instantiates ``cfg.model``, moves it to the device and logs a parameter-count table."""
+        from fvcore.nn import parameter_count_table
+
+        model = instantiate(cfg.model)
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"cfg.model must build a torch.nn.Module, got {type(model).__name__}")
+        model.to(device if device is not None else resolve_device(cfg.train.get("device", "auto")))
+        logger.info("Model:\n%s", model)
+        logger.info("Parameters:\n%s", parameter_count_table(model, max_depth=2))
+        return model
+
+    def wrap_model(self, cfg: DictConfig, model: nn.Module) -> nn.Module:
+        """Wraps the model for data-parallel training when the world size is above one."""
+        if comm.get_world_size() == 1:
+            return model
+        from .launch import create_ddp_model
+
+        return create_ddp_model(model, **OmegaConf.to_container(cfg.train.get("ddp", {}), resolve=True))
+
+    @classmethod
+    def build_optimizer(cls, cfg: DictConfig, model: nn.Module) -> torch.optim.Optimizer:
+        """Instantiates ``cfg.optimizer``; its ``params`` node receives ``model``
+        (as detectron2's ``get_default_optimizer_params``), or the model's
+        parameters are used when ``params`` is absent."""
+        node = cfg.optimizer.copy()  # the model must not be written into the user's config
+        params = node.get("params")
+        if params is None:
+            node.params = LazyCall(trainable_parameters)(model=model)
+        elif isinstance(params, DictConfig) and "_target_" in params:
+            node.params.model = model
+        optimizer = instantiate(node)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"cfg.optimizer must build a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        return optimizer
+
+    @classmethod
+    def build_train_loader(cls, cfg: DictConfig) -> Any:
+        loader_cfg = cfg.dataloader.train
+        if "seed" in loader_cfg and loader_cfg.seed is None:
+            loader_cfg = OmegaConf.merge(loader_cfg, {"seed": int(cfg.train.get("seed", 0) or 0)})
+        return instantiate(loader_cfg)
+
+    @classmethod
+    def build_test_loader(cls, cfg: DictConfig) -> Any:
+        return instantiate(cfg.dataloader.test)
+
+    @classmethod
+    def build_evaluator(cls, cfg: DictConfig) -> Any:
+        return instantiate(cfg.dataloader.evaluator) if "evaluator" in cfg.dataloader else None
+
+    @classmethod
+    def build_lr_scheduler(cls, cfg: DictConfig, optimizer: torch.optim.Optimizer) -> Any:
+        """The ``LRScheduler`` hook's scheduler from ``cfg.lr_multiplier`` (a
+        ``ParamScheduler``, a torch scheduler factory taking the optimizer, or None)."""
+        if cfg.get("lr_multiplier") is None:
+            return None
+        node = cfg.lr_multiplier
+        if "optimizer" in node:
+            node = OmegaConf.merge(node, {})
+            node.optimizer = optimizer
+        return instantiate(node)
+
+    def build_step(self, cfg: DictConfig, model: nn.Module, data_loader: Any, optimizer: torch.optim.Optimizer) -> StepBase:
+        """The step object of ``cfg.train.step``: ``kind`` eager or compiled,
+        with ``precision``, ``grad_accum_steps``, ``clip_grad_norm``,
+        ``loss_fn`` and ``compile`` options; or a node with ``_target_``, a
+        user's ``StepBase`` class called with ``model``, ``data_loader`` and
+        ``optimizer`` plus its own arguments (a research loop)."""
+        step_cfg = cfg.train.step
+        if "_target_" in step_cfg:
+            node = OmegaConf.merge(step_cfg, {})
+            node.model, node.data_loader, node.optimizer = model, data_loader, optimizer
+            step = instantiate(node)
+            if not isinstance(step, StepBase):
+                raise TypeError(f"cfg.train.step built a {type(step).__name__}, not a StepBase")
+            return step
+        options = instantiate(step_cfg)
+        kind = options.pop("kind", "eager")
+        compile_options = options.pop("compile", None) or {}
+        return build_step(kind, model, data_loader, optimizer, compile_options=compile_options, **options)
+
+    def build_writers(self) -> List[Any]:
+        """Console, ``metrics.json`` and TensorBoard on the main process; none elsewhere."""
+        if not comm.is_main_process():
+            return []
+        output_dir = self.cfg.train.output_dir
+        total_batch = getattr(self.train_loader, "total_batch_size", None)
+        accum = int(self.cfg.train.step.get("grad_accum_steps", 1))
+        return [
+            CommonMetricPrinter(self.max_iter, samples_per_iter=total_batch * accum if total_batch else None),
+            JSONWriter(os.path.join(output_dir, "metrics.json")),
+            TensorboardWriter(output_dir),
+        ]
+
+    def build_hooks(self) -> List[Optional[HookBase]]:
+        """The default hooks (see the class docstring for the order and why)."""
+        cfg = self.cfg
+        train = cfg.train
+        ema_cfg = train.get("ema", {}) or {}
+        best_cfg = train.get("best_checkpointer", {}) or {}
+        stop_cfg = train.get("early_stopping", {}) or {}
+        ckpt_cfg = train.get("checkpointer", {}) or {}
+        eval_period = int(train.get("eval_period", 0) or 0)
+        has_eval = "test" in cfg.dataloader and cfg.dataloader.test is not None
+
+        def test_and_save_results() -> Dict[str, Any]:
+            self._last_eval_results = self.test(self.cfg, self.model)
+            return self._last_eval_results
+
+        return [
+            IterationTimer(),
+            LRScheduler(self.optimizer, s) if (s := self.build_lr_scheduler(cfg, self.optimizer)) is not None else None,
+            EMA(float(ema_cfg.get("decay", 0.999)), model=_unwrap(self.model)) if ema_cfg.get("enabled", False) else None,
+            EvalHook(eval_period, test_and_save_results) if has_eval else None,
+            BestCheckpointer(best_cfg.metric, best_cfg.get("mode", "max"), self.checkpointer)
+            if has_eval and best_cfg.get("metric")
+            else None,
+            EarlyStopping(
+                stop_cfg.metric,
+                int(stop_cfg.get("patience", 5)),
+                float(stop_cfg.get("min_delta", 0.0)),
+                stop_cfg.get("mode", "max"),
+            )
+            if has_eval and stop_cfg.get("metric")
+            else None,
+            PeriodicCheckpointer(self.checkpointer, int(ckpt_cfg.get("period", 5000)), ckpt_cfg.get("max_to_keep")),
+            PreemptionHandler(self.checkpointer) if train.get("handle_preemption", True) else None,
+            PeriodicWriter(self.build_writers(), period=int(train.get("log_period", 20))),
+        ]
+
+    # ------------------------------------------------------------------ running
+    def resume_or_load(self, resume: bool = True) -> None:
+        """With ``resume`` and a checkpoint in ``output_dir``: restore everything
+        from the newest readable one and continue after its iteration.
+        Otherwise load the weights of ``train.init_checkpoint`` (if any) and
+        start at iteration 0. ``--resume`` with nothing to resume warns and
+        starts fresh."""
+        extra = self.checkpointer.resume_or_load(self.cfg.train.get("init_checkpoint", "") or "", resume=resume)
+        if resume and self.checkpointer.has_checkpoint() and "iteration" in extra:
+            self.start_iter = int(extra["iteration"]) + 1
+        else:
+            self.start_iter = 0
+
+    def train(self) -> Optional[Dict[str, Any]]:  # type: ignore[override]
+        """Trains from ``start_iter`` to ``train.max_iter``; returns the last evaluation results."""
+        self._last_eval_results: Optional[Dict[str, Any]] = None
+        super().train(self.start_iter, self.max_iter)
+        return self._last_eval_results
+
+    @classmethod
+    def test(cls, cfg: DictConfig, model: nn.Module, evaluator: Any = None) -> Dict[str, Any]:
+        """Evaluates ``model`` on ``cfg.dataloader.test`` with ``cfg.dataloader.evaluator``."""
+        loader = cls.build_test_loader(cfg)
+        evaluator = evaluator if evaluator is not None else cls.build_evaluator(cfg)
+        device = next(iter(model.parameters())).device
+        return inference_on_dataset(model, loader, evaluator, device=device)

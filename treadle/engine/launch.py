@@ -1,0 +1,177 @@
+"""Starting a job on one or many processes with ``torch.distributed``.
+
+``launch`` either spawns one process per device on this machine, or, when
+the environment was prepared by ``torchrun`` (or any launcher that sets
+``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``), joins the
+process group it describes. NCCL is used with CUDA, gloo otherwise, so
+``--num-gpus 2`` on a CPU-only machine runs two gloo processes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+from typing import Any, Callable, Dict, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from treadle.utils import comm
+
+__all__ = ["launch", "find_free_port", "create_ddp_model", "DEFAULT_TIMEOUT", "launched_by_torchrun"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+
+_ENV_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def find_free_port() -> int:
+    """A TCP port free on this machine now (another process may take it later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def launched_by_torchrun() -> bool:
+    """True when ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` describe a process group."""
+    return all(k in os.environ for k in _ENV_KEYS)
+
+
+def _backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def launch(
+    main_func: Callable[..., Any],
+    num_gpus_per_machine: int,
+    num_machines: int = 1,
+    machine_rank: int = 0,
+    dist_url: Optional[str] = "auto",
+    args: Sequence[Any] = (),
+    timeout: datetime.timedelta = DEFAULT_TIMEOUT,
+) -> None:
+    """Runs ``main_func(*args)`` on every process of the job.
+
+    Args:
+        main_func: the job; called once per process.
+        num_gpus_per_machine: processes per machine (one per GPU; on a CPU-only
+            machine, that many gloo processes).
+        num_machines, machine_rank: for jobs over several machines, each
+            started with its own ``machine_rank``.
+        dist_url: ``tcp://host:port`` of machine 0, or ``"auto"`` for a free
+            port on this machine (one machine only).
+        timeout: for collectives, after which a stuck rank fails instead of
+            hanging forever.
+
+    With ``torchrun`` (or SLURM with the four variables above exported), the
+    process group comes from the environment and nothing is spawned; the
+    process-count arguments are ignored with a note if they disagree.
+    """
+    if launched_by_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        asked = num_gpus_per_machine * num_machines
+        if asked not in (1, world):
+            logger.info("Launched by torchrun with WORLD_SIZE=%d; --num-gpus/--num-machines (%d) are ignored.", world, asked)
+        _run_in_env_group(main_func, args, timeout)
+        return
+
+    if num_gpus_per_machine < 1 or num_machines < 1:
+        raise ValueError(f"num_gpus_per_machine and num_machines must be >= 1, got {num_gpus_per_machine}, {num_machines}")
+    if not 0 <= machine_rank < num_machines:
+        raise ValueError(f"machine_rank must be in [0, {num_machines}), got {machine_rank}")
+    world_size = num_machines * num_gpus_per_machine
+    if world_size == 1:
+        main_func(*args)
+        return
+    if torch.cuda.is_available() and num_gpus_per_machine > torch.cuda.device_count():
+        raise ValueError(
+            f"{num_gpus_per_machine} processes per machine were asked for, but this machine has "
+            f"{torch.cuda.device_count()} GPU(s)"
+        )
+    if dist_url in (None, "", "auto"):
+        if num_machines > 1:
+            raise ValueError(
+                "dist_url='auto' only works on one machine; for several machines give the address of "
+                "machine 0, e.g. --dist-url tcp://10.1.2.3:29500, on every machine"
+            )
+        dist_url = f"tcp://127.0.0.1:{find_free_port()}"
+    if num_machines > 1 and dist_url.startswith("file://"):
+        logger.warning("file:// init needs a file system shared by all machines: %s", dist_url)
+
+    mp.start_processes(
+        _distributed_worker,
+        nprocs=num_gpus_per_machine,
+        args=(main_func, world_size, num_gpus_per_machine, machine_rank, dist_url, tuple(args), timeout),
+        daemon=False,
+        start_method="spawn",
+    )
+
+
+def _distributed_worker(
+    local_rank: int,
+    main_func: Callable[..., Any],
+    world_size: int,
+    num_gpus_per_machine: int,
+    machine_rank: int,
+    dist_url: str,
+    args: Sequence[Any],
+    timeout: datetime.timedelta,
+) -> None:
+    global_rank = machine_rank * num_gpus_per_machine + local_rank
+    # What torchrun would set: code that reads the environment sees one convention.
+    os.environ.update(
+        {
+            "RANK": str(global_rank),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(num_gpus_per_machine),
+        }
+    )
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend=_backend(), init_method=dist_url, world_size=world_size, rank=global_rank, timeout=timeout)
+    _run_and_clean_up(main_func, args)
+
+
+def _run_in_env_group(main_func: Callable[..., Any], args: Sequence[Any], timeout: datetime.timedelta) -> None:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    if not dist.is_initialized():
+        dist.init_process_group(backend=_backend(), init_method="env://", timeout=timeout)
+    _run_and_clean_up(main_func, args)
+
+
+def _run_and_clean_up(main_func: Callable[..., Any], args: Sequence[Any]) -> None:
+    try:
+        comm.synchronize()
+        main_func(*args)
+    finally:
+        # A clean exit: other ranks waiting in a collective are released by
+        # the launcher (mp.spawn / torchrun), which ends them when one fails.
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def create_ddp_model(model: nn.Module, *, fp16_compression: bool = False, **kwargs: Any) -> nn.Module:
+    """Wraps ``model`` in ``DistributedDataParallel`` when the world size is above one.
+
+    Args:
+        fp16_compression: all-reduce gradients in fp16 (halves the traffic).
+        kwargs: passed to ``DistributedDataParallel`` (e.g. ``find_unused_parameters``).
+    """
+    if comm.get_world_size() == 1:
+        return model
+    if torch.cuda.is_available() and next(model.parameters()).is_cuda:
+        kwargs.setdefault("device_ids", [comm.get_local_rank()])
+    ddp = nn.parallel.DistributedDataParallel(model, **kwargs)
+    if fp16_compression:
+        from torch.distributed.algorithms.ddp_comm_hooks import default as comm_hooks
+
+        ddp.register_comm_hook(state=None, hook=comm_hooks.fp16_compress_hook)
+    return ddp

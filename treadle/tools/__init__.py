@@ -1,0 +1,1 @@
+"""Command-line jobs (the top layer): ``treadle-train`` is ``treadle.tools.train_net``."""
