@@ -223,13 +223,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _import_matplotlib() -> Tuple[Any, Any]:
+def _import_matplotlib() -> Tuple[Any, Any, Any]:
+    """``(Figure, FigureCanvasAgg, rcParams)``, or a PlotError naming the extra to install."""
     try:
+        import matplotlib
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
         raise PlotError("matplotlib is not installed: pip install 'treadle[plot]' (or pip install matplotlib)") from None
-    return Figure, FigureCanvasAgg
+    return Figure, FigureCanvasAgg, matplotlib.rcParams
 
 
 def _trailing_mean(values: Sequence[float], window: int) -> List[float]:
@@ -266,8 +268,7 @@ def _select_keys(runs: Sequence[RunMetrics], requested: Optional[Sequence[str]])
 
 def _draw(runs: Sequence[RunMetrics], keys: Sequence[str], smooth: int, log_y: bool) -> Any:
     """The figure: one subplot per key, one colour per run."""
-    Figure, FigureCanvasAgg = _import_matplotlib()
-    from matplotlib import rcParams
+    Figure, FigureCanvasAgg, rcParams = _import_matplotlib()
 
     colors = rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
     ncols = 1 if len(keys) == 1 else 2 if len(keys) <= 4 else 3
@@ -311,7 +312,10 @@ def _draw(runs: Sequence[RunMetrics], keys: Sequence[str], smooth: int, log_y: b
         ax.set_visible(False)
 
     ordered = [handles[r.name] for r in runs if r.name in handles]
-    fig.legend(ordered, [h.get_label() for h in ordered], loc="upper center", ncol=min(len(ordered), 4), frameon=False)
+    if ordered:  # none when every asked-for key is null throughout
+        fig.legend(
+            ordered, [h.get_label() for h in ordered], loc="upper center", ncol=min(len(ordered), 4), frameon=False
+        )
     # Leave the top band to the legend.
     top = 1.0 - 0.5 / fig.get_figheight()
     fig.tight_layout(rect=(0.0, 0.0, 1.0, top))

@@ -11,7 +11,9 @@ from typing import Any, Dict, List, Optional, Sequence
 from tabulate import tabulate
 
 from treadle.events import EventStorage
+from treadle.events.distributed import reduce_across_ranks
 from treadle.hooks.base import HOOK_STAGES, HookBase
+from treadle.utils import comm
 from treadle.utils.rng import get_rng_state, set_rng_state
 
 from .steps import StepBase
@@ -146,6 +148,9 @@ class TrainerBase:
         with EventStorage(
             start_iter, nonfinite_check=self.nonfinite_check, history_length=self.history_length
         ) as self.storage:
+            if comm.get_world_size() > 1:
+                # Scalars are averaged over ranks at each flush (one collective).
+                self.storage.reducer = reduce_across_ranks
             try:
                 self.before_train()
                 for self.iter in range(start_iter, max_iter):
@@ -159,6 +164,9 @@ class TrainerBase:
             except Exception as e:
                 logger.exception("Exception during training at iteration %d:", self.iter)
                 self.training_error = e
+                # Other ranks may be inside a collective this rank will never
+                # join: no more collectives here; the launcher ends them.
+                self.storage.reducer = None
                 self._after_train_after_error()
                 raise
             else:

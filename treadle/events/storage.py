@@ -269,7 +269,7 @@ class EventStorage:
         if self.reducer is not None:
             # Reduction works on tensors: numbers join as tensors on the CPU.
             entries = [
-                (name, v if isinstance(v, torch.Tensor) else torch.tensor(float(v)), self._kinds.get(name))
+                (name, v if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float64), self._kinds.get(name))
                 for name, v, _ in pending
             ]
             reduced = self.reducer(entries)
@@ -278,7 +278,8 @@ class EventStorage:
             for i, v in enumerate(values):
                 by_device[v.device].append(i)
         for indices in by_device.values():
-            stacked = torch.stack([values[i].reshape(()).float() for i in indices])
+            # float64: numbers that joined as tensors keep their precision.
+            stacked = torch.stack([values[i].reshape(()).to(torch.float64) for i in indices])
             # The one host read of this flush for this device.
             for i, v in zip(indices, stacked.cpu().tolist()):
                 values[i] = v

@@ -1,0 +1,64 @@
+"""Reducing a flush's scalars across ranks in one collective."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from treadle.utils import comm
+
+from .storage import ScalarKind
+
+__all__ = ["reduce_across_ranks", "ScalarMismatchError"]
+
+Entry = Tuple[str, torch.Tensor, Optional[str]]
+
+
+class ScalarMismatchError(RuntimeError):
+    """Ranks published different scalars between two flushes."""
+
+
+def _fingerprint(entries: List[Entry]) -> Tuple[float, float]:
+    digest = hashlib.blake2b("\0".join(name for name, _, _ in entries).encode(), digest_size=6).digest()
+    # Two 24-bit halves: exact in float64 and float32.
+    return float(int.from_bytes(digest[:3], "little")), float(int.from_bytes(digest[3:], "little"))
+
+
+def reduce_across_ranks(entries: List[Entry]) -> List[torch.Tensor]:
+    """Means (losses, metrics, other scalars) and maxima (times) over all ranks.
+
+    Installed as :attr:`EventStorage.reducer` by the trainer when the world
+    size is above one; it runs at each flush, on every rank at once. Every
+    rank's pending values travel in one ``all_gather_into_tensor``, headed by
+    a fingerprint of their names so that ranks which published different
+    scalars fail with a message instead of mixing values.
+
+    Raises:
+        ScalarMismatchError: the names (or their order) differ between ranks.
+    """
+    world = comm.get_world_size()
+    if world == 1 or not entries:
+        return [value for _, value, _ in entries]
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    dtype = torch.float64 if device.type == "cpu" else torch.float32
+    header = torch.tensor([*_fingerprint(entries), float(len(entries))], dtype=dtype, device=device)
+    values = torch.stack([value.detach().reshape(()).to(device=device, dtype=dtype) for _, value, _ in entries])
+    local = torch.cat([header, values])
+    gathered = torch.empty(world * local.numel(), dtype=dtype, device=device)
+    dist.all_gather_into_tensor(gathered, local)
+    gathered = gathered.view(world, -1)
+    if not torch.equal(gathered[:, :3], header.expand(world, 3)):
+        names = comm.all_gather([name for name, _, _ in entries])  # only on this error path
+        differing = {r: n for r, n in enumerate(names) if n != names[comm.get_rank()]}
+        raise ScalarMismatchError(
+            f"Ranks published different scalars since the last flush; rank {comm.get_rank()} has "
+            f"{names[comm.get_rank()]}, but " + "; ".join(f"rank {r} has {n}" for r, n in differing.items())
+            + ". Publish the same scalars on every rank (or only from one rank, outside the storage)."
+        )
+    per_rank = gathered[:, 3:]
+    is_time = torch.tensor([kind == ScalarKind.TIME for _, _, kind in entries], device=device)
+    reduced = torch.where(is_time, per_rank.amax(dim=0), per_rank.mean(dim=0))
+    return list(reduced.unbind(0))

@@ -1,0 +1,83 @@
+"""A research loop as a step object: sharpness-aware minimization (SAM).
+
+SAM (Foret et al., 2021) takes two forward/backward passes per update: one
+at the weights ``w`` to find the direction of steepest ascent, one at
+``w + rho * g / ||g||``, whose gradient then updates ``w``. It does not fit
+the standard step, which is the point of this example: the iteration is
+replaced, and hooks, writers, checkpoints and resume keep working.
+
+Used by ``configs/digits_sam.py``::
+
+    train.step = L(SAMStep)(loss_fn=L(torch.nn.CrossEntropyLoss)(), rho=0.05)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, List
+
+import torch
+
+from treadle.engine import EagerStep
+from treadle.events import ScalarKind
+
+__all__ = ["SAMStep"]
+
+
+class SAMStep(EagerStep):
+    """One SAM update per iteration (no accumulation, fp32 or bf16).
+
+    Publishes ``total_loss`` (at ``w``) and ``loss_perturbed`` (at the
+    perturbed weights). Everything else (data position in checkpoints, device
+    placement, the loss contract) is :class:`EagerStep`'s.
+
+    Args:
+        rho: radius of the perturbation.
+        Other arguments: as :class:`EagerStep` (``grad_accum_steps`` must be 1).
+    """
+
+    def __init__(self, model: torch.nn.Module, data_loader: Any, optimizer: torch.optim.Optimizer, *, rho: float = 0.05, **kwargs: Any) -> None:
+        if kwargs.get("grad_accum_steps", 1) != 1 or kwargs.get("precision", "fp32") == "fp16":
+            raise ValueError("SAMStep supports neither gradient accumulation nor fp16")
+        super().__init__(model, data_loader, optimizer, **kwargs)
+        if rho <= 0:
+            raise ValueError(f"SAM's rho must be positive, got {rho}")
+        self.rho = rho
+
+    def _loss(self, batch: Any) -> torch.Tensor:
+        with self._autocast():
+            terms = self._losses(batch)
+            return terms["total_loss"] if len(terms) == 1 else sum(terms.values())
+
+    def run_step(self) -> None:
+        storage = self.storage
+        t0 = time.perf_counter()
+        batch = self._next_batch()
+        data_time = time.perf_counter() - t0
+
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self._loss(batch)
+        loss.backward()
+        params: List[torch.Tensor] = [p for p in self._parameters()]
+        grads = [p.grad for p in params]
+        # All on the device: the norm and the scale stay tensors (no sync).
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        scale = self.rho / (norm + 1e-12)
+        perturbation = torch._foreach_mul(grads, scale)
+        with torch.no_grad():
+            torch._foreach_add_(params, perturbation)
+
+        self.optimizer.zero_grad(set_to_none=True)
+        perturbed_loss = self._loss(batch)
+        perturbed_loss.backward()
+        with torch.no_grad():
+            torch._foreach_sub_(params, perturbation)
+
+        self._after_backward()
+        if self.clip_grad_norm is not None:
+            storage.put_scalar("grad_norm", torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm).detach())
+        self.optimizer.step()
+
+        storage.put_scalar("total_loss", loss.detach(), kind=ScalarKind.LOSS)
+        storage.put_scalar("loss_perturbed", perturbed_loss.detach(), kind=ScalarKind.LOSS)
+        storage.put_scalar("data_time", data_time, kind=ScalarKind.TIME)
