@@ -48,7 +48,8 @@ def test_digits_split_sizes_cover_everything_and_are_stratified():
     _, labels = load_digits_arrays()
     per_class = torch.bincount(labels, minlength=10)
     assert torch.equal(torch.bincount(test.targets, minlength=10), torch.round(per_class * 0.2).long())
-    assert torch.equal(torch.bincount(train.targets, minlength=10) + torch.bincount(test.targets, minlength=10), per_class)
+    both = torch.bincount(train.targets, minlength=10) + torch.bincount(test.targets, minlength=10)
+    assert torch.equal(both, per_class)
 
 
 def test_digits_splits_are_disjoint_and_items_match_the_table():

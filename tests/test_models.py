@@ -5,7 +5,14 @@ import torch
 import torch.nn.functional as F
 
 from treadle.data.datasets import DigitsDataset
-from treadle.models import CharTransformerLM, MLPClassifier, lm_cross_entropy
+from treadle.models import CharTransformerLM, LMCrossEntropy, MLPClassifier, lm_cross_entropy
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models run as fast on one thread, and one thread does not stall when
+    other processes share the cores (conftest restores the thread count)."""
+    torch.set_num_threads(1)
 
 # ------------------------------------------------------------------------ MLP
 
@@ -136,6 +143,19 @@ def test_lm_cross_entropy_flattens_and_checks_shapes():
     assert lm_cross_entropy(logits.bfloat16(), targets).dtype == torch.float32
     with pytest.raises(ValueError, match=r"expected logits \(N, T, V\) and targets \(N, T\)"):
         lm_cross_entropy(logits, targets[:, :4])
+
+
+def test_lm_cross_entropy_reductions_and_module_form():
+    logits = torch.randn(2, 5, 7)
+    targets = torch.randint(0, 7, (2, 5))
+    per_token = lm_cross_entropy(logits, targets, reduction="none")
+    assert per_token.shape == (2, 5)
+    torch.testing.assert_close(per_token.mean(), lm_cross_entropy(logits, targets))
+    torch.testing.assert_close(per_token.sum(), lm_cross_entropy(logits, targets, reduction="sum"))
+    torch.testing.assert_close(LMCrossEntropy()(logits, targets), lm_cross_entropy(logits, targets))
+    torch.testing.assert_close(LMCrossEntropy(reduction="none")(logits, targets), per_token)
+    with pytest.raises(ValueError, match="reduction must be 'mean', 'sum' or 'none', got 'avg'"):
+        LMCrossEntropy(reduction="avg")
 
 
 def test_transformer_trains_on_a_repeating_sequence():

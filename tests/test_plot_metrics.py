@@ -152,7 +152,9 @@ def test_missing_matplotlib_names_the_extra(two_runs, monkeypatch, capsys):
         monkeypatch.setitem(sys.modules, name, None)
     assert plot_metrics.main([a]) == 1
     err = capsys.readouterr().err.strip()
-    assert err == "plot_metrics: error: matplotlib is not installed: pip install 'treadle[plot]' (or pip install matplotlib)"
+    assert err == (
+        "plot_metrics: error: matplotlib is not installed: pip install 'treadle[plot]' (or pip install matplotlib)"
+    )
 
 
 def test_runs_as_a_script_from_the_repository_root(two_runs):
@@ -189,3 +191,10 @@ def test_plots_what_json_writer_writes(tmp_path):
     out = tmp_path / "run.png"
     assert plot_metrics.main([str(tmp_path / "run"), "-o", str(out)]) == 0
     _assert_png(out)
+
+
+def test_unknown_output_format_is_an_error_before_reading(two_runs, capsys):
+    root, (a, _) = two_runs
+    assert plot_metrics.main([a, "-o", str(root / "plot.jpgx")]) == 1
+    assert "unknown image format '.jpgx'" in capsys.readouterr().err
+    assert not os.path.exists(root / "plot.jpgx")

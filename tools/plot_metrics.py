@@ -209,12 +209,17 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Plot the scalars of treadle runs' metrics.json files into one PNG.",
     )
-    parser.add_argument("inputs", nargs="+", metavar="RUN_DIR_OR_METRICS_JSON", help="run directories or metrics.json files")
+    parser.add_argument(
+        "inputs", nargs="+", metavar="RUN_DIR_OR_METRICS_JSON", help="run directories or metrics.json files"
+    )
     parser.add_argument(
         "-o", "--output", help=f"image to write (default: {DEFAULT_OUTPUT} next to the first input's metrics.json)"
     )
     parser.add_argument(
-        "--keys", nargs="+", metavar="KEY", help="keys to plot, in this order (default: every numeric key, losses first)"
+        "--keys",
+        nargs="+",
+        metavar="KEY",
+        help="keys to plot, in this order (default: every numeric key, losses first)",
     )
     parser.add_argument(
         "--smooth", type=_positive_int, default=1, metavar="N", help="trailing mean over N points (default 1: none)"
@@ -230,11 +235,14 @@ def _import_matplotlib() -> Tuple[Any, Any, Any]:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise PlotError("matplotlib is not installed: pip install 'treadle[plot]' (or pip install matplotlib)") from None
+        raise PlotError(
+            "matplotlib is not installed: pip install 'treadle[plot]' (or pip install matplotlib)"
+        ) from None
     return Figure, FigureCanvasAgg, matplotlib.rcParams
 
 
 def _trailing_mean(values: Sequence[float], window: int) -> List[float]:
+    """Each value replaced by the mean of it and up to ``window - 1`` values before it."""
     out: List[float] = []
     total = 0.0
     for i, v in enumerate(values):
@@ -322,16 +330,24 @@ def _draw(runs: Sequence[RunMetrics], keys: Sequence[str], smooth: int, log_y: b
     return fig
 
 
-def _save(fig: Any, output: str) -> None:
+def _output_format(output: str) -> str:
+    """The image format that ``output``'s extension names (``png`` without one)."""
+    _, FigureCanvasAgg, _ = _import_matplotlib()
     ext = os.path.splitext(output)[1].lower().lstrip(".") or "png"
-    supported = fig.canvas.get_supported_filetypes()
+    supported = FigureCanvasAgg.get_supported_filetypes()
     if ext not in supported:
-        raise PlotError(f"cannot write {output}: unknown image format '.{ext}' (use one of: {', '.join(sorted(supported))})")
+        raise PlotError(
+            f"cannot write {output}: unknown image format '.{ext}' (use one of: {', '.join(sorted(supported))})"
+        )
+    return ext
+
+
+def _save(fig: Any, output: str, fmt: str) -> None:
     directory = os.path.dirname(output)
     if directory:
         PathManager.mkdirs(directory)
     with PathManager.open(output, "wb") as f:
-        fig.savefig(f, format=ext)
+        fig.savefig(f, format=fmt)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -340,12 +356,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         _import_matplotlib()  # before reading anything: fail fast when it cannot plot at all
         files = [resolve_metrics_file(p) for p in args.inputs]
-        names = _run_names(files)
-        runs = [load_run(f, n) for f, n in zip(files, names)]
-        keys = _select_keys(runs, args.keys)
         output = args.output or _default_output(files[0])
-        fig = _draw(runs, keys, args.smooth, args.log_y)
-        _save(fig, output)
+        fmt = _output_format(output)
+        runs = [load_run(f, n) for f, n in zip(files, _run_names(files))]
+        keys = _select_keys(runs, args.keys)
+        _save(_draw(runs, keys, args.smooth, args.log_y), output, fmt)
     except PlotError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1

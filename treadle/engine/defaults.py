@@ -56,7 +56,11 @@ def default_config_file() -> str:
 
 
 def default_argument_parser(epilog: Optional[str] = None) -> argparse.ArgumentParser:
-    """The command line of treadle jobs, detectron2's: options, then ``key=value`` overrides."""
+    """The command line of treadle jobs, detectron2's: options and ``key=value`` overrides.
+
+    Parse with ``parser.parse_intermixed_args()`` to accept options after
+    overrides too (``train.max_iter=500 --resume``).
+    """
     parser = argparse.ArgumentParser(
         epilog=epilog
         or (
@@ -87,7 +91,7 @@ def default_argument_parser(epilog: Optional[str] = None) -> argparse.ArgumentPa
     )
     parser.add_argument(
         "opts",
-        nargs=argparse.REMAINDER,
+        nargs="*",
         default=[],
         help="config overrides, key=value (e.g. train.max_iter=500 optimizer.lr=0.01); +key=value adds a key",
     )

@@ -64,6 +64,8 @@ class TrainerBase:
         self.history_length = history_length
         self._step: Optional[StepBase] = None
         self._stop_reason: Optional[str] = None
+        # The last iteration whose step ran: what a checkpoint records.
+        self._last_run_iter = -1
         self.epoch_length: Optional[int] = None
         self.training_error: Optional[BaseException] = None
         self._timings: Dict[str, float] = defaultdict(float)
@@ -141,6 +143,7 @@ class TrainerBase:
             return
         logger.info("Starting training from iteration %d", start_iter)
         self.iter = self.start_iter = start_iter
+        self._last_run_iter = start_iter - 1
         self.max_iter = max_iter
         self._stop_reason = None
         self.training_error = None
@@ -179,6 +182,7 @@ class TrainerBase:
         t0 = time.perf_counter()
         self.step.run_step()
         self._timings["step"] += time.perf_counter() - t0
+        self._last_run_iter = self.iter
         if self.nonfinite_check == "step":
             self.storage.materialize()
 
@@ -186,8 +190,28 @@ class TrainerBase:
         self._call_hooks("before_train")
 
     def after_train(self) -> None:
+        """Runs every hook's ``after_train``, also when one of them raises.
+
+        The first exception propagates once all have run; later ones are
+        logged. A hook may end the process here (``PreemptionHandler`` raises
+        ``SystemExit``): the hooks after it must still flush and close files.
+        """
         self.storage.iter = self.iter
-        self._call_hooks("after_train")
+        first: Optional[BaseException] = None
+        for h in self._hooks_by_stage["after_train"]:
+            t0 = time.perf_counter()
+            try:
+                h.after_train()
+            except BaseException as e:  # SystemExit too: see the docstring
+                if first is not None:
+                    logger.exception("%s.after_train failed after an earlier after_train raised:", type(h).__name__)
+                    continue
+                first = e
+                if hasattr(e, "add_note"):  # Python >= 3.11
+                    e.add_note(f"treadle: raised by hook {type(h).__name__}.after_train at iteration {self.iter}")
+            self._timings[type(h).__name__ + ".after_train"] += time.perf_counter() - t0
+        if first is not None:
+            raise first
 
     def before_step(self) -> None:
         # Hooks may read storage.iter; keep it in step with self.iter.
@@ -260,8 +284,9 @@ class TrainerBase:
         return keys
 
     def state_dict(self) -> Dict[str, Any]:
-        """Iteration, hook states, step state (data position, grad scaler) and RNG states."""
-        state: Dict[str, Any] = {"iteration": self.iter, "rng": get_rng_state()}
+        """The last iteration run, hook states, step state (data position, grad
+        scaler) and RNG states. Resuming continues at ``iteration + 1``."""
+        state: Dict[str, Any] = {"iteration": self._last_run_iter, "rng": get_rng_state()}
         hooks = {}
         for key, h in self.hook_state_keys().items():
             hook_state = h.state_dict()
@@ -276,7 +301,7 @@ class TrainerBase:
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        self.iter = int(state["iteration"])
+        self.iter = self._last_run_iter = int(state["iteration"])
         keyed = self.hook_state_keys()
         for key, hook_state in state.get("hooks", {}).items():
             if key in keyed:

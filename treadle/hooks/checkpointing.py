@@ -11,6 +11,7 @@ from .early_stopping import EarlyStopping, _better, _latest_metric
 from .ema import EMA
 from .evaluation import EvalHook
 from .periods import Period
+from .writing import PeriodicWriter
 
 if TYPE_CHECKING:
     from treadle.checkpoint import Checkpointer
@@ -29,6 +30,22 @@ def _trainer_checkpointer(hook: HookBase, given: Optional["Checkpointer"]) -> "C
             f"{type(hook).__name__} was given no checkpointer and the trainer has none (trainer.checkpointer)."
         )
     return checkpointer
+
+
+def _flush_writers(hook: HookBase) -> None:
+    """Flushes every :class:`PeriodicWriter` before a resume point is saved.
+
+    A resumed run starts its writers at the iteration after its checkpoint, so
+    a value at or before that iteration which no writer has written when the
+    checkpoint reaches the disk is never written if the process then dies
+    (kill -9): the metrics of the checkpoint's own iteration when the writer
+    is registered after this hook, or an evaluation put between two flushes.
+    Written first, a line the checkpoint does not cover is dropped and
+    written again by the resumed run instead.
+    """
+    for h in hook.trainer.hooks:
+        if isinstance(h, PeriodicWriter):
+            h.flush()
 
 
 class BestCheckpointer(HookBase):
@@ -76,7 +93,7 @@ class BestCheckpointer(HookBase):
             raise ValueError(f"BestCheckpointer('{self.metric}') needs an EvalHook registered before it.")
         self._checkpointer = _trainer_checkpointer(self, self._checkpointer)
 
-    def _check(self) -> None:
+    def _check(self, iteration: int) -> None:
         if not any(h.last_eval_iter == self.trainer.iter for h in self._eval_hooks):
             return
         found = _latest_metric(self.trainer.storage, self.metric, type(self).__name__)
@@ -90,18 +107,20 @@ class BestCheckpointer(HookBase):
             previous = self.best_metric
             self.best_metric, self.best_iter = value, metric_iter
             # The trainer state saved with model_best carries the new best.
-            self._checkpointer.save(self.file_prefix, iteration=self.trainer.iter, tag_last_checkpoint=False)
+            self._checkpointer.save(self.file_prefix, iteration=iteration, tag_last_checkpoint=False)
             logger.info(
                 "Saved %s: %s = %.6g at iteration %d (previous best: %s)",
                 self.file_prefix, self.metric, value, metric_iter, "none" if previous is None else f"{previous:.6g}",
             )
 
     def after_step(self) -> None:
-        self._check()
+        self._check(self.trainer.iter)
 
     def after_train(self) -> None:
         if self.trainer.training_error is None:
-            self._check()
+            # trainer.iter is one past the last iteration run; the checkpoint
+            # holds the same state as model_final, and says the same iteration.
+            self._check(self.trainer.iter - 1)
 
 
 class PeriodicCheckpointer(HookBase):
@@ -110,7 +129,11 @@ class PeriodicCheckpointer(HookBase):
     Keeps the last ``max_to_keep`` periodic files, counted from the files on
     disk, so the limit holds across restarts. The final checkpoint is written
     after the last iteration and after a stop request (early stopping), not
-    after an exception.
+    after an exception, nor after a preemption that left iterations to run
+    (the :class:`PreemptionHandler`'s checkpoint is then the resume point, and
+    the run is not finished). Each save is preceded by a flush of the
+    :class:`PeriodicWriter` hooks, so that no value at or before the saved
+    iteration is lost if the process dies right after the save.
 
     Order: after the hooks whose state it saves must have finished their
     work for the iteration (:class:`EMA`, :class:`EvalHook`,
@@ -158,10 +181,21 @@ class PeriodicCheckpointer(HookBase):
     def after_step(self) -> None:
         it = self.trainer.iter
         if self._period.fires_after(it) and it + 1 != self.trainer.max_iter:
+            _flush_writers(self)
             self.save(it)
 
     def after_train(self) -> None:
         if self.trainer.training_error is not None:
             return
+        if self.trainer.iter < self.trainer.max_iter and _preempted(self.trainer):
+            return
+        _flush_writers(self)
         # trainer.iter is one past the last iteration run.
         self.checkpointer.save(f"{self.file_prefix}_final", iteration=self.trainer.iter - 1)
+
+
+def _preempted(trainer: Any) -> bool:
+    # Imported here: preemption.py builds on this module.
+    from .preemption import PreemptionHandler
+
+    return any(isinstance(h, PreemptionHandler) and h.preempted for h in trainer.hooks)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 from treadle.utils import comm
 
 from .base import HookBase
-from .checkpointing import PeriodicCheckpointer, _trainer_checkpointer
+from .checkpointing import PeriodicCheckpointer, _flush_writers, _trainer_checkpointer
 
 if TYPE_CHECKING:
     from treadle.checkpoint import Checkpointer
@@ -31,11 +31,14 @@ class PreemptionHandler(HookBase):
     """On SIGTERM or SIGUSR1, checkpoints at the next step boundary and exits.
 
     The signal handler only sets a flag; the work happens in ``after_step``
-    of the iteration running when the signal came: the checkpoint
-    ``model_{iter:07d}`` is written (and becomes ``last_checkpoint``), a
-    stop is requested, every hook's ``after_train`` runs (writers flush),
-    and then the process exits with :data:`PREEMPTED_EXIT_CODE`
-    (``exit_code``). Resuming from that checkpoint is exact.
+    of the iteration running when the signal came: the writers flush, the
+    checkpoint ``model_{iter:07d}`` is written (and becomes
+    ``last_checkpoint``; no ``model_final`` is written, the run is not
+    finished), a stop is requested, every hook's ``after_train`` runs, and
+    then the process exits with :data:`PREEMPTED_EXIT_CODE` (``exit_code``;
+    the trainer raises the ``SystemExit`` once the hooks registered after
+    this one have finished their ``after_train`` too). Resuming from that
+    checkpoint is exact.
 
     With several processes, the ranks agree on the stop every
     ``sync_period`` iterations with one small collective, so that they all
@@ -99,6 +102,7 @@ class PreemptionHandler(HookBase):
         it = self.trainer.iter
         name = signal.Signals(self._received).name if self._received else "a signal on another rank"
         logger.warning("Received %s: saving a checkpoint at iteration %d and stopping.", name, it)
+        _flush_writers(self)
         self._checkpointer.save(f"{self.file_prefix}_{it:07d}", iteration=it)
         self._preempted = True
         self.trainer.request_stop(f"preempted by {name}")

@@ -22,7 +22,9 @@ class PeriodicWriter(HookBase):
     Register it last: it writes what the other hooks put at this iteration.
     Writers are told the first iteration of the run in ``before_train``, so
     that after a resume they drop what the interrupted run wrote after its
-    checkpoint.
+    checkpoint. The checkpointing hooks call :meth:`flush` before they save a
+    resume point, so that a checkpoint is never on disk while values at or
+    before its iteration are still unwritten.
     """
 
     def __init__(self, writers: Sequence[EventWriter], period: int = 20) -> None:
@@ -41,16 +43,17 @@ class PeriodicWriter(HookBase):
     def after_step(self) -> None:
         it = self.trainer.iter
         if (it + 1) % self._period == 0 or it == self.trainer.max_iter - 1:
-            self._flush()
+            self.flush()
 
     def after_train(self) -> None:
         try:
-            self._flush()
+            self.flush()
         finally:
             for w in self.writers:
                 w.close()
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Writes what the storage holds now (one device sync); call it during training only."""
         storage = self.trainer.storage
         try:
             storage.materialize()

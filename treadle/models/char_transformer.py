@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["CharTransformerLM", "lm_cross_entropy"]
+__all__ = ["CharTransformerLM", "lm_cross_entropy", "LMCrossEntropy"]
 
 
 def _check_positive_int(name: str, value: object) -> int:
@@ -207,18 +207,53 @@ class CharTransformerLM(nn.Module):
         return ids
 
 
-def lm_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, ignore_index: int = -100) -> torch.Tensor:
-    """Mean next-token cross-entropy of logits ``(N, T, V)`` against targets ``(N, T)``.
+_REDUCTIONS = ("mean", "sum", "none")
 
-    Computed in float32 whatever the logits' dtype (bf16 logits lose too much
-    precision in the log-softmax). Targets equal to ``ignore_index`` do not
-    count. Usable as the ``loss_fn`` of a step object.
+
+def lm_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, *, ignore_index: int = -100, reduction: str = "mean"
+) -> torch.Tensor:
+    """Next-token cross-entropy of logits ``(N, T, V)`` against targets ``(N, T)``.
+
+    The positions are flattened, so ``"mean"`` (the default) is the mean over
+    all ``N * T`` tokens; ``"sum"`` their sum; ``"none"`` the per-token losses,
+    shape ``(N, T)``. Targets equal to ``ignore_index`` do not count (and are 0
+    with ``"none"``). Computed in float32 whatever the logits' dtype: bf16
+    logits lose too much precision in the log-softmax. Usable as the
+    ``loss_fn`` of a step object or an evaluator.
     """
     if logits.dim() != 3 or targets.shape != logits.shape[:2]:
         raise ValueError(
             f"lm_cross_entropy: expected logits (N, T, V) and targets (N, T), got "
             f"{tuple(logits.shape)} and {tuple(targets.shape)}"
         )
-    return F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=ignore_index
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"lm_cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    loss = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(),
+        targets.reshape(-1),
+        ignore_index=ignore_index,
+        reduction=reduction,
     )
+    return loss.view(targets.shape) if reduction == "none" else loss
+
+
+class LMCrossEntropy(nn.Module):
+    """:func:`lm_cross_entropy` as a module, for configs: ``L(LMCrossEntropy)()``.
+
+    Like ``torch.nn.CrossEntropyLoss`` for ``(N, C)`` logits, but for a
+    language model's ``(N, T, V)`` logits and ``(N, T)`` targets.
+    """
+
+    def __init__(self, *, ignore_index: int = -100, reduction: str = "mean") -> None:
+        super().__init__()
+        if reduction not in _REDUCTIONS:
+            raise ValueError(f"LMCrossEntropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return lm_cross_entropy(logits, targets, ignore_index=self.ignore_index, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"

@@ -77,7 +77,7 @@ def main(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
 def cli(argv: Optional[List[str]] = None) -> int:
     """Parses the command line, checks the config, launches the job; returns the exit status."""
     parser = default_argument_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     try:
         # Checked once here, so that a bad file or override fails before any process starts.
         load_config(args)

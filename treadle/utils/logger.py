@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
+import re
 import sys
 from typing import Optional
 
@@ -15,6 +15,16 @@ from .file_io import PathManager
 __all__ = ["setup_logger", "log_once"]
 
 _LOGGED_ONCE: set = set()
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class _PlainFormatter(logging.Formatter):
+    """No color codes in files: colored console lines are stripped."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return _ANSI.sub("", super().format(record))
 
 
 class _ColorfulFormatter(logging.Formatter):
@@ -29,7 +39,22 @@ class _ColorfulFormatter(logging.Formatter):
         return prefix + " " + log
 
 
-@functools.lru_cache()  # a second call with the same arguments must not add handlers twice
+class _ConsoleHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stdout`` is when a record is emitted, so that a
+    replaced stdout (a notebook, a test's capture) is followed."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stdout)
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: D401
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def setup_logger(
     output: Optional[str] = None,
     distributed_rank: int = 0,
@@ -40,6 +65,9 @@ def setup_logger(
 ) -> logging.Logger:
     """Configures the ``name`` logger.
 
+    Calling it again (a second job in one process) replaces the handlers the
+    previous call installed, so that a run never logs into another run's file.
+
     Args:
         output: a file name ending in ``.txt``/``.log``, or a directory in which
             ``log.txt`` is written. Ranks other than 0 write ``log.txt.rank{N}``.
@@ -49,12 +77,14 @@ def setup_logger(
     logger = logging.getLogger(name)
     logger.setLevel(logging.DEBUG)
     logger.propagate = False
+    for old in [h for h in logger.handlers if getattr(h, "_treadle_handler", False)]:
+        logger.removeHandler(old)
+        old.close()
     abbrev_name = abbrev_name or ("tr" if name == "treadle" else name)
-    plain = logging.Formatter(
-        "[%(asctime)s] %(name)s %(levelname)s: %(message)s", datefmt="%m/%d %H:%M:%S"
-    )
+    plain = _PlainFormatter("[%(asctime)s] %(name)s %(levelname)s: %(message)s", datefmt="%m/%d %H:%M:%S")
+    handlers: list = []
     if distributed_rank == 0:
-        handler = logging.StreamHandler(stream=sys.stdout)
+        handler = _ConsoleHandler()
         handler.setLevel(logging.DEBUG)
         if color and sys.stdout.isatty():
             handler.setFormatter(
@@ -65,7 +95,7 @@ def setup_logger(
             )
         else:
             handler.setFormatter(plain)
-        logger.addHandler(handler)
+        handlers.append(handler)
     if output is not None:
         if output.endswith((".txt", ".log")):
             filename = output
@@ -78,7 +108,10 @@ def setup_logger(
         file_handler = logging.StreamHandler(stream)
         file_handler.setLevel(logging.DEBUG)
         file_handler.setFormatter(plain)
-        logger.addHandler(file_handler)
+        handlers.append(file_handler)
+    for h in handlers:
+        h._treadle_handler = True  # type: ignore[attr-defined]
+        logger.addHandler(h)
     return logger
 
 

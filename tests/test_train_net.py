@@ -1,0 +1,150 @@
+"""tools/train_net.py end to end, and its one-line errors for bad input."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from treadle.config import LazyConfig
+from treadle.tools.train_net import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN_NET = ROOT / "tools" / "train_net.py"
+DIGITS = ROOT / "configs" / "digits_mlp.py"
+
+
+def run_job(*args, timeout=300):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run(
+        [sys.executable, str(TRAIN_NET), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env
+    )
+
+
+def metrics(path):
+    return [json.loads(line) for line in (path / "metrics.json").read_text().splitlines()]
+
+
+def test_train_resume_to_larger_max_iter_then_eval_only(tmp_path):
+    out = tmp_path / "run"
+    common = [f"train.output_dir={out}", "train.eval_period=20", "train.checkpointer.period=20", "train.log_period=10", "lr_multiplier.warmup_iters=5"]
+    first = run_job(*common, "train.max_iter=40")
+    assert first.returncode == 0, first.stderr[-3000:]
+    for name in ("metrics.json", "config.yaml", "last_checkpoint", "model_final.pth", "model_0000019.pth", "log.txt"):
+        assert (out / name).exists(), name
+    assert list(out.glob("events.out.tfevents.*"))
+    assert LazyConfig.load(str(out / "config.yaml")).train.max_iter == 40
+    lines = metrics(out)
+    assert [line["iteration"] for line in lines if "total_loss" in line] == [9, 19, 29, 39]
+    assert [line["iteration"] for line in lines if "accuracy" in line] == [19, 40]
+    assert (out / "last_checkpoint").read_text().strip() == "model_final.pth"
+
+    second = run_job(*common, "train.max_iter=60", "--resume")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "Starting training from iteration 40" in second.stdout
+    lines = metrics(out)
+    train_iters = [line["iteration"] for line in lines if "total_loss" in line]
+    assert train_iters == [9, 19, 29, 39, 49, 59]  # each once
+    final = torch.load(out / "model_final.pth", weights_only=True)
+    assert final["iteration"] == 59 and final["trainer"]["iteration"] == 59
+
+    acc = EventAccumulator(str(out))
+    acc.Reload()
+    steps = [e.step for e in acc.Scalars("total_loss")]
+    assert steps == sorted(set(steps)) and steps[-1] == 59
+
+    third = run_job(*common, "--eval-only", f"train.init_checkpoint={out / 'model_final.pth'}")
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "accuracy" in third.stdout and "Evaluation of" in third.stdout
+
+    # Resuming the finished run says so and trains nothing.
+    again = run_job(*common, "train.max_iter=60", "--resume")
+    assert again.returncode == 0
+    assert "has finished already" in again.stdout
+    assert [line["iteration"] for line in metrics(out) if "total_loss" in line] == train_iters
+
+
+@pytest.mark.slow
+def test_default_digits_job_reaches_95_percent(tmp_path):
+    out = tmp_path / "digits"
+    result = run_job(f"train.output_dir={out}", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    final_eval = [line for line in metrics(out) if "accuracy" in line][-1]
+    assert final_eval["iteration"] == 1500
+    assert final_eval["accuracy"] >= 0.95, final_eval
+
+
+def error_of(argv, capsys):
+    code = cli(argv)
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+def test_missing_config_file(capsys, tmp_path):
+    code, err = error_of(["--config-file", str(tmp_path / "nope.py")], capsys)
+    assert code == 2 and "nope.py" in err and len(err.splitlines()) == 1
+
+
+def test_syntax_error_names_file_and_line(capsys, tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("train = dict(\n    max_iter=3,\n    oops oops\n)\n")
+    code, err = error_of(["--config-file", str(bad)], capsys)
+    assert code == 2 and "bad.py" in err and "line 3" in err and len(err.splitlines()) == 1
+
+
+def test_unknown_override_key_suggests_the_closest(capsys, tmp_path):
+    code, err = error_of([f"train.output_dir={tmp_path}", "train.max_iters=5"], capsys)
+    assert code == 2 and "train.max_iters" in err and "train.max_iter" in err and len(err.splitlines()) == 1
+
+
+def test_malformed_override(capsys):
+    code, err = error_of(["train.max_iter"], capsys)
+    assert code == 2 and "train.max_iter" in err and len(err.splitlines()) == 1
+
+
+def test_target_that_cannot_be_imported(capsys, tmp_path):
+    code, err = error_of([f"train.output_dir={tmp_path}", "model._target_=treadle.models.NoSuchModel"], capsys)
+    assert code == 2 and "treadle.models.NoSuchModel" in err and "model" in err and len(err.splitlines()) == 1
+
+
+def test_wrong_argument_to_a_target_names_the_node(capsys, tmp_path):
+    code, err = error_of([f"train.output_dir={tmp_path}", "+model.num_layers=3"], capsys)
+    assert code == 2 and "'model'" in err and "num_layers" in err and len(err.splitlines()) == 1
+
+
+def test_unwritable_output_directory(capsys, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    code, err = error_of([f"train.output_dir={blocker / 'out'}", "train.max_iter=1"], capsys)
+    assert code == 2 and "cannot be written" in err and str(blocker) in err and len(err.splitlines()) == 1
+
+
+def test_eval_only_without_weights(capsys, tmp_path):
+    code, err = error_of(["--eval-only", f"train.output_dir={tmp_path}"], capsys)
+    assert code == 2 and "--eval-only needs weights" in err and "train.init_checkpoint" in err
+
+
+def test_resume_without_checkpoint_warns_and_starts_fresh(tmp_path, treadle_caplog):
+    code = cli(["--resume", f"train.output_dir={tmp_path}", "train.max_iter=5", "train.eval_period=0", "lr_multiplier.warmup_iters=0"])
+    assert code == 0
+    assert "No checkpoint found" in treadle_caplog.text or "no checkpoint" in treadle_caplog.text.lower()
+    assert (tmp_path / "model_final.pth").exists()
+    assert "Starting training from iteration 0" in treadle_caplog.text
+
+
+def test_research_loop_config_replaces_the_step(tmp_path):
+    cfg = LazyConfig.load(str(ROOT / "configs" / "digits_sam.py"))
+    cfg = LazyConfig.apply_overrides(cfg, [f"train.output_dir={tmp_path}", "train.max_iter=60", "train.eval_period=0", "lr_multiplier.warmup_iters=5"])
+    from treadle.engine.defaults import DefaultTrainer, default_setup
+    from treadle.examples import SAMStep
+
+    default_setup(cfg)
+    trainer = DefaultTrainer(cfg)
+    assert isinstance(trainer.step, SAMStep)
+    results = trainer.train()
+    assert results["accuracy"] > 0.5
+    assert {"total_loss", "loss_perturbed"} <= set(trainer.storage.latest())
