@@ -8,6 +8,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["treadle", "treadle.*"]),
+    # The digits data ships with the package: the default example runs offline.
+    package_data={"treadle.data.datasets": ["files/*.csv.gz", "files/README.md"]},
     install_requires=[
         "torch>=2.4",
         "fvcore>=0.1.5",

@@ -231,3 +231,11 @@ def test_char_corpus_batches_through_a_data_loader(tmp_path):
     inputs, targets = next(iter(torch.utils.data.DataLoader(ds, batch_size=4)))
     assert inputs.shape == targets.shape == (4, 8)
     assert decode_ids(inputs[0]) == "hello wo" and decode_ids(targets[0]) == "ello wor"
+
+
+def test_char_corpus_items_share_no_storage(tmp_path):
+    f = _write(tmp_path / "a.txt", "abcdefgh" * 20)
+    ds = CharCorpusDataset("train", files=f, seq_len=8)
+    inputs, targets = ds[0]
+    inputs.zero_()
+    assert decode_ids(targets) == "bcdefgha" and decode_ids(ds[0][0]) == "abcdefgh"

@@ -414,16 +414,17 @@ def test_resuming_a_finished_run_says_so_and_writes_nothing(small_reference, tmp
 def test_metrics_json_after_resume_keeps_no_line_of_the_interrupted_run_past_the_checkpoint(
     small_reference, tmp_path
 ):
-    # Run 1: checkpoints at 3 and 7 (period 4), crash in iteration 9, so lines 0-8 are written.
+    # Run 1: checkpoints at 3 and 7 (period 4), a crash in iteration 9. The
+    # writers flush in after_train, also after an error, so lines 0-9 are written.
     with pytest.raises(RuntimeError, match="simulated crash at iteration 9"):
         run_here(tmp_path, N_SMALL, checkpoint_period=4, fail_at=9)
-    assert iterations(read_metrics(tmp_path)) == list(range(9))
+    assert iterations(read_metrics(tmp_path)) == list(range(10))
 
-    # Run 2 resumes at 8 and crashes in iteration 8, before writing it: line 8
-    # of run 1 is gone (the resumed run dropped it when it started).
+    # Run 2 resumes at 8 and crashes in iteration 8: its writers dropped lines
+    # 8 and 9 of run 1 when it started and wrote its own 8, so 9 is gone.
     with pytest.raises(RuntimeError, match="simulated crash at iteration 8"):
         run_here(tmp_path, N_SMALL, checkpoint_period=4, resume=True, fail_at=8)
-    assert iterations(read_metrics(tmp_path)) == list(range(8))
+    assert iterations(read_metrics(tmp_path)) == list(range(9))
 
     # Run 3 finishes: every iteration once, with the uninterrupted run's values.
     run_here(tmp_path, N_SMALL, checkpoint_period=4, resume=True)

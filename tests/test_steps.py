@@ -355,3 +355,20 @@ def test_step_state_holds_data_position_and_resets_iterator():
     assert step.state_dict() == {"data": {"position": 3}}
     step.load_state_dict({"data": {"position": 1}})
     assert step._data_iter is None and loader.position == 1
+
+
+def test_single_entry_dict_of_losses():
+    class OneTerm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = make_model()
+
+        def forward(self, batch):
+            x, y = batch
+            return {"loss_mse": nn.functional.mse_loss(self.net(x), y)}
+
+    model = OneTerm()
+    trainer = TrainerBase(EagerStep(model, regression_data(), torch.optim.SGD(model.parameters(), lr=0.01)))
+    trainer.train(0, 2)
+    latest = trainer.storage.latest()
+    assert latest["total_loss"][0] == latest["loss_mse"][0]

@@ -53,7 +53,8 @@ METRICS_FILE = "metrics.json"
 ITERATION_KEY = "iteration"
 DEFAULT_OUTPUT = "metrics.png"
 
-_URI_SCHEME = "://"
+# A path with a scheme (s3://, manifold://) is not made absolute.
+_URI_MARK = "://"
 
 # A key on fewer than this share of the lines of its run's most frequent key
 # is drawn with markers: evaluations among training scalars.
@@ -167,7 +168,7 @@ def _run_names(files: Sequence[str]) -> List[str]:
     ``run_a``), a file with another name by its stem; where two labels clash,
     the paths relative to the inputs' common directory are used instead.
     """
-    paths = [f if _URI_SCHEME in f else os.path.abspath(f) for f in files]
+    paths = [f if _URI_MARK in f else os.path.abspath(f) for f in files]
 
     def label(path: str) -> str:
         base = os.path.basename(path)

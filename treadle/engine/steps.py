@@ -172,13 +172,14 @@ class EagerStep(StepBase):
             with sync_ctx:
                 with self._autocast():
                     terms = self._losses(batch)
-                    total = terms["total_loss"] if len(terms) == 1 else sum(terms.values())
+                    # "total_loss" is present only for a single-loss contract (dicts may not use the name).
+                    total = terms["total_loss"] if "total_loss" in terms else sum(terms.values())
                 loss = total / k if k > 1 else total
                 if self.grad_scaler is not None:
                     self.grad_scaler.scale(loss).backward()
                 else:
                     loss.backward()
-            if len(terms) > 1:
+            if "total_loss" not in terms:
                 terms["total_loss"] = total
             for name, value in terms.items():
                 value = self._published(value)

@@ -15,7 +15,7 @@ from collections.abc import Sized
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
-from fvcore.common.param_scheduler import ParamScheduler
+from fvcore.common.param_scheduler import ConstantParamScheduler, ParamScheduler
 from torch import nn
 
 from treadle.checkpoint import Checkpointer
@@ -194,7 +194,8 @@ class Trainer(TrainerBase):
         if output_dir is not None:
             self.checkpointer = Checkpointer(self.model, output_dir, optimizer=self.optimizer, trainer=self)
 
-        sched = resolve_scheduler(scheduler, self.optimizer, self.max_iter, warmup_iters=warmup_iters)
+        # A constant schedule when none is given: the history always has lr.
+        sched = resolve_scheduler(scheduler, self.optimizer, self.max_iter, warmup_iters=warmup_iters) or ConstantParamScheduler(1.0)
         if eval_period is None:
             eval_period = epoch_length or 0
         if checkpoint_period is None:

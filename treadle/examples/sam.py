@@ -47,7 +47,7 @@ class SAMStep(EagerStep):
     def _loss(self, batch: Any) -> torch.Tensor:
         with self._autocast():
             terms = self._losses(batch)
-            return terms["total_loss"] if len(terms) == 1 else sum(terms.values())
+            return terms["total_loss"] if "total_loss" in terms else sum(terms.values())
 
     def run_step(self) -> None:
         storage = self.storage

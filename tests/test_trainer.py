@@ -1,0 +1,128 @@
+"""The plain-object Trainer."""
+
+import json
+
+import pytest
+import torch
+from fvcore.common.param_scheduler import LinearParamScheduler
+from torch import nn
+
+from treadle.engine import CompiledStep, Trainer, TrainingHistory
+
+
+def problem(n=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g)
+    y = (x[:, :3].sum(1) > 0).long()
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+
+
+def loader(ds, batch=32):
+    return torch.utils.data.DataLoader(ds, batch_size=batch)
+
+
+def test_epochs_history_and_evaluation(tmp_path):
+    train_set, val_set = problem(256), problem(128, seed=1)
+    trainer = Trainer(
+        model(), "adamw", train_set, batch_size=32, lr=1e-2, loss_fn=nn.functional.cross_entropy,
+        eval_loader=loader(val_set), metrics=["accuracy", "loss"], max_epochs=4, seed=0, output_dir=str(tmp_path),
+        progress_bar=False,
+    )
+    assert trainer.epoch_length == 8 and trainer.max_iter == 32
+    history = trainer.train()
+    assert isinstance(history, TrainingHistory)
+    assert [e["epoch"] for e in history.epochs] == [0, 1, 2, 3]
+    assert [e["iteration"] for e in history.epochs] == [7, 15, 23, 31]
+    assert all({"total_loss", "accuracy", "loss", "lr"} <= set(e) for e in history.epochs)
+    assert history.epochs[-1]["accuracy"] > 0.85
+    assert history.epochs[-1]["total_loss"] < history.epochs[0]["total_loss"]
+    assert len(history["total_loss"]) == 32  # every iteration
+    assert [it for it, _ in history.iterations["accuracy"]] == [7, 15, 23, 32]
+    lines = [json.loads(x) for x in (tmp_path / "metrics.json").read_text().splitlines()]
+    assert [x["iteration"] for x in lines if "accuracy" in x] == [7, 15, 23, 32]
+    assert sorted(p.name for p in tmp_path.glob("model_*.pth")) == ["model_0000015.pth", "model_0000023.pth", "model_final.pth"] or (tmp_path / "model_final.pth").exists()
+    assert trainer.evaluate()["accuracy"] == pytest.approx(history.epochs[-1]["accuracy"])
+
+
+def test_optimizer_by_name_has_no_decay_on_biases():
+    trainer = Trainer(model(), "adamw", loader(problem()), lr=1e-3, weight_decay=0.1, loss_fn=nn.functional.cross_entropy, max_iter=1, progress_bar=False)
+    decays = sorted(g["weight_decay"] for g in trainer.optimizer.param_groups)
+    assert decays == [0.0, 0.1]
+    with pytest.raises(ValueError, match="Unknown optimizer 'lion'"):
+        Trainer(model(), "lion", loader(problem()), lr=1e-3, max_iter=1)
+    with pytest.raises(ValueError, match="needs a learning rate"):
+        Trainer(model(), "sgd", loader(problem()), max_iter=1)
+
+
+@pytest.mark.parametrize(
+    "scheduler, expected_last",
+    [
+        ("linear", 0.1 * 1 / 8),
+        (lambda opt, max_iter: torch.optim.lr_scheduler.StepLR(opt, step_size=max_iter // 2, gamma=0.5), 0.05),
+        (LinearParamScheduler(1.0, 0.0), 0.1 * 1 / 8),
+        ("constant", 0.1),
+    ],
+    ids=["name", "factory", "param-scheduler", "constant"],
+)
+def test_scheduler_forms(scheduler, expected_last):
+    m = model()
+    trainer = Trainer(m, torch.optim.SGD(m.parameters(), lr=0.1), loader(problem()), loss_fn=nn.functional.cross_entropy, max_epochs=1, scheduler=scheduler, progress_bar=False)
+    history = trainer.train()
+    assert history["lr"][0] == pytest.approx(0.1)
+    assert history["lr"][-1] == pytest.approx(expected_last)
+
+
+def test_bad_run_lengths_and_inputs():
+    ds = problem()
+    with pytest.raises(ValueError, match="exactly one of max_iter and max_epochs"):
+        Trainer(model(), "sgd", loader(ds), lr=0.1, max_iter=3, max_epochs=1)
+    with pytest.raises(ValueError, match="batch_size"):
+        Trainer(model(), "sgd", ds, lr=0.1, max_iter=3)
+    gen = (b for b in loader(ds))
+    with pytest.raises(ValueError, match="max_epochs needs data with a length"):
+        Trainer(model(), "sgd", gen, lr=0.1, max_epochs=1)
+    with pytest.raises(PermissionError, match="cannot be written"):
+        blocker = __import__("tempfile").NamedTemporaryFile()
+        Trainer(model(), "sgd", loader(ds), lr=0.1, max_iter=1, output_dir=blocker.name + "/out")
+
+
+def test_resume_is_exact(tmp_path):
+    ds = problem(512)
+
+    def make(out, max_iter):
+        m = model(3)
+        return Trainer(m, "sgd", ds, batch_size=32, lr=0.05, loss_fn=nn.functional.cross_entropy, max_iter=max_iter,
+                       scheduler="cosine", seed=7, output_dir=str(out), checkpoint_period=5, progress_bar=False)
+
+    straight = make(tmp_path / "a", 20)
+    straight.train()
+    interrupted = make(tmp_path / "b", 20)
+    interrupted.register_hooks([__import__("treadle.hooks", fromlist=["CallbackHook"]).CallbackHook(
+        after_step=lambda t: t.request_stop("test") if t.iter == 12 else None)])
+    interrupted.train()
+    resumed = make(tmp_path / "b", 20)
+    resumed.train(resume=True)
+    assert resumed.start_iter == 13
+    for p, q in zip(straight.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_compile_uses_compiled_step_and_model_loss_contract():
+    class WithLoss(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = model()
+
+        def forward(self, batch):
+            x, y = batch
+            return {"ce": nn.functional.cross_entropy(self.net(x), y)}
+
+    trainer = Trainer(WithLoss(), "adam", loader(problem()), lr=1e-2, max_iter=4, compile={"backend": "aot_eager"}, progress_bar=False)
+    assert isinstance(trainer.step, CompiledStep)
+    history = trainer.train()
+    assert set(history.iterations) >= {"ce", "total_loss"}
