@@ -15,12 +15,15 @@ def _deterministic_torch():
 
 @pytest.fixture
 def treadle_caplog(caplog):
-    """caplog that also sees the 'treadle' logger, which does not propagate once set up."""
+    """caplog that sees the 'treadle' logger's records exactly once, whether or
+    not setup_logger (which turns propagation off) runs during the test."""
     logger = logging.getLogger("treadle")
-    attach = not logger.propagate  # else caplog sees each record through the root logger already
-    if attach:
-        logger.addHandler(caplog.handler)
+    old_propagate, old_level = logger.propagate, logger.level
+    logger.propagate = False
+    logger.addHandler(caplog.handler)
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        logger.setLevel(logging.INFO)
     caplog.set_level(logging.INFO)
     yield caplog
-    if attach:
-        logger.removeHandler(caplog.handler)
+    logger.removeHandler(caplog.handler)
+    logger.propagate, logger.level = old_propagate, old_level

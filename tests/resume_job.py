@@ -3,7 +3,7 @@
 Run as a script (the tests start it in subprocesses and kill it)::
 
     python tests/resume_job.py --output-dir D --max-iter N [--checkpoint-period P]
-        [--resume] [--pause-in-save-marker FILE] [--pause-on checkpoint|pointer]
+        [--resume] [--pause-in-save-marker FILE] [--pause-on checkpoint|pointer|after-pointer]
         [--progress-file F] [--num-workers W] [--log-period L] [--fail-at K]
 
 or import it and call :func:`run` (the in-process tests do).
@@ -200,25 +200,36 @@ def run(
 
 
 def install_pause_in_save(marker: str, target: str) -> None:
-    """Makes the first checkpoint rename of this process stop for a while, after touching ``marker``.
+    """Makes the first checkpoint save of this process stop for a while, after touching ``marker``.
 
-    ``target="checkpoint"``: before ``model_NNNNNNN.pth`` replaces its
-    temporary file (the file is written and fsynced, the rename has not
-    happened). ``target="pointer"``: before ``last_checkpoint`` moves (the new
-    checkpoint is in place, the pointer still names the previous one). A test
-    that kills the process on seeing the marker kills it in the middle of a save.
+    Where it stops, by ``target``:
+
+    - ``"checkpoint"``: before ``model_NNNNNNN.pth`` replaces its temporary
+      file (written and fsynced; not renamed);
+    - ``"pointer"``: before ``last_checkpoint`` moves (the new checkpoint is
+      in place, the pointer still names the previous one);
+    - ``"after-pointer"``: right after ``last_checkpoint`` moved (the save is
+      complete; the hooks after the checkpointer have not run).
+
+    A test that kills the process on seeing the marker kills it at that point.
     """
     pattern = re.compile(r"model_\d+\.pth" if target == "checkpoint" else r"last_checkpoint")
     real_replace = os.replace
     paused = []
 
+    def pause(src, dst) -> None:
+        paused.append(dst)
+        with open(marker, "w") as f:
+            f.write(f"{os.getpid()} {src} -> {dst}\n")
+        time.sleep(PAUSE_SECONDS)
+
     def replace(src, dst, *args, **kwargs):
-        if not paused and pattern.fullmatch(os.path.basename(os.fspath(dst))):
-            paused.append(dst)
-            with open(marker, "w") as f:
-                f.write(f"{os.getpid()} {src} -> {dst}\n")
-            time.sleep(PAUSE_SECONDS)
-        return real_replace(src, dst, *args, **kwargs)
+        hit = not paused and pattern.fullmatch(os.path.basename(os.fspath(dst)))
+        if hit and target != "after-pointer":
+            pause(src, dst)
+        real_replace(src, dst, *args, **kwargs)
+        if hit and target == "after-pointer":
+            pause(src, dst)
 
     os.replace = replace
 
@@ -232,7 +243,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--pause-in-save-marker", help="touch this file and pause in the first checkpoint rename")
-    parser.add_argument("--pause-on", choices=("checkpoint", "pointer"), default="checkpoint")
+    parser.add_argument("--pause-on", choices=("checkpoint", "pointer", "after-pointer"), default="checkpoint")
     parser.add_argument("--progress-file", help="append each iteration's number to this file as it starts")
     parser.add_argument("--log-period", type=int, default=1, help="PeriodicWriter period")
     parser.add_argument("--fail-at", type=int, help="raise an exception after this iteration")

@@ -173,10 +173,12 @@ def small_reference(tmp_path_factory) -> Path:
 def test_exact_resume_after_sigkill_at_random_moments(reference, tmp_path):
     rng = random.Random(20240611)
     run_dir = tmp_path / "run"
-    # Eleven kills: nine at random moments a few iterations in, two in the
-    # middle of a checkpoint save (before the file's rename; between the
-    # file's rename and the pointer's).
-    plan = ["random", "random", "in_save:checkpoint", "random", "random", "in_save:pointer"] + ["random"] * 5
+    # Eleven kills: eight at random moments a few iterations in, three at
+    # the edges of a checkpoint save: before the file's rename, between the
+    # file's rename and the pointer's, and right after the pointer's (before
+    # the hooks after the checkpointer, the writers, have run).
+    plan = ["random", "random", "in_save:checkpoint", "random", "in_save:pointer", "random"]
+    plan += ["in_save:after-pointer", "random", "random", "random", "random"]
     killed_pids = []
     for n, kind in enumerate(plan):
         progress_file = tmp_path / f"progress_{n}"
@@ -217,6 +219,11 @@ def test_exact_resume_after_sigkill_at_random_moments(reference, tmp_path):
             assert any(n.startswith(f".last_checkpoint.tmp.{launch.pid}.") for n in names), names
             numbered = sorted(n for n in os.listdir(run_dir) if re.fullmatch(r"model_\d{7}\.pth", n))
             assert (run_dir / "last_checkpoint").read_text() == numbered[-2], numbered
+        if kind == "in_save:after-pointer":
+            # The save is complete; its iteration's metrics were written before it.
+            pointer = (run_dir / "last_checkpoint").read_text()
+            saved = int(re.fullmatch(r"model_(\d{7})\.pth", pointer).group(1))
+            assert iterations(read_metrics(run_dir))[-1] == saved
 
     final = Launch(run_dir, N_ITERS, tmp_path / "final.log", "--resume")
     assert final.wait() == 0, final.output()[-3000:]

@@ -1,0 +1,106 @@
+"""DefaultTrainer from a config, default_setup, and subclassing as in detectron2."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from treadle.config import LazyConfig
+from treadle.engine.defaults import DefaultTrainer, default_argument_parser, default_setup
+from treadle.hooks import (
+    BestCheckpointer,
+    EarlyStopping,
+    EMA,
+    EvalHook,
+    IterationTimer,
+    LRScheduler,
+    PeriodicCheckpointer,
+    PeriodicWriter,
+    PreemptionHandler,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def digits_cfg(tmp_path, *overrides):
+    cfg = LazyConfig.load(str(ROOT / "configs" / "digits_mlp.py"))
+    return LazyConfig.apply_overrides(
+        cfg, [f"train.output_dir={tmp_path}", "train.max_iter=30", "lr_multiplier.warmup_iters=3", *overrides]
+    )
+
+
+def test_default_hooks_in_documented_order(tmp_path):
+    cfg = digits_cfg(tmp_path, "train.ema.enabled=true", "train.early_stopping.metric=accuracy")
+    trainer = DefaultTrainer(cfg)
+    assert [type(h) for h in trainer.hooks] == [
+        IterationTimer, LRScheduler, EMA, EvalHook, BestCheckpointer, EarlyStopping,
+        PeriodicCheckpointer, PreemptionHandler, PeriodicWriter,
+    ]
+    decays = sorted({g["weight_decay"] for g in trainer.optimizer.param_groups})
+    assert decays == [0.0, 1e-4]  # biases without weight decay
+
+
+def test_default_setup_writes_config_logs_environment_and_seeds(tmp_path, treadle_caplog):
+    cfg = digits_cfg(tmp_path, "train.seed=-1")
+    default_setup(cfg)
+    assert cfg.train.seed >= 0  # the picked seed is written back
+    saved = LazyConfig.load(str(tmp_path / "config.yaml"))
+    assert saved.train.seed == cfg.train.seed and saved.train.max_iter == 30
+    assert "Using a generated random seed" in treadle_caplog.text
+    assert "PyTorch" in treadle_caplog.text  # the environment table
+    assert (tmp_path / "log.txt").read_text().count("Environment info") == 1
+
+
+def test_subclass_overrides_builders(tmp_path):
+    built = []
+
+    class MyTrainer(DefaultTrainer):
+        @classmethod
+        def build_model(cls, cfg, device=None):
+            built.append("model")
+            torch.manual_seed(0)
+            return nn.Sequential(nn.Linear(64, 10)).to(device)
+
+        def build_hooks(self):
+            hooks = super().build_hooks()
+            return [h for h in hooks if not isinstance(h, EvalHook) and not isinstance(h, BestCheckpointer)]
+
+    trainer = MyTrainer(digits_cfg(tmp_path, "train.eval_period=0"))
+    trainer.resume_or_load(resume=False)
+    trainer.train()
+    assert built == ["model"]
+    assert not any(isinstance(h, EvalHook) for h in trainer.hooks)
+    weights = torch.load(tmp_path / "model_final.pth", weights_only=True)["model"]
+    assert set(weights) == {"0.weight", "0.bias"}
+    results = MyTrainer.test(trainer.cfg, trainer.model)
+    assert 0.0 <= results["accuracy"] <= 1.0
+
+
+def test_init_checkpoint_loads_weights_only(tmp_path):
+    first = DefaultTrainer(digits_cfg(tmp_path / "a", "train.eval_period=0"))
+    first.train()
+    cfg = digits_cfg(tmp_path / "b", f"train.init_checkpoint={tmp_path / 'a' / 'model_final.pth'}")
+    second = DefaultTrainer(cfg)
+    second.resume_or_load(resume=False)
+    assert second.start_iter == 0
+    for p, q in zip(first.model.parameters(), second.model.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_compiled_bf16_step_from_config(tmp_path):
+    cfg = digits_cfg(tmp_path, "train.step.kind=compiled", "train.step.precision=bf16", "train.step.compile.backend=aot_eager", "train.eval_period=0", "train.max_iter=5")
+    trainer = DefaultTrainer(cfg)
+    from treadle.engine import CompiledStep
+
+    assert isinstance(trainer.step, CompiledStep) and trainer.step.precision == "bf16"
+    trainer.train()
+    assert trainer.step.compiled
+
+
+def test_argument_parser_defaults_and_intermixed_options():
+    parser = default_argument_parser()
+    args = parser.parse_intermixed_args(["train.max_iter=5", "--resume", "optimizer.lr=0.1"])
+    assert args.resume and args.opts == ["train.max_iter=5", "optimizer.lr=0.1"]
+    assert args.config_file.endswith("configs/digits_mlp.py") and Path(args.config_file).exists()
+    assert (args.num_gpus, args.num_machines, args.machine_rank, args.dist_url) == (1, 1, 0, "auto")

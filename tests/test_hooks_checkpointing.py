@@ -1,0 +1,279 @@
+"""PeriodicCheckpointer, BestCheckpointer and EarlyStopping: which files, when, with what inside."""
+
+import logging
+import math
+import os
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from treadle.checkpoint import Checkpointer
+from treadle.data import build_train_loader
+from treadle.engine import EagerStep, TrainerBase
+from treadle.hooks import BestCheckpointer, CallbackHook, EarlyStopping, EvalHook, PeriodicCheckpointer, Period
+
+
+# ---------------------------------------------------------------- helpers
+class Run:
+    """A tiny job: a linear model, a resumable loader of 16 samples (4 iterations per epoch).
+
+    Each of ``hooks`` is a function of the Run returning a hook (so that it
+    can use the Run's checkpointer and trainer); they are registered in order.
+    """
+
+    def __init__(self, out, *hooks):
+        torch.manual_seed(0)
+        self.model = nn.Linear(3, 1)
+        g = torch.Generator().manual_seed(1)
+        data = TensorDataset(torch.randn(16, 3, generator=g), torch.randn(16, 1, generator=g))
+        self.loader = build_train_loader(data, total_batch_size=4, seed=0)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=0.9)
+        self.trainer = TrainerBase(EagerStep(self.model, self.loader, self.optimizer, loss_fn=nn.functional.mse_loss))
+        self.trainer.epoch_length = self.loader.epoch_length
+        self.checkpointer = Checkpointer(self.model, str(out), optimizer=self.optimizer, trainer=self.trainer)
+        self.out = out
+        # Weights after each iteration, taken before any checkpointing hook runs.
+        self.weights = {}
+        snapshot = CallbackHook(after_step=self._snapshot, after_train=self._snapshot_final)
+        self.trainer.register_hooks([snapshot] + [make(self) for make in hooks])
+
+    def _snapshot(self, trainer):
+        self.weights[trainer.iter] = {k: v.clone() for k, v in self.model.state_dict().items()}
+
+    def _snapshot_final(self, trainer):
+        self.weights["final"] = {k: v.clone() for k, v in self.model.state_dict().items()}
+
+    def load(self, name):
+        return torch.load(self.out / name, weights_only=True)
+
+    def files(self):
+        return sorted(os.listdir(self.out)) if self.out.exists() else []
+
+    def pointer(self):
+        return (self.out / "last_checkpoint").read_text()
+
+    def resume(self):
+        extra = self.checkpointer.resume_or_load("", resume=True)
+        return int(extra["iteration"]) + 1
+
+
+make_run = Run
+
+
+def same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def scripted_eval(trainer_ref, script, calls):
+    """An eval function returning ``script[iteration]`` as ``acc``; records when it ran."""
+
+    def evaluate():
+        it = trainer_ref().iter
+        calls.append(it)
+        return {"acc": script[it]}
+
+    return evaluate
+
+
+def crash_at(iteration):
+    def maybe_raise(trainer):
+        if trainer.iter == iteration:
+            raise RuntimeError(f"crash at {iteration}")
+
+    return CallbackHook(after_step=maybe_raise)
+
+
+def stop_at(iteration):
+    return CallbackHook(after_step=lambda t: t.request_stop("enough") if t.iter == iteration else None)
+
+
+# ---------------------------------------------------------------- PeriodicCheckpointer
+def test_periodic_checkpoints_every_period_and_a_final_one(tmp_path):
+    run = make_run(tmp_path, lambda r: PeriodicCheckpointer(r.checkpointer, period=3))
+    run.trainer.train(0, 10)
+    # 2, 5, 8; iteration 9 is the last one, saved as model_final only.
+    assert run.files() == ["last_checkpoint", "model_0000002.pth", "model_0000005.pth", "model_0000008.pth", "model_final.pth"]
+    assert run.pointer() == "model_final.pth"
+    for it in (2, 5, 8):
+        ckpt = run.load(f"model_{it:07d}.pth")
+        assert ckpt["iteration"] == it == ckpt["trainer"]["iteration"]
+        assert same(ckpt["model"], run.weights[it])
+        assert ckpt["trainer"]["step"]["data"]["position"] == (it + 1) * 4
+    final = run.load("model_final.pth")
+    assert final["iteration"] == 9
+    assert same(final["model"], run.weights[9])
+
+
+def test_period_in_epochs_uses_the_trainer_epoch_length(tmp_path):
+    run = make_run(tmp_path, lambda r: PeriodicCheckpointer(r.checkpointer, period=Period(1, "epoch")))
+    assert run.trainer.epoch_length == 4
+    run.trainer.train(0, 10)
+    assert run.files() == ["last_checkpoint", "model_0000003.pth", "model_0000007.pth", "model_final.pth"]
+
+    run = make_run(tmp_path / "two", lambda r: PeriodicCheckpointer(r.checkpointer, period=Period(2, "epoch")))
+    run.trainer.train(0, 17)
+    assert run.files() == ["last_checkpoint", "model_0000007.pth", "model_0000015.pth", "model_final.pth"]
+
+
+def test_period_in_epochs_without_an_epoch_length_is_an_error(tmp_path):
+    run = make_run(tmp_path, lambda r: PeriodicCheckpointer(r.checkpointer, period=Period(1, "epoch")))
+    run.trainer.epoch_length = None
+    with pytest.raises(ValueError, match=r"PeriodicCheckpointer has a period of 1 epoch\(s\), but the trainer does not know"):
+        run.trainer.train(0, 4)
+
+
+def test_final_checkpoint_after_a_stop_request(tmp_path):
+    run = make_run(tmp_path, lambda r: PeriodicCheckpointer(r.checkpointer, period=3), lambda r: stop_at(4))
+    run.trainer.train(0, 100)
+    assert run.files() == ["last_checkpoint", "model_0000002.pth", "model_final.pth"]
+    final = run.load("model_final.pth")
+    assert final["iteration"] == 4
+    assert same(final["model"], run.weights[4])
+    assert run.pointer() == "model_final.pth"
+
+
+def test_no_final_checkpoint_after_an_exception(tmp_path):
+    run = make_run(tmp_path, lambda r: PeriodicCheckpointer(r.checkpointer, period=3), lambda r: crash_at(4))
+    with pytest.raises(RuntimeError, match="crash at 4"):
+        run.trainer.train(0, 100)
+    # The weights after 4 may come from a broken step: the resume point stays at 2.
+    assert run.files() == ["last_checkpoint", "model_0000002.pth"]
+    assert run.pointer() == "model_0000002.pth"
+
+
+def test_max_to_keep_keeps_the_newest_periodic_files(tmp_path):
+    run = make_run(tmp_path, lambda r: PeriodicCheckpointer(r.checkpointer, period=1, max_to_keep=2))
+    run.trainer.train(0, 6)
+    assert run.files() == ["last_checkpoint", "model_0000003.pth", "model_0000004.pth", "model_final.pth"]
+
+
+# ---------------------------------------------------------------- BestCheckpointer
+def best_run(out, script, calls, mode="max", extra=()):
+    return make_run(
+        out,
+        lambda r: EvalHook(2, scripted_eval(lambda: r.trainer, script, calls)),
+        lambda r: BestCheckpointer("acc", mode, r.checkpointer),
+        lambda r: PeriodicCheckpointer(r.checkpointer, period=4),
+        *extra,
+    )
+
+
+def test_best_checkpoint_holds_the_best_iteration_and_leaves_the_pointer(tmp_path, treadle_caplog):
+    # Evaluations after iterations 1, 3, 5, 7 and after training (put at 10).
+    script = {1: 0.5, 3: 0.7, 5: 0.6, 7: math.nan, 10: 0.65}
+    calls, pointers = [], {}
+    record = lambda r: CallbackHook(
+        after_step=lambda t: pointers.__setitem__(t.iter, (tmp_path / "last_checkpoint").exists() and r.pointer())
+    )
+    run = best_run(tmp_path, script, calls, extra=[record])
+    run.trainer.train(0, 10)
+
+    assert calls == [1, 3, 5, 7, 10]
+    best = run.load("model_best.pth")
+    assert best["iteration"] == 3
+    assert same(best["model"], run.weights[3])
+    assert best["trainer"]["hooks"]["BestCheckpointer"] == {"best_metric": 0.7, "best_iter": 3}
+    # model_best never became the resume point: no pointer until the periodic save at 3.
+    assert pointers[1] is False
+    assert pointers[3] == pointers[5] == "model_0000003.pth"
+    assert pointers[7] == "model_0000007.pth"
+    assert run.pointer() == "model_final.pth"
+    warnings = [r.getMessage() for r in treadle_caplog.records if r.levelno == logging.WARNING]
+    assert "BestCheckpointer: acc is NaN at iteration 7; ignored." in warnings
+
+
+def test_best_from_the_final_evaluation_matches_model_final(tmp_path):
+    script = {1: 3.0, 3: 2.0, 5: 2.5, 7: 2.2, 10: 1.0}
+    run = best_run(tmp_path, script, [], mode="min")
+    run.trainer.train(0, 10)
+    best, final = run.load("model_best.pth"), run.load("model_final.pth")
+    # The metric is put at 10 (iterations run); the state is that of the last iteration, 9.
+    assert best["trainer"]["hooks"]["BestCheckpointer"] == {"best_metric": 1.0, "best_iter": 10}
+    assert best["iteration"] == final["iteration"] == 9
+    assert same(best["model"], final["model"])
+
+
+def test_best_metric_survives_a_resume(tmp_path):
+    script = {1: 0.5, 3: 0.7, 5: 0.6, 7: 0.8, 9: 0.75, 12: 0.1}
+    best_iteration_at = {}
+    watch = lambda r: CallbackHook(
+        after_step=lambda t: best_iteration_at.__setitem__(t.iter, r.load("model_best.pth")["iteration"])
+    )
+    first = best_run(tmp_path, script, [], extra=[lambda r: crash_at(4)])
+    with pytest.raises(RuntimeError, match="crash at 4"):
+        first.trainer.train(0, 12)
+
+    second = best_run(tmp_path, script, [], extra=[watch])
+    best_hook = next(h for h in second.trainer.hooks if isinstance(h, BestCheckpointer))
+    assert (best_hook.best_metric, best_hook.best_iter) == (None, None)
+    start = second.resume()
+    assert start == 4
+    assert (best_hook.best_metric, best_hook.best_iter) == (0.7, 3)
+    second.trainer.train(start, 12)
+    # 0.6 at 5 is below the restored 0.7: no save; 0.8 at 7 is a new best.
+    assert best_iteration_at[5] == 3
+    assert best_iteration_at[7] == 7
+    assert second.load("model_best.pth")["trainer"]["hooks"]["BestCheckpointer"] == {"best_metric": 0.8, "best_iter": 7}
+
+
+def test_best_checkpointer_needs_an_eval_hook_before_it(tmp_path):
+    run = make_run(tmp_path, lambda r: BestCheckpointer("acc", "max", r.checkpointer))
+    with pytest.raises(ValueError, match=r"BestCheckpointer\('acc'\) needs an EvalHook registered before it"):
+        run.trainer.train(0, 2)
+
+
+# ---------------------------------------------------------------- EarlyStopping
+def early_stopping_run(out, script, calls, extra=()):
+    return make_run(
+        out,
+        lambda r: EvalHook(2, scripted_eval(lambda: r.trainer, script, calls)),
+        lambda r: EarlyStopping("acc", patience=2),
+        lambda r: PeriodicCheckpointer(r.checkpointer, period=6),
+        *extra,
+    )
+
+
+# 0.6 at 3 is the best; 5 and 7 do not beat it: the second miss (7) stops training.
+STOP_SCRIPT = {1: 0.5, 3: 0.6, 5: 0.55, 7: 0.58, 9: 0.9, 11: 0.95, 20: 1.0}
+
+
+def test_early_stopping_stops_at_the_expected_iteration_and_after_train_still_runs(tmp_path):
+    calls, steps = [], []
+    count = lambda r: CallbackHook(before_step=lambda t: steps.append(t.iter))
+    run = early_stopping_run(tmp_path, STOP_SCRIPT, calls, extra=[count])
+    run.trainer.train(0, 20)
+
+    assert steps == list(range(8))
+    assert run.trainer.stop_reason.startswith("early stopping: acc has not improved by more than 0.0 for 2 evaluation(s)")
+    # The final evaluation is not repeated: the weights after 7 were just evaluated.
+    assert calls == [1, 3, 5, 7]
+    # The final checkpoint is written, with the weights of the last iteration run.
+    assert run.files() == ["last_checkpoint", "model_0000005.pth", "model_final.pth"]
+    final = run.load("model_final.pth")
+    assert final["iteration"] == 7
+    assert same(final["model"], run.weights[7])
+    assert final["trainer"]["hooks"]["EarlyStopping"] == {"best_metric": 0.6, "best_iter": 3, "num_bad_evals": 2}
+
+
+def test_early_stopping_counters_survive_a_resume(tmp_path):
+    first = early_stopping_run(tmp_path, STOP_SCRIPT, [], extra=[lambda r: crash_at(6)])
+    with pytest.raises(RuntimeError, match="crash at 6"):
+        first.trainer.train(0, 20)
+    # The checkpoint at 5 holds one miss (0.55 after the best 0.6).
+    assert first.load("model_0000005.pth")["trainer"]["hooks"]["EarlyStopping"] == {
+        "best_metric": 0.6,
+        "best_iter": 3,
+        "num_bad_evals": 1,
+    }
+
+    calls, steps = [], []
+    count = lambda r: CallbackHook(before_step=lambda t: steps.append(t.iter))
+    second = early_stopping_run(tmp_path, STOP_SCRIPT, calls, extra=[count])
+    start = second.resume()
+    second.trainer.train(start, 20)
+    # One more miss, at 7, stops it: as in the uninterrupted run.
+    assert start == 6 and steps == [6, 7]
+    assert calls == [7]
+    assert second.load("model_final.pth")["iteration"] == 7
