@@ -13,6 +13,20 @@ def _deterministic_torch():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def _restore_treadle_logger():
+    """Undoes what setup_logger did during a test (handlers, no propagation),
+    so that later tests' caplog sees treadle's records."""
+    logger = logging.getLogger("treadle")
+    saved = (logger.propagate, logger.level, list(logger.handlers))
+    yield
+    for handler in [h for h in logger.handlers if h not in saved[2]]:
+        logger.removeHandler(handler)
+        if getattr(handler, "_treadle_handler", False):
+            handler.close()
+    logger.propagate, logger.level = saved[0], saved[1]
+
+
 @pytest.fixture
 def treadle_caplog(caplog):
     """caplog that sees the 'treadle' logger's records exactly once, whether or

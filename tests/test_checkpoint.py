@@ -136,7 +136,7 @@ def test_trainer_state_with_rng_is_weights_only_safe(tmp_path):
     from treadle.engine.train_loop import TrainerBase
 
     trainer = TrainerBase()
-    trainer.iter = 41
+    trainer.load_state_dict({"iteration": 41})  # as if iteration 41 had just run
     model = nn.Linear(2, 2)
     Checkpointer(model, str(tmp_path), trainer=trainer).save("model_0000041")
     expected = torch.rand(3)  # the first draw after the save

@@ -107,7 +107,9 @@ class Launch:
         self.log = log
         cmd = [sys.executable, str(JOB), "--output-dir", str(run_dir), "--max-iter", str(max_iter), *args]
         with open(log, "wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            # A session of its own: signals go to the job's process group, the
+            # data workers included, as a scheduler's would.
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     @property
     def pid(self) -> int:
@@ -120,7 +122,7 @@ class Launch:
         try:
             return self.proc.wait(timeout=WAIT_SECONDS)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self.signal(signal.SIGKILL)
             self.proc.wait()
             pytest.fail(f"resume_job.py did not finish in {WAIT_SECONDS} s; its output:\n{self.output()[-3000:]}")
 
@@ -133,12 +135,15 @@ class Launch:
                     f"its output:\n{self.output()[-3000:]}"
                 )
             if time.monotonic() > deadline:
-                self.proc.kill()
+                self.signal(signal.SIGKILL)
                 pytest.fail(f"timed out waiting until {what}; output:\n{self.output()[-3000:]}")
             time.sleep(POLL_SECONDS)
 
+    def signal(self, signum: int) -> None:
+        os.killpg(self.proc.pid, signum)
+
     def kill(self) -> None:
-        self.proc.kill()
+        self.signal(signal.SIGKILL)
         assert self.wait() == -signal.SIGKILL, f"the job ended on its own before the kill:\n{self.output()[-3000:]}"
 
 
@@ -260,11 +265,12 @@ def test_sigterm_checkpoints_within_an_iteration_and_exits_75(reference, tmp_pat
         run_dir, N_ITERS, tmp_path / "launch.log", "--progress-file", str(progress_file), "--log-period", "1000"
     )
     launch.wait_until(lambda: len(progress(progress_file)) >= 10, "10 iterations started")
-    # Frozen, the job cannot advance between reading its iteration and the signal.
-    os.kill(launch.pid, signal.SIGSTOP)
+    # Frozen, the job cannot advance between reading its iteration and the
+    # signal. SIGTERM goes to the whole process group, data workers included.
+    launch.signal(signal.SIGSTOP)
     running = progress(progress_file)[-1]
-    os.kill(launch.pid, signal.SIGTERM)
-    os.kill(launch.pid, signal.SIGCONT)
+    launch.signal(signal.SIGTERM)
+    launch.signal(signal.SIGCONT)
     assert launch.wait() == PREEMPTED_EXIT_CODE, launch.output()[-3000:]
 
     # The checkpoint is of the iteration running at the signal, or of the next
@@ -299,11 +305,15 @@ def test_preemption_exits_only_after_every_hook_finished(tmp_path):
         torch.set_num_threads(1)
         resume_job.seed_all_rng(resume_job.SEED)
         job = resume_job.build_job(str(tmp_path), num_workers=0, log_period=1000, before_writers=[signal_at])
+        # Registered after the writers, so after PreemptionHandler, which ends the process.
+        finished = []
+        job.trainer.register_hooks([CallbackHook(after_train=lambda t: finished.append(t.iter))])
         with pytest.raises(SystemExit) as info:
             job.trainer.train(0, N_SMALL)
     finally:
         torch.set_num_threads(threads)
     assert info.value.code == PREEMPTED_EXIT_CODE
+    assert finished == [5]  # the last hook's after_train ran (after iteration 4) before the exit
     assert (tmp_path / "last_checkpoint").read_text() == "model_0000004.pth"
     assert not (tmp_path / "model_final.pth").exists()
     # Line 2 from the flush before the periodic checkpoint, line 4 from the one before the preemption checkpoint.

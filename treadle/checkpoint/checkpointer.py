@@ -14,7 +14,8 @@ from treadle.utils import comm
 from treadle.utils.file_io import PathManager
 
 from .atomic import TEMP_MARKER, atomic_write, is_local_path
-from .key_matching import extract_model_state, load_model_state, model_state_for_saving
+from .fsdp import full_optimizer_state_dict, is_fsdp_model, load_full_optimizer_state_dict
+from .key_matching import extract_model_state, load_model_state, model_state_for_saving, unwrap_model
 from .serialization import (
     CheckpointError,
     UnsafeCheckpointError,
@@ -182,6 +183,9 @@ class Checkpointer:
         ``tag_last_checkpoint`` (the default) ``last_checkpoint`` then names it;
         ``False`` writes the file without moving the pointer (e.g. ``model_best``).
         Returns ``None`` without writing on processes that do not save to disk.
+        With an FSDP2 model every rank must call it (at the same point): the
+        sharded model and optimizer states are gathered into full tensors
+        there, and the file is the one a plain model would write.
 
         Raises:
             ValueError: ``name`` is empty, contains a path separator or starts
@@ -191,7 +195,10 @@ class Checkpointer:
                 message names its key path. Nothing is written.
             CheckpointError: ``save_dir`` cannot be created or written.
         """
-        if not self.save_to_disk:
+        # An FSDP model's state is sharded: gathering it is a collective in
+        # which every rank takes part; only the main process then writes.
+        sharded = is_fsdp_model(unwrap_model(self.model))
+        if not self.save_to_disk and not sharded:
             return None
         if not self.save_dir:
             raise ValueError("Checkpointer.save needs a save_dir; this Checkpointer was built without one.")
@@ -208,7 +215,12 @@ class Checkpointer:
         path = self._path(filename)
         data: Dict[str, Any] = {"model": model_state_for_saving(self.model)}
         for key, obj in self.checkpointables.items():
-            data[key] = obj.state_dict()
+            if sharded and isinstance(obj, torch.optim.Optimizer):
+                data[key] = full_optimizer_state_dict(obj)
+            elif self.save_to_disk:
+                data[key] = obj.state_dict()
+        if not self.save_to_disk:
+            return None
         data.update(extra)
         check_weights_only_loadable(data, what=f"checkpoint '{path}'")
 
@@ -310,8 +322,13 @@ class Checkpointer:
             if name not in rest:
                 logger.warning("Checkpoint %s has no state for '%s'; it keeps its current state.", path, name)
                 continue
+            obj = self.checkpointables[name]
             try:
-                self.checkpointables[name].load_state_dict(rest.pop(name))
+                if isinstance(obj, torch.optim.Optimizer) and is_fsdp_model(unwrap_model(self.model)):
+                    # Each rank keeps its shard of the full state it read.
+                    load_full_optimizer_state_dict(obj, rest.pop(name))
+                else:
+                    obj.load_state_dict(rest.pop(name))
             except Exception as e:
                 e.add_note(f"treadle: raised while loading '{name}' from checkpoint '{path}'")
                 raise

@@ -23,6 +23,7 @@ import torch
 from tabulate import tabulate
 from torch import nn
 
+from .fsdp import full_model_state_dict, is_fsdp_model, shard_model_state_dict
 from .serialization import CheckpointError, load_checkpoint_file
 
 __all__ = [
@@ -54,14 +55,16 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     ``torch.compile``'s ``_orig_mod``, in any nesting.
 
     Raises:
-        NotImplementedError: the model is FSDP-wrapped (its state is sharded;
-            not supported yet).
+        NotImplementedError: the model is wrapped in FSDP1's
+            ``FullyShardedDataParallel`` (FSDP2 models are not wrappers: they
+            are returned as they are).
     """
     while True:
         if _is_fsdp(model):
             raise NotImplementedError(
-                "treadle checkpoints do not support FSDP-wrapped models yet: their state is sharded "
-                "across ranks. Save the unwrapped model's full state_dict instead."
+                "treadle checkpoints do not support the FullyShardedDataParallel (FSDP1) wrapper; shard "
+                "with FSDP2 instead (torch.distributed.fsdp.fully_shard, or "
+                "treadle.engine.launch.create_fsdp_model), whose models checkpoints save and load."
             )
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
@@ -86,8 +89,16 @@ def _module_of(key: str) -> str:
 def model_state_for_saving(model: nn.Module) -> Dict[str, Any]:
     """The state dict of the unwrapped model, with the ``_orig_mod`` segments of
     compiled submodules removed, so that a saved file loads into the plain model
-    with ``load_state_dict`` alone. Module versions (``_metadata``) are kept."""
-    state = unwrap_model(model).state_dict()
+    with ``load_state_dict`` alone. Module versions (``_metadata``) are kept.
+
+    For an FSDP2 (``fully_shard``) model: the full, unsharded state on the CPU
+    of the main process (``{}`` elsewhere); a collective, to call on every rank.
+    """
+    target = unwrap_model(model)
+    if is_fsdp_model(target):
+        # Sharded: gathered on every rank, kept on the main process (see fsdp.py).
+        return full_model_state_dict(target)
+    state = target.state_dict()
     if not any(_COMPILE_SEGMENT in k.split(".") for k in state):
         return state
     out: "OrderedDict[str, Any]" = OrderedDict((_drop_compile_segments(k), v) for k, v in state.items())
@@ -277,6 +288,9 @@ def load_model_state(
         report.shapes[name] = ("-", _shape_text(own[own_names[name]]))
 
     to_load = _with_metadata(to_load, own, state_dict, pairs)
+    if is_fsdp_model(target):
+        # Each rank keeps its shard of the full tensors it read (see fsdp.py).
+        to_load = shard_model_state_dict(target, to_load)
     result = target.load_state_dict(to_load, strict=False)
     # Modules with their own _load_from_state_dict may still refuse a key.
     refused = set(result.unexpected_keys)

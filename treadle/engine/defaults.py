@@ -18,7 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from treadle.checkpoint import Checkpointer, CheckpointError
+from treadle.checkpoint import Checkpointer, unwrap_model
 from treadle.config import LazyCall, LazyConfig, instantiate
 from treadle.evaluation import inference_on_dataset
 from treadle.events import CommonMetricPrinter, JSONWriter, TensorboardWriter
@@ -34,11 +34,10 @@ from treadle.hooks import (
     PeriodicWriter,
     PreemptionHandler,
 )
-from treadle.hooks.ema import _unwrap
 from treadle.utils import comm
 from treadle.utils.device import resolve_device
 from treadle.utils.env import collect_env_info, seed_all_rng
-from treadle.utils.file_io import PathManager
+from treadle.utils.file_io import ensure_writable_dir
 from treadle.utils.logger import setup_logger
 
 from .build import build_step, trainable_parameters
@@ -98,19 +97,6 @@ def default_argument_parser(epilog: Optional[str] = None) -> argparse.ArgumentPa
     return parser
 
 
-def _ensure_writable(output_dir: str) -> None:
-    try:
-        PathManager.mkdirs(output_dir)
-        probe = os.path.join(output_dir, f".treadle-write-test-{os.getpid()}")
-        with PathManager.open(probe, "w") as f:
-            f.write("")
-        PathManager.rm(probe)
-    except OSError as e:
-        raise PermissionError(
-            f"The output directory {output_dir!r} cannot be written: {e.strerror or e}"
-        ) from None
-
-
 def default_setup(cfg: DictConfig, args: Optional[argparse.Namespace] = None) -> None:
     """What every job does first: output directory, logging, environment
     report, ``config.yaml``, seeding.
@@ -127,7 +113,7 @@ def default_setup(cfg: DictConfig, args: Optional[argparse.Namespace] = None) ->
     rank = comm.get_rank()
     output_dir = train.output_dir
     if comm.is_main_process() and output_dir:
-        _ensure_writable(output_dir)
+        ensure_writable_dir(output_dir)
     comm.synchronize()
     setup_logger(output_dir or None, distributed_rank=rank)
     setup_logger(output_dir or None, distributed_rank=rank, name="fvcore")
@@ -180,7 +166,7 @@ class DefaultTrainer(TrainerBase):
         self.device = resolve_device(train.get("device", "auto"))
         model = self.build_model(cfg, device=self.device)
         self.model = self.wrap_model(cfg, model)
-        self.optimizer = self.build_optimizer(cfg, _unwrap(self.model))
+        self.optimizer = self.build_optimizer(cfg, unwrap_model(self.model))
         self.train_loader = self.build_train_loader(cfg)
         step = self.build_step(cfg, self.model, self.train_loader, self.optimizer)
         super().__init__(step, nonfinite_check=train.get("nonfinite_check", "flush"))
@@ -190,7 +176,7 @@ class DefaultTrainer(TrainerBase):
             self.epoch_length = max(self.epoch_length // int(train.step.get("grad_accum_steps", 1)), 1)
         self.start_iter = 0
         self.checkpointer = Checkpointer(
-            _unwrap(self.model), train.output_dir, optimizer=self.optimizer, trainer=self
+            unwrap_model(self.model), train.output_dir, optimizer=self.optimizer, trainer=self
         )
         self.register_hooks(self.build_hooks())
 
@@ -209,12 +195,43 @@ class DefaultTrainer(TrainerBase):
         return model
 
     def wrap_model(self, cfg: DictConfig, model: nn.Module) -> nn.Module:
-        """Wraps the model for data-parallel training when the world size is above one."""
+        """Wraps the model for data-parallel training when the world size is above one.
+
+        ``cfg.train.ddp.kind`` picks how: ``"ddp"`` (the default) wraps it in
+        ``DistributedDataParallel`` with the other keys of ``train.ddp`` as
+        options (see :func:`~treadle.engine.launch.create_ddp_model`);
+        ``"fsdp"`` shards it with FSDP2 (see
+        :func:`~treadle.engine.launch.create_fsdp_model`, whose options are
+        ``reshard_after_forward``, ``param_dtype``, ``reduce_dtype`` and
+        ``sync_module_states``). A DDP-only option switched on with ``"fsdp"``
+        is an error, as are EMA (its averaged copy is not sharded) and an
+        unknown kind.
+        """
+        options = OmegaConf.to_container(cfg.train.get("ddp", {}) or {}, resolve=True)
+        kind = options.pop("kind", "ddp")
+        # Checked on any world size: a config means the same run on one process or many.
+        if kind not in ("ddp", "fsdp"):
+            raise ValueError(f"train.ddp.kind must be 'ddp' or 'fsdp', got {kind!r}")
+        if kind == "fsdp":
+            ddp_only = ("broadcast_buffers", "find_unused_parameters", "fp16_compression", "gradient_as_bucket_view",
+                        "static_graph", "bucket_cap_mb")
+            for key in ddp_only:
+                # The defaults of configs/common/train.py (all off) are no request.
+                if options.pop(key, None):
+                    raise ValueError(
+                        f"train.ddp.{key} is an option of DistributedDataParallel; it has no meaning with "
+                        "train.ddp.kind='fsdp'. Set it to False or use kind='ddp'."
+                    )
+            if (cfg.train.get("ema", {}) or {}).get("enabled", False):
+                raise ValueError(
+                    "train.ema.enabled=True is not supported with train.ddp.kind='fsdp': the EMA hook keeps an "
+                    "unsharded copy of the weights. Use kind='ddp', or disable EMA."
+                )
         if comm.get_world_size() == 1:
             return model
-        from .launch import create_ddp_model
+        from .launch import create_ddp_model, create_fsdp_model
 
-        return create_ddp_model(model, **OmegaConf.to_container(cfg.train.get("ddp", {}), resolve=True))
+        return create_fsdp_model(model, **options) if kind == "fsdp" else create_ddp_model(model, **options)
 
     @classmethod
     def build_optimizer(cls, cfg: DictConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -309,7 +326,7 @@ class DefaultTrainer(TrainerBase):
         return [
             IterationTimer(),
             LRScheduler(self.optimizer, s) if (s := self.build_lr_scheduler(cfg, self.optimizer)) is not None else None,
-            EMA(float(ema_cfg.get("decay", 0.999)), model=_unwrap(self.model)) if ema_cfg.get("enabled", False) else None,
+            EMA(float(ema_cfg.get("decay", 0.999)), model=unwrap_model(self.model)) if ema_cfg.get("enabled", False) else None,
             EvalHook(eval_period, test_and_save_results) if has_eval else None,
             BestCheckpointer(best_cfg.metric, best_cfg.get("mode", "max"), self.checkpointer)
             if has_eval and best_cfg.get("metric")

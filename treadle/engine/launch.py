@@ -13,7 +13,7 @@ import datetime
 import logging
 import os
 import socket
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -22,7 +22,14 @@ from torch import nn
 
 from treadle.utils import comm
 
-__all__ = ["launch", "find_free_port", "create_ddp_model", "DEFAULT_TIMEOUT", "launched_by_torchrun"]
+__all__ = [
+    "launch",
+    "find_free_port",
+    "create_ddp_model",
+    "create_fsdp_model",
+    "DEFAULT_TIMEOUT",
+    "launched_by_torchrun",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -175,3 +182,80 @@ def create_ddp_model(model: nn.Module, *, fp16_compression: bool = False, **kwar
 
         ddp.register_comm_hook(state=None, hook=comm_hooks.fp16_compress_hook)
     return ddp
+
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _fsdp_units(model: nn.Module) -> List[nn.Module]:
+    """The submodules sharded as their own FSDP groups: each child with
+    parameters, looking inside ``ModuleList``/``ModuleDict`` (which have no
+    ``forward`` for FSDP's hooks to run in), but not children that share a
+    parameter with another unit (tied weights): those stay with the root."""
+    units: List[nn.Module] = []
+
+    def visit(module: nn.Module) -> None:
+        for child in module.children():
+            if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+                visit(child)
+            elif next(child.parameters(), None) is not None:
+                units.append(child)
+
+    visit(model)
+    owners: Dict[int, int] = {}
+    for unit in units:
+        for p in unit.parameters():
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    return [u for u in units if all(owners[id(p)] == 1 for p in u.parameters())]
+
+
+def _fsdp_dtype(name: str, value: Union[None, str, torch.dtype]) -> Optional[torch.dtype]:
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    if value not in _DTYPES:
+        raise ValueError(f"{name} must be one of {sorted(_DTYPES)} or None, got {value!r}")
+    return _DTYPES[value]
+
+
+def create_fsdp_model(
+    model: nn.Module,
+    *,
+    reshard_after_forward: bool = True,
+    param_dtype: Union[None, str, torch.dtype] = None,
+    reduce_dtype: Union[None, str, torch.dtype] = None,
+    sync_module_states: bool = True,
+) -> nn.Module:
+    """Shards ``model`` with FSDP2 (``torch.distributed.fsdp.fully_shard``)
+    when the world size is above one; returns it unchanged otherwise.
+
+    Each child module with parameters (the blocks inside a ``ModuleList``)
+    becomes its own FSDP group, then the root takes the remaining parameters.
+    ``fully_shard`` changes the model in place (its class and parameters,
+    which become ``DTensor`` shards); build the optimizer after this call.
+    Works with gloo on CPU and NCCL on GPU. Checkpoints of the model are saved
+    unsharded (see :mod:`treadle.checkpoint.fsdp`).
+
+    Args:
+        reshard_after_forward: free the gathered parameters after forward
+            (less memory, one more all-gather in backward).
+        param_dtype, reduce_dtype: mixed precision of the gathered parameters
+            and of the gradient reduction: ``"bf16"``, ``"fp16"``, ``"fp32"`` or None.
+        sync_module_states: first broadcast rank 0's parameters and buffers,
+            so that every rank starts from the same weights whatever its seed
+            (DDP does the same when it wraps a model).
+    """
+    if comm.get_world_size() == 1:
+        return model
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp_policy = MixedPrecisionPolicy(
+        param_dtype=_fsdp_dtype("param_dtype", param_dtype), reduce_dtype=_fsdp_dtype("reduce_dtype", reduce_dtype)
+    )
+    if sync_module_states:
+        with torch.no_grad():
+            for tensor in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(tensor, src=0)
+    for unit in _fsdp_units(model):
+        fully_shard(unit, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
+    fully_shard(model, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
+    return model

@@ -35,7 +35,7 @@ from treadle.hooks import (
 from treadle.utils import comm
 from treadle.utils.device import resolve_device
 from treadle.utils.env import seed_all_rng
-from treadle.utils.file_io import PathManager
+from treadle.utils.file_io import ensure_writable_dir
 from treadle.utils.logger import setup_logger
 
 from .build import build_optimizer, build_step, resolve_scheduler
@@ -152,7 +152,7 @@ class Trainer(TrainerBase):
         progress_bar: Optional[bool] = None,
     ) -> None:
         if output_dir is not None:
-            _check_writable(output_dir)
+            ensure_writable_dir(output_dir)
         setup_logger(output=output_dir, distributed_rank=comm.get_rank())
         if seed is not None:
             seed_all_rng(seed)
@@ -267,17 +267,6 @@ class Trainer(TrainerBase):
 
 
 # ---------------------------------------------------------------------- helpers
-def _check_writable(output_dir: str) -> None:
-    try:
-        PathManager.mkdirs(output_dir)
-        probe = os.path.join(output_dir, ".treadle-write-test")
-        with PathManager.open(probe, "w") as f:
-            f.write("")
-        PathManager.rm(probe)
-    except OSError as e:
-        raise PermissionError(f"The output directory {output_dir!r} cannot be written: {e.strerror or e}") from None
-
-
 def _as_loader(data: Any, batch_size: Optional[int], num_workers: int, seed: Optional[int]) -> Iterable[Any]:
     is_dataset = isinstance(data, torch.utils.data.Dataset) and not isinstance(data, torch.utils.data.IterableDataset)
     if is_dataset:

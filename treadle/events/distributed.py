@@ -31,10 +31,14 @@ def reduce_across_ranks(entries: List[Entry]) -> List[torch.Tensor]:
     """Means (losses, metrics, other scalars) and maxima (times) over all ranks.
 
     Installed as :attr:`EventStorage.reducer` by the trainer when the world
-    size is above one; it runs at each flush, on every rank at once. Every
-    rank's pending values travel in one ``all_gather_into_tensor``, headed by
-    a fingerprint of their names so that ranks which published different
-    scalars fail with a message instead of mixing values.
+    size is above one; it runs at each flush, on every rank at once, and is
+    the only communication of a flush: two ``all_gather_into_tensor`` calls.
+    The first carries a fingerprint of the names and their count (three
+    numbers), the second every rank's pending values. The header goes first
+    because a collective needs the same size on every rank: ranks that
+    published different scalars (a scalar put on the main process only, say)
+    then fail together with a :class:`ScalarMismatchError` naming the
+    difference, instead of a gloo abort, an NCCL hang or mixed-up values.
 
     Raises:
         ScalarMismatchError: the names (or their order) differ between ranks.
@@ -45,12 +49,9 @@ def reduce_across_ranks(entries: List[Entry]) -> List[torch.Tensor]:
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     dtype = torch.float64 if device.type == "cpu" else torch.float32
     header = torch.tensor([*_fingerprint(entries), float(len(entries))], dtype=dtype, device=device)
-    values = torch.stack([value.detach().reshape(()).to(device=device, dtype=dtype) for _, value, _ in entries])
-    local = torch.cat([header, values])
-    gathered = torch.empty(world * local.numel(), dtype=dtype, device=device)
-    dist.all_gather_into_tensor(gathered, local)
-    gathered = gathered.view(world, -1)
-    if not torch.equal(gathered[:, :3], header.expand(world, 3)):
+    headers = torch.empty(world * header.numel(), dtype=dtype, device=device)
+    dist.all_gather_into_tensor(headers, header)
+    if not torch.equal(headers.view(world, -1), header.expand(world, -1)):
         names = comm.all_gather([name for name, _, _ in entries])  # only on this error path
         differing = {r: n for r, n in enumerate(names) if n != names[comm.get_rank()]}
         raise ScalarMismatchError(
@@ -58,7 +59,10 @@ def reduce_across_ranks(entries: List[Entry]) -> List[torch.Tensor]:
             f"{names[comm.get_rank()]}, but " + "; ".join(f"rank {r} has {n}" for r, n in differing.items())
             + ". Publish the same scalars on every rank (or only from one rank, outside the storage)."
         )
-    per_rank = gathered[:, 3:]
+    local = torch.stack([value.detach().reshape(()).to(device=device, dtype=dtype) for _, value, _ in entries])
+    gathered = torch.empty(world * local.numel(), dtype=dtype, device=device)
+    dist.all_gather_into_tensor(gathered, local)
+    per_rank = gathered.view(world, -1)
     is_time = torch.tensor([kind == ScalarKind.TIME for _, _, kind in entries], device=device)
     reduced = torch.where(is_time, per_rank.amax(dim=0), per_rank.mean(dim=0))
     return list(reduced.unbind(0))

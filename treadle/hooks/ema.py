@@ -9,21 +9,13 @@ from typing import Any, Dict, Iterator, List, Optional
 import torch
 from torch import nn
 
+from treadle.checkpoint import unwrap_model
+
 from .base import HookBase
 
 __all__ = ["EMA"]
 
 logger = logging.getLogger(__name__)
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    while True:
-        if hasattr(model, "module") and isinstance(model.module, nn.Module):  # DDP
-            model = model.module
-        elif hasattr(model, "_orig_mod"):  # torch.compile
-            model = model._orig_mod
-        else:
-            return model
 
 
 class EMA(HookBase):
@@ -78,7 +70,7 @@ class EMA(HookBase):
     def model(self) -> nn.Module:
         if self._model is None:
             self._model = self.trainer.step.model
-        return _unwrap(self._model)
+        return unwrap_model(self._model)
 
     def _init_average(self) -> None:
         state = self.model.state_dict()

@@ -50,11 +50,13 @@ def get_local_rank() -> int:
     """Rank of this process within its machine.
 
     Taken from ``LOCAL_RANK`` (set by torchrun and by :func:`treadle.engine.launch`);
-    0 when not distributed.
+    0 when not distributed. A process group started without ``LOCAL_RANK``
+    is taken to run on one machine: its local rank is then its global rank.
     """
     if not is_distributed():
         return 0
-    return int(os.environ.get("LOCAL_RANK", 0))
+    # Not 0: every process would pick the first GPU.
+    return int(os.environ.get("LOCAL_RANK", dist.get_rank()))
 
 
 def get_local_size() -> int:

@@ -6,6 +6,25 @@ object and have every checkpoint, metric and config file go through them.
 
 from iopath.common.file_io import PathManager as _PathManagerClass
 
-__all__ = ["PathManager"]
+__all__ = ["PathManager", "ensure_writable_dir"]
 
 PathManager = _PathManagerClass()
+
+
+def ensure_writable_dir(path: str) -> None:
+    """Creates ``path`` if needed and checks that a file can be written in it.
+
+    Raises:
+        PermissionError: naming the directory and the reason, so that a job
+            fails at start rather than at its first checkpoint.
+    """
+    import os
+
+    try:
+        PathManager.mkdirs(path)
+        probe = os.path.join(path, f".treadle-write-test-{os.getpid()}")
+        with PathManager.open(probe, "w") as f:
+            f.write("")
+        PathManager.rm(probe)
+    except OSError as e:
+        raise PermissionError(f"The output directory {path!r} cannot be written: {e.strerror or e}") from None

@@ -1,0 +1,60 @@
+"""The digits example (``configs/digits_mlp.py``) with a fault injected on one rank.
+
+A config for ``tools/train_net.py``, used by ``tests/test_distributed_jobs.py``.
+The model is the digits MLP inside a wrapper that, on rank ``model.rank``,
+during training (the iteration read from the event storage, so it holds
+after a resume), can:
+
+- ``model.nan_from_iter=K``: return NaN logits from iteration K on;
+- ``model.raise_at_iter=K``: raise a RuntimeError at iteration K;
+- ``model.pause_at_iter=K``: create the file ``model.pause_marker`` and sleep
+  (the test then kills the job).
+
+Negative values switch a fault off; with all off, training is that of the
+digits example (the weights are under ``model.``).
+"""
+
+import os
+import time
+
+from torch import nn
+
+from treadle.config import LazyCall as L
+from treadle.config import LazyConfig
+from treadle.events import get_event_storage, has_event_storage
+from treadle.utils import comm
+
+_base = LazyConfig.load(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "configs", "digits_mlp.py"))
+
+
+class _FaultyModel(nn.Module):
+    def __init__(self, model, rank=1, nan_from_iter=-1, raise_at_iter=-1, pause_at_iter=-1, pause_marker=""):
+        super().__init__()
+        self.model = model
+        self.rank = rank
+        self.nan_from_iter = nan_from_iter
+        self.raise_at_iter = raise_at_iter
+        self.pause_at_iter = pause_at_iter
+        self.pause_marker = pause_marker
+
+    def forward(self, x):
+        out = self.model(x)
+        if not (self.training and has_event_storage() and comm.get_rank() == self.rank):
+            return out
+        it = get_event_storage().iter
+        if it == self.raise_at_iter:
+            raise RuntimeError(f"injected failure on rank {self.rank} at iteration {it}")
+        if it == self.pause_at_iter:
+            with open(self.pause_marker, "w") as f:
+                f.write(str(it))
+            time.sleep(600)
+        if 0 <= self.nan_from_iter <= it:
+            out = out * float("nan")
+        return out
+
+
+model = L(_FaultyModel)(model=_base.model, rank=1, nan_from_iter=-1, raise_at_iter=-1, pause_at_iter=-1, pause_marker="")
+optimizer = _base.optimizer
+lr_multiplier = _base.lr_multiplier
+dataloader = _base.dataloader
+train = _base.train
