@@ -126,3 +126,43 @@ def test_compile_uses_compiled_step_and_model_loss_contract():
     assert isinstance(trainer.step, CompiledStep)
     history = trainer.train()
     assert set(history.iterations) >= {"ce", "total_loss"}
+
+
+def test_ema_weights_survive_resume_exactly(tmp_path):
+    from treadle.hooks import EMA, CallbackHook
+
+    ds = problem(512)
+
+    def make(out):
+        return Trainer(model(5), "sgd", ds, batch_size=32, lr=0.05, loss_fn=nn.functional.cross_entropy, max_iter=16,
+                       seed=3, output_dir=str(out), checkpoint_period=4, ema_decay=0.9, progress_bar=False)
+
+    def ema_of(trainer):
+        return next(h for h in trainer.hooks if isinstance(h, EMA))
+
+    straight = make(tmp_path / "a")
+    straight.train()
+    first = make(tmp_path / "b")
+    first.register_hooks([CallbackHook(after_step=lambda t: t.request_stop("cut") if t.iter == 9 else None)])
+    first.train()
+    resumed = make(tmp_path / "b")
+    resumed.train(resume=True)
+    expected, got = ema_of(straight).averaged_state_dict(), ema_of(resumed).averaged_state_dict()
+    assert ema_of(resumed).num_updates == 16
+    for key in expected:
+        assert torch.equal(expected[key], got[key]), key
+
+
+def test_progress_bar_shows_smoothed_loss_and_advances_every_iteration():
+    import io
+
+    from treadle.hooks import ProgressBar
+
+    stream = io.StringIO()
+    m = model()
+    trainer = Trainer(m, "sgd", loader(problem()), lr=0.1, loss_fn=nn.functional.cross_entropy, max_iter=8, log_period=4, progress_bar=False)
+    bar = ProgressBar(4, file=stream, disable=False)
+    trainer.register_hooks([bar])
+    trainer.train()
+    text = stream.getvalue()
+    assert "8/8" in text and "total_loss=" in text

@@ -20,6 +20,7 @@ import torch
 from treadle.utils import comm
 
 from ._checks import check_int
+from ._worker_signals import ignore_foreign_sigterm
 
 __all__ = [
     "derive_seed",
@@ -130,6 +131,11 @@ def resolve_seed(seed: Optional[int]) -> int:
 class WorkerSeeder:
     """``worker_init_fn`` that seeds each data worker from (seed, rank, start, worker id).
 
+    It also makes the worker ignore a SIGTERM that does not come from the
+    main process (see :func:`~treadle.data._worker_signals.ignore_foreign_sigterm`),
+    so that a scheduler signalling every process of a job does not kill the
+    workers under a main process that is saving its preemption checkpoint.
+
     A class rather than a closure so that it pickles for the ``spawn`` and
     ``forkserver`` start methods. ``then`` is the user's own ``worker_init_fn``,
     run after seeding.
@@ -144,6 +150,7 @@ class WorkerSeeder:
         self.then = then
 
     def __call__(self, worker_id: int) -> None:
+        ignore_foreign_sigterm()
         seed_cpu_rngs(worker_seed(self.seed, self.rank, self.start, worker_id))
         if self.then is not None:
             self.then(worker_id)
