@@ -131,9 +131,12 @@ def build_job(
     max_to_keep: Optional[int] = MAX_TO_KEEP,
     progress_file: Optional[str] = None,
     log_period: int = 1,
-    before_writers: Sequence[Optional[HookBase]] = (),
+    extra_hooks: Sequence[Optional[HookBase]] = (),
 ) -> Job:
-    """Builds the job's objects; the caller seeds the generators first (model init draws from them)."""
+    """Builds the job's objects; the caller seeds the generators first (model init draws from them).
+
+    ``extra_hooks`` are registered after the LR scheduler, before the checkpointer.
+    """
     model = MLP()
     loader = build_train_loader(
         ToyDataset(), total_batch_size=BATCH_SIZE, num_workers=num_workers, shuffle=True, seed=SEED
@@ -154,7 +157,7 @@ def build_job(
             ProgressFile(progress_file) if progress_file else None,
             IterationTimer(),
             LRScheduler(optimizer, scheduler),
-            *before_writers,
+            *extra_hooks,
             PeriodicCheckpointer(checkpointer, period=checkpoint_period, max_to_keep=max_to_keep),
             PreemptionHandler(checkpointer),
             PeriodicWriter(writers, period=log_period),
@@ -188,7 +191,7 @@ def run(
         max_to_keep=max_to_keep,
         progress_file=progress_file,
         log_period=log_period,
-        before_writers=[FailAt(fail_at)] if fail_at is not None else [],
+        extra_hooks=[FailAt(fail_at)] if fail_at is not None else [],
     )
     start_iter = 0
     if resume:

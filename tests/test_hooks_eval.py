@@ -1,6 +1,5 @@
 import itertools
 import json
-import logging
 
 import pytest
 import torch
@@ -12,7 +11,6 @@ from treadle.hooks import (
     EMA,
     CallbackHook,
     EvalHook,
-    IterationTimer,
     PeriodicWriter,
     PreciseBN,
     TorchMemoryStats,

@@ -184,7 +184,6 @@ def test_exact_resume_after_sigkill_at_random_moments(reference, tmp_path):
     # the hooks after the checkpointer, the writers, have run).
     plan = ["random", "random", "in_save:checkpoint", "random", "in_save:pointer", "random"]
     plan += ["in_save:after-pointer", "random", "random", "random", "random"]
-    killed_pids = []
     for n, kind in enumerate(plan):
         progress_file = tmp_path / f"progress_{n}"
         args = ["--resume", "--progress-file", str(progress_file)]
@@ -213,7 +212,6 @@ def test_exact_resume_after_sigkill_at_random_moments(reference, tmp_path):
         else:
             launch.wait_until(marker.exists, "the save paused")
         launch.kill()
-        killed_pids.append(launch.pid)
 
         names = hidden_files(run_dir)
         if kind == "in_save:checkpoint":
@@ -232,7 +230,6 @@ def test_exact_resume_after_sigkill_at_random_moments(reference, tmp_path):
 
     final = Launch(run_dir, N_ITERS, tmp_path / "final.log", "--resume")
     assert final.wait() == 0, final.output()[-3000:]
-    assert len(killed_pids) == 11
 
     # Weights, optimizer state, schedule, data position and RNG: bit-identical.
     assert_bit_identical(final_state(run_dir), final_state(reference))
@@ -304,7 +301,7 @@ def test_preemption_exits_only_after_every_hook_finished(tmp_path):
     try:
         torch.set_num_threads(1)
         resume_job.seed_all_rng(resume_job.SEED)
-        job = resume_job.build_job(str(tmp_path), num_workers=0, log_period=1000, before_writers=[signal_at])
+        job = resume_job.build_job(str(tmp_path), num_workers=0, log_period=1000, extra_hooks=[signal_at])
         # Registered after the writers, so after PreemptionHandler, which ends the process.
         finished = []
         job.trainer.register_hooks([CallbackHook(after_train=lambda t: finished.append(t.iter))])

@@ -1,5 +1,4 @@
 import itertools
-from types import SimpleNamespace
 
 import pytest
 import torch

@@ -8,6 +8,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from treadle.events import EventStorage, NonFiniteLossError, ScalarKind
+from treadle.events import printer as printer_module
 from treadle.events import writers as writers_module
 from treadle.events.writers import (
     CommonMetricPrinter,
@@ -416,7 +417,7 @@ def test_printer_without_time_lr_or_max_iter_prints_what_it_has(treadle_caplog):
 
 def test_printer_eta_from_the_wall_clock_without_a_timer(treadle_caplog, monkeypatch):
     clock = iter([100.0, 110.0, 110.0, 130.0, 130.0])
-    monkeypatch.setattr(writers_module, "_now", lambda: next(clock))
+    monkeypatch.setattr(printer_module, "_now", lambda: next(clock))
     printer = CommonMetricPrinter(max_iter=50, window_size=1, color=False)
     printer.set_start_iter(0)  # clock 100
     with EventStorage(0) as s:

@@ -3,7 +3,7 @@
 See ``docs/checkpoints.md``.
 """
 
-from .atomic import atomic_write, is_local_path
+from treadle.utils.atomic import atomic_write, is_local_path
 from .checkpointer import Checkpointer
 from .key_matching import (
     LoadReport,

@@ -13,7 +13,7 @@ from torch import nn
 from treadle.utils import comm
 from treadle.utils.file_io import PathManager
 
-from .atomic import TEMP_MARKER, atomic_write, is_local_path
+from treadle.utils.atomic import TEMP_MARKER, atomic_write, is_local_path
 from .fsdp import full_optimizer_state_dict, is_fsdp_model, load_full_optimizer_state_dict
 from .key_matching import extract_model_state, load_model_state, model_state_for_saving, unwrap_model
 from .serialization import (

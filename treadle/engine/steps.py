@@ -13,7 +13,7 @@ import logging
 import time
 import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, Optional
 
 import torch
 from torch import nn

@@ -14,7 +14,7 @@ Used by ``configs/digits_sam.py``::
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, List
+from typing import Any, List
 
 import torch
 

@@ -21,7 +21,6 @@ from treadle.config import ConfigError, LazyConfig
 from treadle.engine.defaults import DefaultTrainer, default_argument_parser, default_setup
 from treadle.engine.launch import launch
 from treadle.events import NonFiniteLossError
-from treadle.utils import comm
 
 __all__ = ["JobError", "load_config", "main", "cli"]
 

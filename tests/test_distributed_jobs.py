@@ -1,0 +1,257 @@
+"""Distributed training jobs through ``tools/train_net.py``, in subprocesses.
+
+Two gloo processes on the CPU, started by ``--num-gpus 2`` (``launch`` spawns
+them) or by torchrun (one machine, or two "machines" on this host), train the
+digits example. The config's batch size is over all ranks, so one process
+and two must reach the same weights (to float tolerance: only the order of
+the gradient sums differs). Every subprocess runs under a timeout, so a hang
+fails its test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+import pytest
+import torch
+
+from treadle.config import LazyConfig
+from treadle.engine.launch import find_free_port
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN_NET = str(REPO / "tools" / "train_net.py")
+FAULTS_CONFIG = str(REPO / "tests" / "dist_scripts" / "digits_faults.py")
+TIMEOUT = 180  # seconds for any one job
+MAX_ITER = 40
+CHECKPOINT_PERIOD = 20
+LOG_PERIOD = 10
+# The digits example, short and without dropout (ranks draw different masks).
+OVERRIDES = [
+    f"train.max_iter={MAX_ITER}",
+    "lr_multiplier.warmup_iters=5",
+    f"train.checkpointer.period={CHECKPOINT_PERIOD}",
+    f"train.log_period={LOG_PERIOD}",
+    "train.eval_period=0",  # evaluate once, after training, on every rank
+]
+DIGITS = ["model.dropout=0.0", *OVERRIDES]
+FAULTS = ["--config-file", FAULTS_CONFIG, "model.model.dropout=0.0", *OVERRIDES]
+
+
+def _env() -> Dict[str, str]:
+    # No inherited torchrun variables: each job sets up its own process group.
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _train_net(output_dir: Path, *args: str, launcher: Sequence[str] = (), expect_rc: int = 0) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, *launcher, TRAIN_NET, *args, f"train.output_dir={output_dir}"]
+    result = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    if result.returncode != expect_rc:
+        pytest.fail(
+            f"{' '.join(cmd)} exited with {result.returncode}, expected {expect_rc}\n"
+            f"--- stdout (end)\n{result.stdout[-3000:]}\n--- stderr (end)\n{result.stderr[-3000:]}"
+        )
+    return result
+
+
+def _weights(path: Path, strip: str = "") -> Dict[str, torch.Tensor]:
+    state = torch.load(path, weights_only=True)["model"]
+    return {k[len(strip):] if k.startswith(strip) else k: v for k, v in state.items()}
+
+
+def _assert_close(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor], atol: float = 1e-6) -> None:
+    assert list(a) == list(b)
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=atol, msg=lambda m, k=key: f"{k}: {m}")
+
+
+def _assert_equal(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> None:
+    assert list(a) == list(b)
+    unequal = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not unequal, f"not bit-identical: {unequal}"
+
+
+def _metrics_iterations(output_dir: Path) -> List[int]:
+    return [json.loads(line)["iteration"] for line in (output_dir / "metrics.json").read_text().splitlines()]
+
+
+def _ddp_kind_override(kind: str) -> str:
+    """``train.ddp.kind=...``, or ``+train.ddp.kind=...`` while the config has no such key yet."""
+    cfg = LazyConfig.load(str(REPO / "configs" / "digits_mlp.py"))
+    return ("" if "kind" in cfg.train.ddp else "+") + f"train.ddp.kind={kind}"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Output directories of jobs that several tests compare against, run once."""
+    return {"root": tmp_path_factory.mktemp("jobs")}
+
+
+@pytest.fixture(scope="module")
+def one_process(runs) -> Path:
+    out = runs["root"] / "one_process"
+    _train_net(out, *DIGITS)
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_processes(runs) -> Path:
+    out = runs["root"] / "two_processes"
+    runs["two_processes_result"] = _train_net(out, "--num-gpus", "2", *DIGITS)
+    return out
+
+
+def test_two_processes_train_as_one_process(one_process, two_processes):
+    """2 ranks x 32 samples per step give the weights of 1 rank x 64."""
+    _assert_close(_weights(two_processes / "model_final.pth"), _weights(one_process / "model_final.pth"))
+
+
+def test_only_the_main_process_writes(runs, two_processes):
+    names = sorted(os.listdir(two_processes))
+    assert [n for n in names if n.startswith("log.txt")] == ["log.txt", "log.txt.rank1"]
+    assert len([n for n in names if n.startswith("events.out.tfevents")]) == 1
+    assert [n for n in names if n.endswith(".pth")] == ["model_0000019.pth", "model_best.pth", "model_final.pth"]
+    # One metrics.json writer: each flush once (the final evaluation is put at MAX_ITER).
+    assert _metrics_iterations(two_processes) == [9, 19, 29, 39, MAX_ITER]
+    # Console: rank 0 only; the log files: one rank each.
+    stdout = runs["two_processes_result"].stdout
+    assert stdout.count("Rank of current process:") == 1 and "Rank of current process: 0." in stdout
+    assert "Rank of current process: 0." in (two_processes / "log.txt").read_text()
+    rank1_log = (two_processes / "log.txt.rank1").read_text()
+    assert "Rank of current process: 1." in rank1_log and "Rank of current process: 0." not in rank1_log
+    # Both ranks evaluated (every rank runs its shard, the results are reduced).
+    assert rank1_log.count("Evaluation after iteration 40") == 1
+
+
+@pytest.mark.slow
+def test_torchrun_on_one_machine(one_process, tmp_path):
+    _train_net(tmp_path, *DIGITS, launcher=["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"])
+    assert (tmp_path / "log.txt.rank1").exists()
+    _assert_close(_weights(tmp_path / "model_final.pth"), _weights(one_process / "model_final.pth"))
+
+
+@pytest.mark.slow
+def test_torchrun_on_two_machines(one_process, tmp_path):
+    """Two torchrun agents on this host, one process each, as two machines would be started."""
+    port = find_free_port()
+    procs = []
+    for node in (0, 1):
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+            "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+            TRAIN_NET, *DIGITS, f"train.output_dir={tmp_path}",
+        ]
+        log = open(tmp_path.parent / f"{tmp_path.name}-node{node}.txt", "w")
+        procs.append((subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT), log))
+    try:
+        codes = [p.wait(timeout=TIMEOUT) for p, _ in procs]
+    finally:
+        for p, log in procs:
+            if p.poll() is None:
+                p.kill()
+            log.close()
+    assert codes == [0, 0], [Path(log.name).read_text()[-3000:] for _, log in procs]
+    assert "Rank of current process: 1. World size: 2" in (tmp_path / "log.txt.rank1").read_text()
+    _assert_close(_weights(tmp_path / "model_final.pth"), _weights(one_process / "model_final.pth"))
+
+
+@pytest.mark.slow
+def test_resume_after_kill_9_is_exact(two_processes, tmp_path):
+    """A 2-rank run killed (SIGKILL to the launcher's process group) between
+    checkpoints, resumed with ``--resume`` on 2 ranks, ends bit-identical to
+    the uninterrupted run. The job is the digits one inside a wrapper that
+    pauses rank 0 at iteration 27 so that the kill lands there."""
+    marker = tmp_path / "paused"
+    cmd = [
+        sys.executable, TRAIN_NET, "--num-gpus", "2", *FAULTS, "model.rank=0", "model.pause_at_iter=27",
+        f"model.pause_marker={marker}", f"train.output_dir={tmp_path / 'run'}",
+    ]
+    with open(tmp_path / "killed.txt", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + TIMEOUT
+            while not marker.exists():
+                assert proc.poll() is None, f"the job ended before pausing:\n{(tmp_path / 'killed.txt').read_text()[-3000:]}"
+                assert time.monotonic() < deadline, "the job did not reach iteration 27"
+                time.sleep(0.05)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its worker processes
+            proc.wait(timeout=30)
+    run = tmp_path / "run"
+    assert (run / "last_checkpoint").read_text() == "model_0000019.pth"
+    assert not (run / "model_final.pth").exists()
+
+    _train_net(run, "--num-gpus", "2", "--resume", *FAULTS)
+    resumed = _weights(run / "model_final.pth", strip="model.")
+    _assert_equal(resumed, _weights(two_processes / "model_final.pth"))
+    assert "Resuming from" in (run / "log.txt").read_text()
+
+
+def test_nan_on_one_rank_stops_every_rank(tmp_path):
+    """NaN logits on rank 1 from iteration 13: the losses are reduced at the
+    flush of iteration 19, where every rank raises the same error."""
+    result = _train_net(tmp_path, "--num-gpus", "2", *FAULTS, "model.nan_from_iter=13", expect_rc=1)
+    assert "Loss became non-finite at iteration 13: total_loss=nan" in result.stderr
+    for log in ("log.txt", "log.txt.rank1"):
+        text = (tmp_path / log).read_text()
+        assert "Exception during training at iteration 19:" in text
+        assert "Loss became non-finite at iteration 13" in text
+    # The failing flush is still written; nothing after it, and no final checkpoint.
+    assert _metrics_iterations(tmp_path) == [9, 19]
+    assert not (tmp_path / "model_final.pth").exists()
+
+
+def test_exception_on_one_rank_stops_every_rank(tmp_path):
+    """Rank 1 raises at iteration 13; rank 0, waiting in the gradient
+    all-reduce, gets a connection error instead of hanging."""
+    result = _train_net(tmp_path, "--num-gpus", "2", *FAULTS, "model.raise_at_iter=13", expect_rc=1)
+    assert "RuntimeError: injected failure on rank 1 at iteration 13" in result.stderr
+    assert "Exception during training at iteration 13:" in (tmp_path / "log.txt.rank1").read_text()
+    assert "Exception during training at iteration 13:" in (tmp_path / "log.txt").read_text()
+    assert not (tmp_path / "model_final.pth").exists()
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(runs) -> Path:
+    out = runs["root"] / "fsdp"
+    _train_net(out, "--num-gpus", "2", *DIGITS, _ddp_kind_override("fsdp"))
+    return out
+
+
+def test_fsdp_trains_as_one_process(one_process, fsdp_run):
+    _assert_close(_weights(fsdp_run / "model_final.pth"), _weights(one_process / "model_final.pth"))
+    # A full, plain checkpoint: the optimizer state is in torch's own format.
+    saved = torch.load(fsdp_run / "model_0000019.pth", weights_only=True)
+    plain = torch.load(one_process / "model_0000019.pth", weights_only=True)
+    assert saved["optimizer"]["param_groups"] == plain["optimizer"]["param_groups"]
+    for index, state in plain["optimizer"]["state"].items():
+        torch.testing.assert_close(saved["optimizer"]["state"][index]["momentum_buffer"], state["momentum_buffer"], rtol=0, atol=1e-6)
+
+
+def _from_checkpoint(source: Path, name: str, dest: Path) -> Path:
+    """An output directory holding only ``source/name``, named by ``last_checkpoint``."""
+    dest.mkdir()
+    shutil.copy(source / name, dest / name)
+    (dest / "last_checkpoint").write_text(name)
+    return dest
+
+
+@pytest.mark.slow
+def test_fsdp_resumes_a_ddp_checkpoint_and_back(one_process, two_processes, fsdp_run, tmp_path):
+    """A DDP checkpoint resumes as FSDP, and an FSDP checkpoint as a single process."""
+    as_fsdp = _from_checkpoint(two_processes, "model_0000019.pth", tmp_path / "as_fsdp")
+    _train_net(as_fsdp, "--num-gpus", "2", "--resume", *DIGITS, _ddp_kind_override("fsdp"))
+    _assert_close(_weights(as_fsdp / "model_final.pth"), _weights(two_processes / "model_final.pth"))
+
+    as_plain = _from_checkpoint(fsdp_run, "model_0000019.pth", tmp_path / "as_plain")
+    _train_net(as_plain, "--resume", *DIGITS)
+    _assert_close(_weights(as_plain / "model_final.pth"), _weights(one_process / "model_final.pth"))

@@ -1,0 +1,156 @@
+"""A CSV file of the scalars, one row per iteration (rule: see ``writer``)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+from typing import IO, List, Optional, Set, cast
+
+from treadle.utils.file_io import PathManager
+
+from .storage import get_event_storage
+from .writer import ITERATION_KEY, _atomic_write_text, _IterationRowWriter, _open_for_append, _read_lines
+
+__all__ = ["CSVWriter"]
+
+logger = logging.getLogger(__name__)
+
+
+def _csv_line(fields: List[str]) -> str:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerow(fields)
+    return buf.getvalue()
+
+
+def _csv_fields(line: str) -> List[str]:
+    return next(csv.reader([line]), [])
+
+
+class CSVWriter(_IterationRowWriter):
+    """Writes scalars to a CSV file, one row per iteration.
+
+    The header is ``iteration`` then the scalar names in sorted order; a
+    scalar absent from an iteration leaves its cell empty. Rows follow the
+    same rule as :class:`JSONWriter`. When a write brings a name the header
+    lacks (an evaluation metric appearing at the first evaluation, say), the
+    file is rewritten atomically with the widened header, the existing rows
+    gaining empty cells. Floats are written with ``repr`` (shortest exact
+    form; ``nan``, ``inf``, ``-inf`` for non-finite values).
+
+    :meth:`set_start_iter` drops rows at or after the start iteration, and a
+    last row cut short by a crash (any last line without its newline: a cut
+    CSV row may still parse), like :class:`JSONWriter`.
+
+    Args:
+        csv_file: path of the file.
+        window_size: number of values the median of a training scalar covers.
+    """
+
+    def __init__(self, csv_file: str, window_size: int = 20) -> None:
+        super().__init__(window_size)
+        self._path = csv_file
+        self._file: Optional[IO[str]] = None
+        # Scalar columns of the file's header (without "iteration"); None until read.
+        self._columns: Optional[List[str]] = None
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    def write(self) -> None:
+        rows = self._new_rows(get_event_storage())
+        if not rows:
+            return
+        if self._columns is None:
+            self._columns = self._read_columns()
+        names: Set[str] = set().union(*rows.values())
+        if self._columns is None or not names <= set(self._columns):
+            self._rewrite_with_columns(sorted(set(self._columns or ()) | names))
+        columns = cast(List[str], self._columns)  # set by the read or the rewrite above
+        text = "".join(
+            _csv_line([str(it)] + [repr(scalars[c]) if c in scalars else "" for c in columns])
+            for it, scalars in rows.items()
+        )
+        if self._file is None:
+            self._file = _open_for_append(self._path)
+        self._file.write(text)
+        self._file.flush()
+        self._commit(rows)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def set_start_iter(self, start_iter: int) -> None:
+        """Drops rows of iterations ``>= start_iter`` and a torn last row; see the class."""
+        super().set_start_iter(start_iter)
+        self.close()
+        self._columns = None  # read again from the file at the next write
+        if not PathManager.exists(self._path):
+            return
+        lines, tail = _read_lines(self._path)
+        changed = bool(tail)
+        if tail:
+            logger.warning("%s ends in an incomplete row (an interrupted write); dropped: %.80r", self._path, tail)
+        if not lines:
+            if changed:
+                _atomic_write_text(self._path, "")
+            return
+        self._check_header(lines[0])
+        kept = [lines[0]]
+        for lineno, line in enumerate(lines[1:], 2):
+            it = self._row_iteration(line)
+            if it is None:
+                if line.strip():
+                    logger.warning("%s:%d does not start with an iteration; kept as it is.", self._path, lineno)
+                kept.append(line)
+            elif it >= start_iter:
+                changed = True
+            else:
+                kept.append(line)
+        if changed:
+            _atomic_write_text(self._path, "".join(kept))
+
+    @staticmethod
+    def _row_iteration(line: str) -> Optional[int]:
+        fields = _csv_fields(line)
+        try:
+            return int(fields[0]) if fields else None
+        except ValueError:
+            return None
+
+    def _check_header(self, line: str) -> List[str]:
+        fields = _csv_fields(line)
+        if not fields or fields[0] != ITERATION_KEY:
+            raise ValueError(
+                f"{self._path} exists but is not a CSVWriter file: its header {line.strip()[:80]!r} "
+                f"does not start with '{ITERATION_KEY}'. Move it away or choose another csv_file."
+            )
+        return fields[1:]
+
+    def _read_columns(self) -> Optional[List[str]]:
+        """The scalar columns of the file's header; None when there is no header yet."""
+        if not PathManager.exists(self._path):
+            return None
+        lines, _ = _read_lines(self._path)
+        return self._check_header(lines[0]) if lines else None
+
+    def _rewrite_with_columns(self, columns: List[str]) -> None:
+        self.close()
+        out = [_csv_line([ITERATION_KEY] + columns)]
+        if PathManager.exists(self._path):
+            lines, tail = _read_lines(self._path)
+            if tail:
+                logger.warning("%s ends in an incomplete row (an interrupted write); dropped: %.80r", self._path, tail)
+            if lines:
+                old_columns = self._check_header(lines[0])
+                for line in lines[1:]:
+                    fields = _csv_fields(line)
+                    if not fields:
+                        continue
+                    cells = dict(zip(old_columns, fields[1:]))
+                    out.append(_csv_line([fields[0]] + [cells.get(c, "") for c in columns]))
+        _atomic_write_text(self._path, "".join(out))
+        self._columns = columns

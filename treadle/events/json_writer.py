@@ -1,0 +1,131 @@
+"""``metrics.json``: one JSON object per line, with an ``iteration`` key (rule: see ``writer``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from typing import IO, Any, Dict, List, Optional
+
+from treadle.utils.file_io import PathManager
+
+from .storage import get_event_storage
+from .writer import ITERATION_KEY, _atomic_write_text, _IterationRowWriter, _open_for_append, _read_lines
+
+__all__ = ["JSONWriter"]
+
+logger = logging.getLogger(__name__)
+
+
+def _json_value(v: float) -> Optional[float]:
+    # NaN and infinities are not JSON; null is read by every parser (and by
+    # pandas as NaN). The console line and NonFiniteLossError tell which it was.
+    return v if math.isfinite(v) else None
+
+
+def _json_line_iteration(line: str) -> Optional[int]:
+    """The iteration of a metrics.json line, or None when it is not one."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    it = record.get(ITERATION_KEY)
+    return it if isinstance(it, int) and not isinstance(it, bool) else None
+
+
+class JSONWriter(_IterationRowWriter):
+    """Appends scalars to a JSON-lines file (``metrics.json``).
+
+    Each line is one JSON object: ``"iteration"`` first, then the scalars of
+    that iteration by name. Lines are in increasing iteration order and no
+    iteration has two lines. Which scalars a line holds follows the rule of
+    this module's docstring: with a writer every 20 iterations, training
+    scalars appear on lines 19, 39, ... (medians over ``window_size``), and an
+    evaluation put every 5 iterations adds lines 4, 9, 14, and keys to line 19.
+
+    NaN and infinite values are written as ``null`` (JSON has no NaN).
+
+    The file is opened in append mode through ``PathManager`` at the first
+    write and flushed after each write. :meth:`set_start_iter` first removes
+    the lines at or after the start iteration, which an interrupted run wrote
+    after its last checkpoint.
+
+    Args:
+        json_file: path of the file, e.g. ``output_dir/metrics.json``.
+        window_size: number of values the median of a training scalar covers.
+    """
+
+    def __init__(self, json_file: str, window_size: int = 20) -> None:
+        super().__init__(window_size)
+        self._path = json_file
+        self._file: Optional[IO[str]] = None
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    def write(self) -> None:
+        rows = self._new_rows(get_event_storage())
+        if not rows:
+            return
+        lines = []
+        for it, scalars in rows.items():
+            record: Dict[str, Any] = {ITERATION_KEY: it}
+            record.update((k, _json_value(scalars[k])) for k in sorted(scalars))
+            lines.append(json.dumps(record, allow_nan=False) + "\n")
+        if self._file is None:
+            self._file = _open_for_append(self._path)
+        self._file.write("".join(lines))
+        self._file.flush()
+        self._commit(rows)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def set_start_iter(self, start_iter: int) -> None:
+        """Drops the lines of iterations ``>= start_iter`` from the file.
+
+        Other lines are kept byte for byte. A last line cut short by a crash is
+        dropped with a warning; a line that is not a metrics record is kept,
+        with a warning. The file is replaced atomically, and only if a line is
+        dropped.
+        """
+        super().set_start_iter(start_iter)
+        self.close()  # the file may be replaced: do not keep a handle on the old one
+        if not PathManager.exists(self._path):
+            return
+        lines, tail = _read_lines(self._path)
+        kept: List[str] = []
+        changed = False
+        for lineno, line in enumerate(lines, 1):
+            it = _json_line_iteration(line)
+            if it is None:
+                if line.strip():
+                    logger.warning(
+                        "%s:%d is not a JSON object with an integer '%s'; kept as it is.",
+                        self._path,
+                        lineno,
+                        ITERATION_KEY,
+                    )
+                kept.append(line)
+            elif it >= start_iter:
+                changed = True
+            else:
+                kept.append(line)
+        if tail:
+            changed = True
+            it = _json_line_iteration(tail)
+            if it is None:
+                logger.warning(
+                    "%s ends in an incomplete line (an interrupted write); dropped: %.80r",
+                    self._path,
+                    tail,
+                )
+            elif it < start_iter:
+                kept.append(tail + "\n")  # complete record, only its newline was lost
+        if changed:
+            _atomic_write_text(self._path, "".join(kept))

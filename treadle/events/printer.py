@@ -1,0 +1,173 @@
+"""The console line of training status."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import math
+import sys
+import time
+from collections import defaultdict
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+import torch
+from termcolor import colored
+
+from .storage import EventStorage, ScalarKind, get_event_storage
+from .writer import EventWriter, _check_start_iter, _check_window_size
+
+__all__ = ["CommonMetricPrinter"]
+
+logger = logging.getLogger(__name__)
+
+
+# Read through this name so that tests can control the clock.
+_now = time.perf_counter
+
+
+class CommonMetricPrinter(EventWriter):
+    """Prints the usual training status to the console, one line per write.
+
+    The line, logged at INFO on the ``"treadle"`` logger, looks like::
+
+        eta: 0:01:23  iter: 199/1000  total_loss: 0.1234  loss_cls: 0.05  grad_norm: 1.2  time: 0.0123  data_time: 0.0010  samples/s: 2600  lr: 0.01  max_mem: 123M
+
+    ``iter`` is 0-based, the same number as the ``iteration`` of
+    ``metrics.json`` and the TensorBoard step; ``iter: 999/1000`` is the last
+    iteration of a 1000-iteration run. Fields:
+
+    - ``eta``: the median of ``time`` over ``window_size`` iterations times the
+      iterations left; without a ``time`` scalar, the wall-clock time per
+      iteration since the previous line (or since :meth:`set_start_iter`).
+      Shown only with ``max_iter``.
+    - every scalar of kind ``"loss"`` (medians), in the order first put, then
+      ``grad_norm``, ``time`` and ``data_time`` (medians);
+    - ``samples/s``: ``samples_per_iter`` over the median ``time``;
+    - ``lr``: the latest value, not a median;
+    - ``max_mem``: ``torch.cuda.max_memory_allocated()`` in MiB, only once CUDA
+      is initialized (reading it is a host query, not a device sync).
+
+    A field appears only if its scalar was put since the previous line, so a
+    missing producer (no LR hook, no timer) just drops its field, and a
+    second write at the same iteration prints nothing new. Evaluation
+    results (scalars of kind ``"metric"``) are printed on their own line, ``metrics @ iter 99:  eval/acc: 0.91``, latest value per name,
+    once each; every value is in ``metrics.json``.
+
+    Args:
+        max_iter: the iteration training ends before; ``None`` shows no eta.
+        window_size: number of values the medians cover.
+        samples_per_iter: samples one iteration consumes (over all ranks),
+            for ``samples/s``; ``None`` leaves it out.
+        color: highlight values with ANSI colors; ``None`` colors when stdout
+            is a terminal.
+    """
+
+    def __init__(
+        self,
+        max_iter: Optional[int] = None,
+        window_size: int = 20,
+        *,
+        samples_per_iter: Optional[float] = None,
+        color: Optional[bool] = None,
+    ) -> None:
+        if max_iter is not None and (isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 0):
+            raise ValueError(f"max_iter must be a non-negative int or None, got {max_iter!r}")
+        if samples_per_iter is not None and (
+            isinstance(samples_per_iter, bool)
+            or not isinstance(samples_per_iter, (int, float))
+            or not samples_per_iter > 0
+        ):
+            raise ValueError(f"samples_per_iter must be a positive number or None, got {samples_per_iter!r}")
+        self._max_iter = max_iter
+        self._window_size = _check_window_size(window_size)
+        self._samples_per_iter = samples_per_iter
+        self._color = sys.stdout.isatty() if color is None else bool(color)
+        self._logger = logging.getLogger("treadle")
+        self._first_iter = 0
+        # The iteration of the last training line.
+        self._last_iter = -1
+        # Per evaluation scalar, the iteration of the value printed last.
+        self._last_metric_iter: Dict[str, int] = {}
+        # (clock, iteration) of the last training line: the ETA's fallback clock.
+        self._clock_anchor: Optional[Tuple[float, int]] = None
+
+    def set_start_iter(self, start_iter: int) -> None:
+        start_iter = _check_start_iter(start_iter)
+        self._first_iter = start_iter
+        self._last_iter = start_iter - 1
+        self._last_metric_iter = {}
+        self._clock_anchor = (_now(), start_iter - 1)
+
+    def write(self) -> None:
+        storage = get_event_storage()
+        latest = storage.latest()
+        is_metric = {name: storage.kind(name) == ScalarKind.METRIC for name in latest}
+        fresh = {name: it for name, (_, it) in latest.items() if not is_metric[name] and it > self._last_iter}
+        if fresh:
+            iteration = max(fresh.values())
+            self._logger.info(self._training_line(storage, iteration, set(fresh)))
+            self._last_iter = iteration
+        by_iter: Dict[int, Dict[str, float]] = defaultdict(dict)
+        for name, (value, it) in latest.items():
+            if is_metric[name] and it > self._last_metric_iter.get(name, self._first_iter - 1):
+                by_iter[it][name] = value
+                self._last_metric_iter[name] = it
+        for it in sorted(by_iter):
+            fields = [self._field(name, by_iter[it][name], ".6g") for name in sorted(by_iter[it])]
+            self._logger.info("  ".join([f"metrics @ iter {it}:"] + fields))
+
+    def _training_line(self, storage: EventStorage, iteration: int, fresh: Set[str]) -> str:
+        histories = storage.histories()
+
+        hints = storage.smoothing_hints()
+
+        def median(name: str) -> Optional[float]:
+            if name not in fresh:
+                return None
+            return histories[name].median(self._window_size) if hints[name] else histories[name].latest()
+
+        seconds_per_iter = median("time")
+        parts: List[str] = []
+        eta = self._eta_seconds(iteration, seconds_per_iter)
+        if eta is not None:
+            parts.append(self._field("eta", str(datetime.timedelta(seconds=int(round(eta))))))
+        shown_iter = str(iteration) if self._max_iter is None else f"{iteration}/{self._max_iter}"
+        parts.append(self._field("iter", shown_iter))
+        # Storage keeps names in the order first put: the step's total_loss, then its terms.
+        for name in histories:
+            if name in fresh and storage.kind(name) == ScalarKind.LOSS:
+                parts.append(self._field(name, histories[name].median(self._window_size), ".4g"))
+        for name, fmt in (("grad_norm", ".4g"), ("time", ".4f"), ("data_time", ".4f")):
+            value = median(name)
+            if value is not None:
+                parts.append(self._field(name, value, fmt))
+        if self._samples_per_iter is not None and seconds_per_iter is not None and seconds_per_iter > 0:
+            rate = self._samples_per_iter / seconds_per_iter
+            parts.append(self._field("samples/s", rate, ".0f" if rate >= 100 else ".3g"))
+        if "lr" in fresh:
+            parts.append(self._field("lr", histories["lr"].latest(), ".5g"))
+        if torch.cuda.is_initialized():  # False without CUDA, or when this run never used it
+            parts.append(self._field("max_mem", f"{torch.cuda.max_memory_allocated() / 2**20:.0f}M"))
+        self._clock_anchor = (_now(), iteration)
+        return "  ".join(parts)
+
+    def _eta_seconds(self, iteration: int, seconds_per_iter: Optional[float]) -> Optional[float]:
+        if self._max_iter is None:
+            return None
+        remaining = max(self._max_iter - iteration - 1, 0)
+        if seconds_per_iter is not None:
+            return seconds_per_iter * remaining
+        if self._clock_anchor is None:
+            return None
+        then, then_iter = self._clock_anchor
+        if iteration <= then_iter:
+            return None
+        return (_now() - then) / (iteration - then_iter) * remaining
+
+    def _field(self, label: str, value: Any, fmt: str = "") -> str:
+        text = format(value, fmt) if fmt else str(value)
+        if not self._color:
+            return f"{label}: {text}"
+        bad = isinstance(value, float) and not math.isfinite(value)
+        # force_color: the decision is ours (self._color), not termcolor's own tty test.
+        return f"{label}: " + colored(text, "red" if bad else "cyan", attrs=["bold"], force_color=True)

@@ -1,0 +1,191 @@
+"""Writers: what turns the :class:`EventStorage` into files and console lines.
+
+A writer reads the innermost storage (:func:`get_event_storage`) when its
+:meth:`EventWriter.write` is called, typically every N iterations by a
+periodic hook. Reading the storage resolves every pending tensor in one
+batch, so a write costs one device sync however many scalars were put.
+
+The three file writers (:class:`JSONWriter`, :class:`CSVWriter`,
+:class:`TensorboardWriter`) share one rule for which scalars a write emits:
+
+- a training scalar (any kind but ``"metric"``) is emitted once per write, at
+  the iteration it was last put at, provided that iteration is newer than the
+  last iteration the writer emitted: the median of its last ``window_size``
+  values when put with ``smoothing_hint=True``, else its latest value (the
+  learning rate);
+- an evaluation result (put with ``kind="metric"``, as ``EvalHook`` does) is
+  emitted for every value put since the last write, each at its own
+  iteration, so an evaluation every 5 iterations is not dropped by a writer
+  every 20;
+- an iteration is emitted at most once: the writer remembers the last one, and
+  :meth:`EventWriter.set_start_iter` resets it when training (re)starts.
+
+Consequence: a value must be put before the write at its iteration. One put
+at an iteration already written is not written (a warning names it).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from typing import IO, Any, Dict, List, Tuple
+
+from treadle.utils.atomic import atomic_write
+from treadle.utils.file_io import PathManager
+
+from .storage import EventStorage, ScalarKind
+
+__all__ = ["EventWriter", "ITERATION_KEY"]
+
+logger = logging.getLogger(__name__)
+
+# The key that holds the iteration in metrics.json and the first CSV column.
+ITERATION_KEY = "iteration"
+
+# Rows of one write: {iteration: {name: value}}, iterations in increasing order.
+Rows = Dict[int, Dict[str, float]]
+
+
+class EventWriter(ABC):
+    """Base class of writers: something that flushes the storage somewhere.
+
+    Contract:
+
+    - :meth:`set_start_iter` is called once before training starts, with the
+      first iteration that will run (after a resume, the first iteration that
+      runs again). A writer drops or hides what an interrupted run wrote from
+      that iteration on, so that no iteration appears twice.
+    - :meth:`write` is called inside an open :class:`EventStorage`, any number
+      of times; it never writes the same scalar at the same iteration twice.
+      It must not clear the storage's images or histograms: the calling hook
+      does that after every writer ran.
+    - :meth:`close` releases files. A later :meth:`write` reopens them, so a
+      writer can serve several ``train()`` calls.
+    """
+
+    @abstractmethod
+    def write(self) -> None:
+        """Writes what the current storage holds that this writer has not written yet."""
+
+    def close(self) -> None:
+        """Releases files; the default holds none."""
+
+    def set_start_iter(self, start_iter: int) -> None:
+        """Prepares for training that starts at ``start_iter``; the default does nothing."""
+
+    def __enter__(self) -> "EventWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _check_window_size(window_size: int) -> int:
+    if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
+        raise ValueError(f"window_size must be a positive int, got {window_size!r}")
+    return window_size
+
+
+def _check_start_iter(start_iter: int) -> int:
+    if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 0:
+        raise ValueError(f"start_iter must be a non-negative int, got {start_iter!r}")
+    return start_iter
+
+
+def _same_point(a: Tuple[float, int], b: Tuple[float, int]) -> bool:
+    # NaN != NaN: an unchanged NaN must not look like a new value.
+    return a[1] == b[1] and (a[0] == b[0] or (math.isnan(a[0]) and math.isnan(b[0])))
+
+
+class _IterationRowWriter(EventWriter):
+    """Implements the selection rule of the module docstring for file writers.
+
+    Subclasses call :meth:`_new_rows` in ``write`` and :meth:`_commit` once
+    the rows are safely written.
+    """
+
+    def __init__(self, window_size: int) -> None:
+        self._window_size = _check_window_size(window_size)
+        # The last iteration emitted; everything at or before it is done.
+        self._last_write = -1
+        self._first_iter = 0
+        # The latest (value, iteration) of each name seen at the previous write,
+        # to notice values that arrive at an iteration already written.
+        self._seen_latest: Dict[str, Tuple[float, int]] = {}
+
+    @property
+    def window_size(self) -> int:
+        return self._window_size
+
+    def set_start_iter(self, start_iter: int) -> None:
+        start_iter = _check_start_iter(start_iter)
+        self._last_write = start_iter - 1
+        self._first_iter = start_iter
+        self._seen_latest = {}
+
+    def _new_rows(self, storage: EventStorage) -> Rows:
+        latest = storage.latest()  # resolves pending tensors: the one sync of this write
+        hints = storage.smoothing_hints()
+        histories = storage.histories()
+        rows: Dict[int, Dict[str, float]] = defaultdict(dict)
+        for name, point in latest.items():
+            if name == ITERATION_KEY:
+                raise ValueError(
+                    f"A scalar is named '{ITERATION_KEY}', which is the iteration key of "
+                    f"{type(self).__name__}'s output; rename it."
+                )
+            value, it = point
+            if storage.kind(name) == ScalarKind.METRIC:
+                # Evaluation results: every one, whatever the periods.
+                for v, i in histories[name].values_after(self._last_write):
+                    rows[i][name] = v
+            elif it > self._last_write:
+                # Training series: one value per write, smoothed when hinted.
+                rows[it][name] = histories[name].median(self._window_size) if hints[name] else value
+            seen = self._seen_latest.get(name)
+            if self._first_iter <= it <= self._last_write and (seen is None or not _same_point(seen, point)):
+                logger.warning(
+                    "%s: '%s' was put at iteration %d after that iteration was written; "
+                    "it is not written. Put values before the writer runs at their iteration.",
+                    type(self).__name__,
+                    name,
+                    it,
+                )
+            self._seen_latest[name] = point
+        return dict(sorted(rows.items()))
+
+    def _commit(self, rows: Rows) -> None:
+        if rows:
+            self._last_write = max(self._last_write, max(rows))
+
+
+# ---------------------------------------------------------------------- files
+
+def _atomic_write_text(path: str, text: str) -> None:
+    """Replaces ``path`` with ``text`` so that a crash leaves the old or the new file."""
+    directory = os.path.dirname(path)
+    if directory:
+        PathManager.mkdirs(directory)
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def _read_lines(path: str) -> Tuple[List[str], str]:
+    """``(complete lines, each ending in '\\n', text after the last '\\n')``.
+
+    The second item is non-empty when the file ends in a line cut short, e.g.
+    by a crash in the middle of a write.
+    """
+    with PathManager.open(path, "r", encoding="utf-8", newline="") as f:
+        text = f.read()
+    parts = text.split("\n")
+    return [p + "\n" for p in parts[:-1]], parts[-1]
+
+
+def _open_for_append(path: str) -> IO[str]:
+    directory = os.path.dirname(path)
+    if directory:
+        PathManager.mkdirs(directory)
+    return PathManager.open(path, "a", encoding="utf-8", newline="")
