@@ -49,12 +49,15 @@ def _env() -> Dict[str, str]:
     # No inherited torchrun variables: each job sets up its own process group.
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONFAULTHANDLER"] = "1"  # a crashing worker shows its Python stack
     return env
 
 
 def _train_net(output_dir: Path, *args: str, launcher: Sequence[str] = (), expect_rc: int = 0) -> subprocess.CompletedProcess:
     cmd = [sys.executable, *launcher, TRAIN_NET, *args, f"train.output_dir={output_dir}"]
     result = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    # Kept next to the output directory, for a look after a failure.
+    (output_dir.parent / f"{output_dir.name}.out").write_text(result.stdout + "\n--- stderr\n" + result.stderr)
     if result.returncode != expect_rc:
         pytest.fail(
             f"{' '.join(cmd)} exited with {result.returncode}, expected {expect_rc}\n"

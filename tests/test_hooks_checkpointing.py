@@ -1,5 +1,6 @@
 """PeriodicCheckpointer, BestCheckpointer and EarlyStopping: which files, when, with what inside."""
 
+import json
 import logging
 import math
 import os
@@ -12,7 +13,16 @@ from torch.utils.data import TensorDataset
 from treadle.checkpoint import Checkpointer
 from treadle.data import build_train_loader
 from treadle.engine import EagerStep, TrainerBase
-from treadle.hooks import BestCheckpointer, CallbackHook, EarlyStopping, EvalHook, PeriodicCheckpointer, Period
+from treadle.events import JSONWriter
+from treadle.hooks import (
+    BestCheckpointer,
+    CallbackHook,
+    EarlyStopping,
+    EvalHook,
+    Period,
+    PeriodicCheckpointer,
+    PeriodicWriter,
+)
 
 
 # ---------------------------------------------------------------- helpers
@@ -277,3 +287,29 @@ def test_early_stopping_counters_survive_a_resume(tmp_path):
     assert start == 6 and steps == [6, 7]
     assert calls == [7]
     assert second.load("model_final.pth")["iteration"] == 7
+
+
+# ---------------------------------------------------------------- writers flush before a resume point
+def test_values_before_a_checkpoint_are_written_before_it(tmp_path):
+    """A kill right after a save must not lose what came before it: the writers flush first."""
+    metrics = tmp_path / "metrics.json"
+    seen_at_save = {}
+
+    def lines_now(trainer):
+        if trainer.iter in (3, 7):
+            seen_at_save[trainer.iter] = [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()]
+
+    script = {3: 0.1, 7: 0.2, 10: 0.3}
+    run = make_run(
+        tmp_path,
+        lambda r: EvalHook(4, scripted_eval(lambda: r.trainer, script, [])),
+        lambda r: PeriodicCheckpointer(r.checkpointer, period=4),
+        lambda r: CallbackHook(after_step=lines_now),  # runs right after the save, before the writer
+        lambda r: PeriodicWriter([JSONWriter(str(metrics), window_size=1)], period=10),
+    )
+    run.trainer.train(0, 10)
+    # The writer's own period (10) would write line 9 only; the saves at 3 and 7
+    # flushed first, so their iterations (with the evaluations) were on disk.
+    assert seen_at_save == {3: [3], 7: [3, 7]}
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [(line["iteration"], line.get("acc")) for line in lines] == [(3, 0.1), (7, 0.2), (9, None), (10, 0.3)]

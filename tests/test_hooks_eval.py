@@ -168,3 +168,14 @@ def test_precise_bn_recomputes_true_statistics_before_evaluation():
         feats = torch.cat([model[0](x) for x, _ in bn_data])
     torch.testing.assert_close(seen[0], feats.mean(0), rtol=1e-4, atol=1e-5)
     assert model.training  # the training mode was restored
+
+
+def test_no_final_evaluation_after_an_interrupted_stop_but_one_after_early_stop():
+    for interrupted, expected in ((True, [4]), (False, [4, 7])):
+        trainer, _ = make_trainer()
+        calls = []
+        stop = CallbackHook(after_step=lambda t: t.request_stop("cut", interrupted=interrupted) if t.iter == 6 else None)
+        trainer.register_hooks([EvalHook(5, lambda: calls.append(trainer.iter) or {"a": 1.0}), stop])
+        trainer.train(0, 20)
+        assert calls == expected, interrupted
+        assert trainer.interrupted is interrupted

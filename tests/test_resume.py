@@ -24,8 +24,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import resume_job
-from treadle.checkpoint import Checkpointer, UnsafeCheckpointError
-from treadle.hooks import PREEMPTED_EXIT_CODE
+from treadle.checkpoint import UnsafeCheckpointError
+from treadle.hooks import PREEMPTED_EXIT_CODE, CallbackHook
 
 JOB = Path(__file__).with_name("resume_job.py")
 # The subprocess runs: long enough that eleven kills, each after a few
@@ -294,10 +294,8 @@ def test_sigterm_checkpoints_within_an_iteration_and_exits_75(reference, tmp_pat
 
 def test_preemption_exits_only_after_every_hook_finished(tmp_path):
     """In-process: SIGUSR1 at iteration 4; the writers (after PreemptionHandler) still flush and close."""
-    from treadle.hooks import CallbackHook
-
     signal_at = CallbackHook(before_step=lambda t: os.kill(os.getpid(), signal.SIGUSR1) if t.iter == 4 else None)
-    threads = torch.get_num_threads()
+    threads, previous_handler = torch.get_num_threads(), signal.getsignal(signal.SIGUSR1)
     try:
         torch.set_num_threads(1)
         resume_job.seed_all_rng(resume_job.SEED)
@@ -315,7 +313,27 @@ def test_preemption_exits_only_after_every_hook_finished(tmp_path):
     assert not (tmp_path / "model_final.pth").exists()
     # Line 2 from the flush before the periodic checkpoint, line 4 from the one before the preemption checkpoint.
     assert iterations(read_metrics(tmp_path)) == [2, 4]
-    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handler was restored
+    assert signal.getsignal(signal.SIGUSR1) == previous_handler  # restored in after_train
+
+
+def test_preemption_at_a_periodic_save_does_not_write_it_twice(tmp_path):
+    signal_at = CallbackHook(before_step=lambda t: os.kill(os.getpid(), signal.SIGTERM) if t.iter == 5 else None)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        resume_job.seed_all_rng(resume_job.SEED)
+        job = resume_job.build_job(str(tmp_path), num_workers=0, extra_hooks=[signal_at])
+        saved = []
+        real_save = job.checkpointer.save
+        job.checkpointer.save = lambda name, **kw: saved.append(name) or real_save(name, **kw)
+        with pytest.raises(SystemExit) as info:
+            job.trainer.train(0, N_SMALL)
+    finally:
+        torch.set_num_threads(threads)
+    assert info.value.code == PREEMPTED_EXIT_CODE
+    # Period 3: the periodic saves of 2 and 5; the preemption at 5 reuses the latter.
+    assert saved == ["model_0000002", "model_0000005"]
+    assert (tmp_path / "last_checkpoint").read_text() == "model_0000005.pth"
 
 
 # ---------------------------------------------------------------- damaged and hostile checkpoints

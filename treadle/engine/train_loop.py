@@ -49,6 +49,8 @@ class TrainerBase:
             whoever builds the trainer); hooks with periods in epochs need it.
         training_error: during ``after_train``, the exception that ended
             training, or ``None`` when it ended normally or by a stop request.
+        interrupted: during ``after_train``, whether a stop request said the
+            run was cut short to be resumed later (see :meth:`request_stop`).
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class TrainerBase:
         self._last_run_iter = -1
         self.epoch_length: Optional[int] = None
         self.training_error: Optional[BaseException] = None
+        self.interrupted = False
         self._timings: Dict[str, float] = defaultdict(float)
         if step is not None:
             self.step = step
@@ -113,11 +116,20 @@ class TrainerBase:
             stage: [h for h in self._hooks if h.overrides(stage)] for stage in HOOK_STAGES
         }
 
-    def request_stop(self, reason: str) -> None:
-        """Ends training after the current iteration; ``after_train`` runs as on success."""
+    def request_stop(self, reason: str, *, interrupted: bool = False) -> None:
+        """Ends training after the current iteration; ``after_train`` runs as on success.
+
+        Args:
+            reason: logged, and kept in :attr:`stop_reason`.
+            interrupted: the run is cut short and will be resumed (a
+                preemption), as opposed to finished early (early stopping).
+                Hooks then skip what marks a finished run: the final
+                evaluation and ``model_final``.
+        """
         if self._stop_reason is None:
             logger.info("Stop requested at iteration %d: %s", self.iter, reason)
             self._stop_reason = reason
+            self.interrupted = interrupted
 
     @property
     def stop_reason(self) -> Optional[str]:
@@ -146,6 +158,7 @@ class TrainerBase:
         self._last_run_iter = start_iter - 1
         self.max_iter = max_iter
         self._stop_reason = None
+        self.interrupted = False
         self.training_error = None
         self._timings = defaultdict(float)
         with EventStorage(

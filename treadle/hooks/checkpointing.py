@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from .base import HookBase
 from .early_stopping import EarlyStopping, _better, _latest_metric
@@ -163,6 +163,9 @@ class PeriodicCheckpointer(HookBase):
         self._period = period if isinstance(period, Period) else Period(period)
         self.max_to_keep = max_to_keep
         self.file_prefix = file_prefix
+        # The iteration of the last periodic save of this training, for
+        # PreemptionHandler (which does not save the same state twice).
+        self.last_saved_iter: Optional[int] = None
 
     @property
     def checkpointer(self) -> "Checkpointer":
@@ -171,10 +174,12 @@ class PeriodicCheckpointer(HookBase):
     def before_train(self) -> None:
         self._checkpointer = self.checkpointer
         self._period.resolve(self.trainer, "PeriodicCheckpointer")
+        self.last_saved_iter = None
 
     def save(self, iteration: int) -> None:
         """Writes the checkpoint of ``iteration`` and prunes old ones."""
         self.checkpointer.save(f"{self.file_prefix}_{iteration:07d}", iteration=iteration)
+        self.last_saved_iter = iteration
         if self.max_to_keep is not None:
             self.checkpointer.prune(prefix=f"{self.file_prefix}_", keep_last=self.max_to_keep)
 
@@ -187,15 +192,8 @@ class PeriodicCheckpointer(HookBase):
     def after_train(self) -> None:
         if self.trainer.training_error is not None:
             return
-        if self.trainer.iter < self.trainer.max_iter and _preempted(self.trainer):
+        if self.trainer.interrupted:  # to be resumed: not a final state
             return
         _flush_writers(self)
         # trainer.iter is one past the last iteration run.
         self.checkpointer.save(f"{self.file_prefix}_final", iteration=self.trainer.iter - 1)
-
-
-def _preempted(trainer: Any) -> bool:
-    # Imported here: preemption.py builds on this module.
-    from .preemption import PreemptionHandler
-
-    return any(isinstance(h, PreemptionHandler) and h.preempted for h in trainer.hooks)

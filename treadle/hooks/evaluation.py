@@ -30,7 +30,8 @@ class EvalHook(HookBase):
     were computed after, so every evaluation reaches ``metrics.json`` and
     TensorBoard whatever the writer's period. The final evaluation, after the
     last iteration or a stop request, is put at ``trainer.iter`` (the number of
-    iterations run); none is run when training raised.
+    iterations run); none is run when training raised or was interrupted
+    (a preemption: the resumed run will evaluate).
 
     Runs on every rank: ``eval_function`` is expected to evaluate its shard
     and reduce (``inference_on_dataset`` does). When an :class:`EMA` hook with
@@ -74,7 +75,7 @@ class EvalHook(HookBase):
             self._do_eval(it)
 
     def after_train(self) -> None:
-        if not self._eval_after_train or self.trainer.training_error is not None:
+        if not self._eval_after_train or self.trainer.training_error is not None or self.trainer.interrupted:
             return
         # A stop request right after a periodic evaluation leaves the weights
         # that were just evaluated: no second evaluation of the same weights.

@@ -87,7 +87,7 @@ class PreciseBN(HookBase):
             self.update_stats()
 
     def after_train(self) -> None:
-        if self.trainer.training_error is None:
+        if self.trainer.training_error is None and not self.trainer.interrupted:
             self.update_stats()
 
     def _inputs(self) -> Iterator[Any]:

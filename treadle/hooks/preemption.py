@@ -38,7 +38,9 @@ class PreemptionHandler(HookBase):
     then the process exits with :data:`PREEMPTED_EXIT_CODE` (``exit_code``;
     the trainer raises the ``SystemExit`` once the hooks registered after
     this one have finished their ``after_train`` too). Resuming from that
-    checkpoint is exact.
+    checkpoint is exact. When the :class:`PeriodicCheckpointer` (same
+    checkpointer and prefix) has just saved that iteration, its file is the
+    preemption checkpoint: the same state is not written twice.
 
     With several processes, the ranks agree on the stop every
     ``sync_period`` iterations with one small collective, so that they all
@@ -102,10 +104,23 @@ class PreemptionHandler(HookBase):
         it = self.trainer.iter
         name = signal.Signals(self._received).name if self._received else "a signal on another rank"
         logger.warning("Received %s: saving a checkpoint at iteration %d and stopping.", name, it)
-        _flush_writers(self)
-        self._checkpointer.save(f"{self.file_prefix}_{it:07d}", iteration=it)
+        if self._saved_periodically(it):
+            # Same file, same state: in a grace period a second write is time lost.
+            logger.info("The periodic checkpoint of iteration %d was just written; not writing it again.", it)
+        else:
+            _flush_writers(self)
+            self._checkpointer.save(f"{self.file_prefix}_{it:07d}", iteration=it)
         self._preempted = True
-        self.trainer.request_stop(f"preempted by {name}")
+        self.trainer.request_stop(f"preempted by {name}", interrupted=True)
+
+    def _saved_periodically(self, it: int) -> bool:
+        return any(
+            isinstance(h, PeriodicCheckpointer)
+            and h.last_saved_iter == it
+            and h.checkpointer is self._checkpointer
+            and h.file_prefix == self.file_prefix
+            for h in self.trainer.hooks
+        )
 
     def after_train(self) -> None:
         for sig, handler in self._previous.items():

@@ -37,7 +37,7 @@ class IterationTimer(HookBase):
     def __init__(self, warmup_iter: int = 3) -> None:
         self._warmup_iter = warmup_iter
         self._step_timer = Timer()
-        self._start_time = 0.0
+        self._start_time: float | None = None
         self._total_timer = Timer()
 
     def before_train(self) -> None:
@@ -60,6 +60,8 @@ class IterationTimer(HookBase):
         self.trainer.storage.put_scalar("time", seconds, kind=ScalarKind.TIME)
 
     def after_train(self) -> None:
+        if self._start_time is None:  # training failed before this hook's before_train
+            return
         total = time.perf_counter() - self._start_time
         in_iterations = self._total_timer.seconds()
         outside = total - in_iterations
