@@ -12,7 +12,8 @@ in interleaved rounds (so drifts of the machine hit both alike); the figures
 are medians of seconds per iteration over the rounds, and the ratio is
 treadle / hand-written. Two step sizes are measured: ~1 ms and ~0.2 ms.
 
-Then ``CompiledStep`` against ``EagerStep`` on a small transformer
+Then ``CompiledStep`` against ``EagerStep`` on the small character-level
+transformer of ``configs/charlm_transformer.py``, in fp32 and bf16
 (throughput after compilation; skip with ``--no-compile``).
 
 Run: ``python benchmarks/overhead.py`` (``--rounds``, ``--iters`` to change).
@@ -36,6 +37,7 @@ from torch import nn
 from treadle.engine import CompiledStep, EagerStep, TrainerBase
 from treadle.events.writers import CommonMetricPrinter, JSONWriter
 from treadle.hooks import IterationTimer, LRScheduler, PeriodicWriter
+from treadle.models import CharTransformerLM, lm_cross_entropy
 
 LOG_PERIOD = 20
 
@@ -132,47 +134,31 @@ def bench_overhead(rounds: int, iters: int) -> None:
     log_file.close()
 
 
-class TinyTransformer(nn.Module):
-    def __init__(self, vocab: int = 96, dim: int = 128, layers: int = 2, seq: int = 64):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        self.pos = nn.Parameter(torch.zeros(seq, dim))
-        layer = nn.TransformerEncoderLayer(dim, nhead=4, dim_feedforward=4 * dim, batch_first=True, dropout=0.0)
-        self.encoder = nn.TransformerEncoder(layer, layers)
-        self.head = nn.Linear(dim, vocab)
-        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq), persistent=False)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.embed(tokens) + self.pos[: tokens.shape[1]]
-        return self.head(self.encoder(h, mask=self.mask, is_causal=True))
-
-
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
-
-
 def bench_compiled(iters: int) -> None:
+    """CompiledStep vs EagerStep on the char-level transformer of configs/charlm_transformer.py."""
     torch.manual_seed(0)
-    tokens = torch.randint(0, 96, (16, 65))
-    data = [(tokens[:, :-1], tokens[:, 1:])]
-    print("\nCompiledStep vs EagerStep, 2-layer transformer (dim 128, seq 64, batch 16):")
-    rates = {}
-    for kind in ("eager", "compiled"):
-        torch.manual_seed(0)
-        model = TinyTransformer()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        cls = CompiledStep if kind == "compiled" else EagerStep
-        step = cls(model, itertools.cycle(data), opt, loss_fn=lm_loss)
-        trainer = TrainerBase(step)
-        t0 = time.perf_counter()
-        trainer.train(0, 3)  # compilation happens here
-        warm = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        trainer.train(3, 3 + iters)
-        per_it = (time.perf_counter() - t0) / iters
-        rates[kind] = 16 / per_it
-        print(f"  {kind:>8}: {per_it * 1e3:8.2f} ms/it, {rates[kind]:8.1f} sequences/s (first 3 iterations: {warm:.1f} s)")
-    print(f"  speed-up of CompiledStep: {rates['compiled'] / rates['eager']:.2f}x")
+    seq, batch = 128, 32
+    tokens = torch.randint(0, 98, (4, batch, seq + 1))
+    data = [(t[:, :-1], t[:, 1:]) for t in tokens]
+    print(f"\nCompiledStep vs EagerStep, CharTransformerLM (dim 128, depth 2, seq {seq}, batch {batch}), fp32 and bf16:")
+    for precision in ("fp32", "bf16"):
+        rates = {}
+        for kind in ("eager", "compiled"):
+            torch.manual_seed(0)
+            model = CharTransformerLM(98, seq_len=seq, dim=128, depth=2, heads=4)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            cls = CompiledStep if kind == "compiled" else EagerStep
+            step = cls(model, itertools.cycle(data), opt, loss_fn=lm_cross_entropy, precision=precision)
+            trainer = TrainerBase(step)
+            t0 = time.perf_counter()
+            trainer.train(0, 3)  # compilation happens here
+            warm = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            trainer.train(3, 3 + iters)
+            per_it = (time.perf_counter() - t0) / iters
+            rates[kind] = batch / per_it
+            print(f"  {precision} {kind:>8}: {per_it * 1e3:8.2f} ms/it, {rates[kind]:8.1f} sequences/s (first 3 iterations: {warm:.1f} s)")
+        print(f"  {precision} speed-up of CompiledStep: {rates['compiled'] / rates['eager']:.2f}x")
 
 
 def main(argv: List[str]) -> None:
