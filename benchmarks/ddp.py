@@ -20,8 +20,9 @@ parameters) and a wider MLP (64-1024-1024-10, 1.1M parameters), whose
 gradient all-reduce is heavier.
 
 Run: ``python benchmarks/ddp.py`` (``--iters``, ``--batch``, ``--threads``).
-By default each of the two processes keeps torch's thread count (all cores,
-so two processes share them); ``--threads N`` sets it in every process.
+By default one process uses torch's thread count (all cores) and each of
+two processes half of it (what ``launch`` sets on CPU); ``--threads N`` sets
+it in every process.
 On GPUs use ``tools/train_net.py --num-gpus N`` and compare the ``time``
 column of ``metrics.json`` instead; see ``docs/distributed.md``.
 """
@@ -96,13 +97,20 @@ def _flush_cost(repeats: int) -> Dict[str, float]:
     # What EagerStep, IterationTimer and LRScheduler publish per iteration.
     names = [("total_loss", ScalarKind.LOSS), ("data_time", ScalarKind.TIME), ("time", ScalarKind.TIME), ("lr", None)]
     entries = [(n, torch.tensor(float(i)), kind) for i in range(LOG_PERIOD) for n, kind in names]
-    times = []
+    # For scale: one all_gather_into_tensor of the same values (a one-collective flush).
+    values = torch.stack([value for _, value, _ in entries]).double()
+    gathered = torch.empty(comm.get_world_size() * values.numel(), dtype=values.dtype)
+    times: Dict[str, List[float]] = {"reduce": [], "one all_gather": []}
     for _ in range(repeats):
-        comm.synchronize()
-        t0 = time.perf_counter()
-        reduce_across_ranks(entries)
-        times.append(time.perf_counter() - t0)
-    return {"median": statistics.median(times), "entries": len(entries)}
+        for name, call in (
+            ("reduce", lambda: reduce_across_ranks(entries)),
+            ("one all_gather", lambda: dist.all_gather_into_tensor(gathered, values)),
+        ):
+            comm.synchronize()
+            t0 = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t0)
+    return {"entries": len(entries), **{name: statistics.median(t) for name, t in times.items()}}
 
 
 def _job(args: argparse.Namespace, result_file: str) -> None:
@@ -144,11 +152,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     print("-" * len(header))
     for name in MODELS:
         print(f"{name:<12} {one[name]:>15.1f} {two[name]:>17.1f} {two[name] / one[name]:>6.2f} {two[name] * args.batch:>14.0f}")
-    flush = two["flush"]["median"]
+    flush = two["flush"]["reduce"]
     iteration = 1.0 / two["digits MLP"]
     print(
         f"\nflush: reduce_across_ranks of {two['flush']['entries']} scalars (one writer period of {LOG_PERIOD}) "
-        f"takes {flush * 1e3:.3f} ms (median of {args.flush_repeats});\n"
+        f"takes {flush * 1e3:.3f} ms (median of {args.flush_repeats}; one bare all_gather_into_tensor of the "
+        f"same values: {two['flush']['one all_gather'] * 1e3:.3f} ms);\n"
         f"a 2-process digits iteration takes {iteration * 1e3:.3f} ms: the flush costs {flush / iteration:.2f} iteration(s), "
         f"{flush / LOG_PERIOD / iteration * 100:.2f}% of training time when amortized over its period."
     )

@@ -9,6 +9,7 @@ Jobs run through ``tools/train_net.py`` are in ``test_distributed_jobs.py``.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -57,11 +58,19 @@ def _spawn(fn, nprocs: int, *args) -> None:
             pytest.fail(f"{nprocs} processes of {fn.__name__} did not finish within {DEADLINE}s (a hang)")
 
 
-def _init(rank: int, world: int, tmp: str) -> None:
+@contextlib.contextmanager
+def _process_group(rank: int, world: int, tmp: str):
+    """A gloo group for the block; left as ``launch`` leaves it (see ``_run_and_clean_up``)."""
     # A short collective timeout: a mismatched collective fails the worker, not the suite.
     dist.init_process_group(
         "gloo", init_method=f"file://{tmp}/init", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
     )
+    try:
+        yield
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+        time.sleep(0.2)  # gloo's threads release their last buffers before the interpreter exits
 
 
 def _dump(tmp: str, rank: int, data) -> None:
@@ -93,8 +102,7 @@ def test_comm_without_process_group_is_a_world_of_one():
 
 def _comm_worker(rank: int, tmp: str) -> None:
     world = 2
-    _init(rank, world, tmp)
-    try:
+    with _process_group(rank, world, tmp):
         out = {
             "world": comm.get_world_size(),
             "rank": comm.get_rank(),
@@ -137,8 +145,6 @@ def _comm_worker(rank: int, tmp: str) -> None:
             except ScalarMismatchError as e:
                 out[label] = str(e)
         _dump(tmp, rank, out)
-    finally:
-        dist.destroy_process_group()
 
 
 def test_comm_with_two_gloo_processes(tmp_path):
@@ -217,6 +223,10 @@ def test_wrap_model_checks_its_options_on_one_process():
         _wrap(_cfg(kind="zero3"), model)
     with pytest.raises(ValueError, match="train.ddp.find_unused_parameters is an option of DistributedDataParallel"):
         _wrap(_cfg(kind="fsdp", find_unused_parameters=True), model)
+    with pytest.raises(ValueError, match="param_dtype must be one of .*'bf16'.* got 'bf17'"):
+        _wrap(_cfg(kind="fsdp", param_dtype="bf17"), model)
+    with pytest.raises(TypeError, match="bucket_size"):
+        _wrap(_cfg(kind="fsdp", bucket_size=25), model)
     cfg = _cfg(kind="fsdp")
     cfg.train.ema.enabled = True
     with pytest.raises(ValueError, match="train.ema.enabled=True is not supported with train.ddp.kind='fsdp'"):
@@ -247,8 +257,7 @@ class _Regression(torch.utils.data.Dataset):
 
 
 def _counting_worker(rank: int, tmp: str) -> None:
-    _init(rank, 2, tmp)
-    try:
+    with _process_group(rank, 2, tmp):
         torch.manual_seed(0)
         model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -277,8 +286,6 @@ def _counting_worker(rank: int, tmp: str) -> None:
             for name, fn in originals.items():
                 setattr(dist, name, fn)
         _dump(tmp, rank, {"calls": calls})
-    finally:
-        dist.destroy_process_group()
 
 
 def test_collectives_happen_only_at_flushes(tmp_path):
@@ -330,8 +337,7 @@ class _PutLoss(StepBase):
 
 
 def _sharding_worker(rank: int, tmp: str) -> None:
-    _init(rank, WORLD3, tmp)
-    try:
+    with _process_group(rank, WORLD3, tmp):
         out = {}
         sampler = TrainingSampler(10, shuffle=True, seed=3, start=4)
         stream = sampler.iter_with_positions()
@@ -357,8 +363,6 @@ def _sharding_worker(rank: int, tmp: str) -> None:
         out["eval_iters"] = evals
         out["stored_accuracy"] = trainer.storage.history("accuracy").values()
         _dump(tmp, rank, out)
-    finally:
-        dist.destroy_process_group()
 
 
 def test_sharding_and_evaluation_over_three_processes(tmp_path):
@@ -441,8 +445,7 @@ def _new(seed: int):
 def _fsdp_worker(rank: int, tmp: str) -> None:
     from torch.distributed.fsdp import FSDPModule
 
-    _init(rank, 2, tmp)
-    try:
+    with _process_group(rank, 2, tmp):
         out = {}
         # Seeds differ by rank, as default_setup's do: sync_module_states makes rank 0's weights everyone's.
         model, _ = _new(seed=rank)
@@ -463,8 +466,6 @@ def _fsdp_worker(rank: int, tmp: str) -> None:
         _train(fresh, fresh_opt, 2, rank, 2, first_step=3)
         loader.save("after5")
         _dump(tmp, rank, out)
-    finally:
-        dist.destroy_process_group()
 
 
 def test_fsdp_checkpoints_are_plain_and_load_both_ways(tmp_path):

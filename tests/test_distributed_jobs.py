@@ -42,7 +42,8 @@ OVERRIDES = [
     "train.eval_period=0",  # evaluate once, after training, on every rank
 ]
 DIGITS = ["model.dropout=0.0", *OVERRIDES]
-FAULTS = ["--config-file", FAULTS_CONFIG, "model.model.dropout=0.0", *OVERRIDES]
+FAULTS_WITH_DROPOUT = ["--config-file", FAULTS_CONFIG, *OVERRIDES]
+FAULTS = [*FAULTS_WITH_DROPOUT, "model.model.dropout=0.0"]
 
 
 def _env() -> Dict[str, str]:
@@ -156,15 +157,76 @@ def test_torchrun_on_two_machines(one_process, tmp_path):
         log = open(tmp_path.parent / f"{tmp_path.name}-node{node}.txt", "w")
         procs.append((subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT), log))
     try:
-        codes = [p.wait(timeout=TIMEOUT) for p, _ in procs]
+        # Polled together: when one node fails, torchrun's agent on the other
+        # waits minutes at its exit barrier; the failure is the news.
+        deadline = time.monotonic() + TIMEOUT
+        while any(p.poll() is None for p, _ in procs) and all(p.poll() in (None, 0) for p, _ in procs):
+            assert time.monotonic() < deadline, "the two torchrun agents did not finish in time"
+            time.sleep(0.2)
+        codes = [p.poll() for p, _ in procs]
     finally:
         for p, log in procs:
             if p.poll() is None:
                 p.kill()
+                p.wait(timeout=30)
             log.close()
     assert codes == [0, 0], [Path(log.name).read_text()[-3000:] for _, log in procs]
     assert "Rank of current process: 1. World size: 2" in (tmp_path / "log.txt.rank1").read_text()
     _assert_close(_weights(tmp_path / "model_final.pth"), _weights(one_process / "model_final.pth"))
+
+
+class _PausedJob:
+    """A 2-rank ``job`` (through ``--num-gpus 2``) whose rank 0 waits at iteration
+    ``at`` for as long as the marker file exists; its own process group."""
+
+    def __init__(self, run: Path, job: Sequence[str], at: int) -> None:
+        self.marker = run.parent / f"{run.name}-paused"
+        self.log_path = run.parent / f"{run.name}-launcher.txt"
+        cmd = [
+            sys.executable, TRAIN_NET, "--num-gpus", "2", *job, "model.rank=0",
+            f"model.pause_at_iter={at}", f"model.pause_marker={self.marker}", f"train.output_dir={run}",
+        ]
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_for_pause(self) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while not self.marker.exists():
+            assert self.proc.poll() is None, f"the job ended before pausing:\n{self.log_path.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "the job did not reach its pause"
+            time.sleep(0.05)
+
+    def workers(self) -> List[int]:
+        """The pids of the launcher's spawned worker processes."""
+        pids = []
+        for entry in Path("/proc").iterdir():
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except (OSError, ValueError):
+                continue
+            ppid = int(stat.rpartition(")")[2].split()[1])
+            if ppid == self.proc.pid and b"spawn_main" in cmdline:
+                pids.append(int(entry.name))
+        return pids
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+
+def _kill_at_iteration_27(run: Path, job: Sequence[str]) -> None:
+    """Runs a 2-rank ``job`` until iteration 27 and SIGKILLs its process group there."""
+    paused = _PausedJob(run, job, at=27)
+    try:
+        paused.wait_for_pause()
+        os.killpg(paused.proc.pid, signal.SIGKILL)  # the launcher and its worker processes
+    finally:
+        paused.close()
+    assert (run / "last_checkpoint").read_text() == "model_0000019.pth"
+    assert not (run / "model_final.pth").exists()
 
 
 @pytest.mark.slow
@@ -173,30 +235,56 @@ def test_resume_after_kill_9_is_exact(two_processes, tmp_path):
     checkpoints, resumed with ``--resume`` on 2 ranks, ends bit-identical to
     the uninterrupted run. The job is the digits one inside a wrapper that
     pauses rank 0 at iteration 27 so that the kill lands there."""
-    marker = tmp_path / "paused"
-    cmd = [
-        sys.executable, TRAIN_NET, "--num-gpus", "2", *FAULTS, "model.rank=0", "model.pause_at_iter=27",
-        f"model.pause_marker={marker}", f"train.output_dir={tmp_path / 'run'}",
-    ]
-    with open(tmp_path / "killed.txt", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline = time.monotonic() + TIMEOUT
-            while not marker.exists():
-                assert proc.poll() is None, f"the job ended before pausing:\n{(tmp_path / 'killed.txt').read_text()[-3000:]}"
-                assert time.monotonic() < deadline, "the job did not reach iteration 27"
-                time.sleep(0.05)
-        finally:
-            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its worker processes
-            proc.wait(timeout=30)
     run = tmp_path / "run"
-    assert (run / "last_checkpoint").read_text() == "model_0000019.pth"
-    assert not (run / "model_final.pth").exists()
-
+    _kill_at_iteration_27(run, FAULTS)
     _train_net(run, "--num-gpus", "2", "--resume", *FAULTS)
     resumed = _weights(run / "model_final.pth", strip="model.")
     _assert_equal(resumed, _weights(two_processes / "model_final.pth"))
     assert "Resuming from" in (run / "log.txt").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limitation: a checkpoint holds rank 0's random state only (only the main process "
+    "saves), so after a resume rank 1 draws rank 0's dropout masks; see docs/distributed.md",
+)
+def test_resume_with_dropout_after_kill_9_is_exact(tmp_path):
+    """As above, with dropout on: each rank draws its own masks from its own generator."""
+    job = [*FAULTS_WITH_DROPOUT, "model.model.dropout=0.1"]
+    _train_net(tmp_path / "reference", "--num-gpus", "2", *job)
+    run = tmp_path / "run"
+    _kill_at_iteration_27(run, job)
+    _train_net(run, "--num-gpus", "2", "--resume", *job)
+    _assert_equal(_weights(run / "model_final.pth"), _weights(tmp_path / "reference" / "model_final.pth"))
+
+
+@pytest.mark.slow
+def test_preemption_of_a_two_rank_job(two_processes, tmp_path):
+    """SIGTERM, as a scheduler sends it to every process of the job, while
+    rank 0 is at iteration 15: the ranks agree to stop at their next check
+    (iteration 19), the launcher survives its own SIGTERM and exits with the
+    workers' status 75, and ``--resume`` ends bit-identical to the
+    uninterrupted run."""
+    run = tmp_path / "run"
+    paused = _PausedJob(run, FAULTS, at=15)
+    try:
+        paused.wait_for_pause()
+        workers = paused.workers()
+        assert len(workers) == 2
+        for pid in [paused.proc.pid, *workers]:
+            os.kill(pid, signal.SIGTERM)
+        paused.marker.unlink()  # rank 0 goes on; its signal is handled before its next step
+        assert paused.proc.wait(timeout=TIMEOUT) == 75, paused.log_path.read_text()[-3000:]
+    finally:
+        paused.close()
+    for log in ("log.txt", "log.txt.rank1"):
+        assert "Stop requested at iteration 19: preempted by" in (run / log).read_text()
+    assert (run / "last_checkpoint").read_text() == "model_0000019.pth"
+    assert not (run / "model_final.pth").exists()
+
+    _train_net(run, "--num-gpus", "2", "--resume", *FAULTS)
+    _assert_equal(_weights(run / "model_final.pth", strip="model."), _weights(two_processes / "model_final.pth"))
 
 
 def test_nan_on_one_rank_stops_every_rank(tmp_path):

@@ -7,8 +7,9 @@ after a resume), can:
 
 - ``model.nan_from_iter=K``: return NaN logits from iteration K on;
 - ``model.raise_at_iter=K``: raise a RuntimeError at iteration K;
-- ``model.pause_at_iter=K``: create the file ``model.pause_marker`` and sleep
-  (the test then kills the job).
+- ``model.pause_at_iter=K``: create the file ``model.pause_marker`` and wait
+  while it exists (at most 10 minutes): the test kills the job there, or
+  signals it and removes the file to let it go on.
 
 Negative values switch a fault off; with all off, training is that of the
 digits example (the weights are under ``model.``).
@@ -47,7 +48,9 @@ class _FaultyModel(nn.Module):
         if it == self.pause_at_iter:
             with open(self.pause_marker, "w") as f:
                 f.write(str(it))
-            time.sleep(600)
+            deadline = time.monotonic() + 600
+            while os.path.exists(self.pause_marker) and time.monotonic() < deadline:
+                time.sleep(0.02)
         if 0 <= self.nan_from_iter <= it:
             out = out * float("nan")
         return out

@@ -226,11 +226,11 @@ class DefaultTrainer(TrainerBase):
                     "train.ema.enabled=True is not supported with train.ddp.kind='fsdp': the EMA hook keeps an "
                     "unsharded copy of the weights. Use kind='ddp', or disable EMA."
                 )
-        if comm.get_world_size() == 1:
-            return model
         from .launch import create_ddp_model, create_fsdp_model
 
-        return create_fsdp_model(model, **options) if kind == "fsdp" else create_ddp_model(model, **options)
+        if kind == "fsdp":
+            return create_fsdp_model(model, **options)  # checks its options; unchanged on one process
+        return create_ddp_model(model, **options) if comm.get_world_size() > 1 else model
 
     @classmethod
     def build_optimizer(cls, cfg: DictConfig, model: nn.Module) -> torch.optim.Optimizer:

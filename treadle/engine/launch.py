@@ -12,7 +12,10 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import signal
 import socket
+import threading
+import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import torch
@@ -79,6 +82,11 @@ def launch(
     With ``torchrun`` (or SLURM with the four variables above exported), the
     process group comes from the environment and nothing is spawned; the
     process-count arguments are ignored with a note if they disagree.
+
+    Spawned processes: when one fails, the others get 30 seconds to end by
+    themselves before they are terminated; a worker's exit status (75 after
+    a preemption) is raised here as ``SystemExit``; SIGTERM and SIGUSR1 sent
+    to this process are passed on to the workers.
     """
     if launched_by_torchrun():
         world = int(os.environ["WORLD_SIZE"])
@@ -111,13 +119,54 @@ def launch(
     if num_machines > 1 and dist_url.startswith("file://"):
         logger.warning("file:// init needs a file system shared by all machines: %s", dist_url)
 
-    mp.start_processes(
+    context = mp.start_processes(
         _distributed_worker,
         nprocs=num_gpus_per_machine,
         args=(main_func, world_size, num_gpus_per_machine, machine_rank, dist_url, tuple(args), timeout),
         daemon=False,
         start_method="spawn",
+        join=False,
     )
+    _wait_for_workers(context)
+
+
+# When one process fails, how long the others get to end by themselves (all
+# ranks raise at the same flush on a NaN, all exit together on a preemption)
+# before they are terminated.
+_FAILURE_GRACE_S = 30.0
+_FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def _wait_for_workers(context: Any) -> None:
+    """Joins the spawned processes; the launcher's exit status is theirs.
+
+    SIGTERM and SIGUSR1 sent to the launcher alone are passed on to the
+    workers, whose :class:`~treadle.hooks.PreemptionHandler` checkpoints and
+    exits with status 75: the launcher then exits with 75 too, so that a
+    scheduler sees the preemption, not a crash.
+    """
+
+    def forward(signum: int, frame: Any) -> None:
+        for process in context.processes:
+            if process.is_alive():
+                os.kill(process.pid, signum)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED_SIGNALS}
+    try:
+        while not context.join(grace_period=_FAILURE_GRACE_S):
+            pass
+    except mp.ProcessExitedException as e:
+        if e.exit_code is not None and e.exit_code > 0:
+            # A worker called sys.exit (75 after a preemption): not a crash
+            # to show a traceback for, but the job's exit status.
+            logger.warning("Process %d exited with status %d.", e.error_index, e.exit_code)
+            raise SystemExit(e.exit_code) from None
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _distributed_worker(
@@ -142,6 +191,11 @@ def _distributed_worker(
     )
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
+    elif "OMP_NUM_THREADS" not in os.environ:
+        # The processes share this machine's cores: each takes its part, as
+        # torchrun's OMP_NUM_THREADS=1 does. Oversubscribed, gloo's threads
+        # wait for cores and two processes ran 5x slower (benchmarks/ddp.py).
+        torch.set_num_threads(max(1, torch.get_num_threads() // num_gpus_per_machine))
     dist.init_process_group(backend=_backend(), init_method=dist_url, world_size=world_size, rank=global_rank, timeout=timeout)
     _run_and_clean_up(main_func, args)
 
@@ -154,15 +208,32 @@ def _run_in_env_group(main_func: Callable[..., Any], args: Sequence[Any], timeou
     _run_and_clean_up(main_func, args)
 
 
+# How long a gloo process waits, after destroying its process group, before
+# the interpreter may exit (see _run_and_clean_up).
+_GLOO_EXIT_GRACE_S = 0.2
+
+
 def _run_and_clean_up(main_func: Callable[..., Any], args: Sequence[Any]) -> None:
     try:
         comm.synchronize()
         main_func(*args)
+        # Ranks leave together: none tears its process group down while a
+        # peer still works (rank 0 writing the last checkpoint, say).
+        comm.synchronize()
     finally:
         # A clean exit: other ranks waiting in a collective are released by
         # the launcher (mp.spawn / torchrun), which ends them when one fails.
         if dist.is_initialized():
+            gloo = dist.get_backend() == dist.Backend.GLOO
             dist.destroy_process_group()
+            if gloo:
+                # destroy_process_group does not join gloo's worker threads. One
+                # that frees the last reference to a finished collective's tensor
+                # needs the GIL, and if the interpreter is exiting by then, the
+                # process aborts ("terminate called without an active exception")
+                # after the job succeeded. Seen on loaded machines; a moment with
+                # the GIL released lets the threads finish.
+                time.sleep(_GLOO_EXIT_GRACE_S)
 
 
 def create_ddp_model(model: nn.Module, *, fp16_compression: bool = False, **kwargs: Any) -> nn.Module:
@@ -244,13 +315,13 @@ def create_fsdp_model(
             so that every rank starts from the same weights whatever its seed
             (DDP does the same when it wraps a model).
     """
+    # Checked first: a bad option fails on one process as on many.
+    dtypes = {"param_dtype": _fsdp_dtype("param_dtype", param_dtype), "reduce_dtype": _fsdp_dtype("reduce_dtype", reduce_dtype)}
     if comm.get_world_size() == 1:
         return model
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mp_policy = MixedPrecisionPolicy(
-        param_dtype=_fsdp_dtype("param_dtype", param_dtype), reduce_dtype=_fsdp_dtype("reduce_dtype", reduce_dtype)
-    )
+    mp_policy = MixedPrecisionPolicy(**dtypes)
     if sync_module_states:
         with torch.no_grad():
             for tensor in [*model.parameters(), *model.buffers()]:
