@@ -244,11 +244,6 @@ def test_resume_after_kill_9_is_exact(two_processes, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limitation: a checkpoint holds rank 0's random state only (only the main process "
-    "saves), so after a resume rank 1 draws rank 0's dropout masks; see docs/distributed.md",
-)
 def test_resume_with_dropout_after_kill_9_is_exact(tmp_path):
     """As above, with dropout on: each rank draws its own masks from its own generator."""
     job = [*FAULTS_WITH_DROPOUT, "model.model.dropout=0.1"]

@@ -25,8 +25,11 @@ train = dict(
         loss_fn=None,  # None: the model returns its loss
         compile=dict(mode=None, backend="inductor", fullgraph=False, dynamic=None),
     ),
-    # Options of DistributedDataParallel when more than one process trains.
-    ddp=dict(broadcast_buffers=False, find_unused_parameters=False, fp16_compression=False),
+    # How the model is wrapped when more than one process trains: kind="ddp"
+    # (DistributedDataParallel, with the options below) or kind="fsdp" (FSDP2
+    # sharding; its options: reshard_after_forward, param_dtype, reduce_dtype,
+    # sync_module_states; the DDP options must then stay off). See docs/distributed.md.
+    ddp=dict(kind="ddp", broadcast_buffers=False, find_unused_parameters=False, fp16_compression=False),
     ema=dict(enabled=False, decay=0.999),
     # Save model_best when this evaluation metric improves (None: off).
     best_checkpointer=dict(metric=None, mode="max"),

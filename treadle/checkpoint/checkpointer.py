@@ -183,9 +183,10 @@ class Checkpointer:
         ``tag_last_checkpoint`` (the default) ``last_checkpoint`` then names it;
         ``False`` writes the file without moving the pointer (e.g. ``model_best``).
         Returns ``None`` without writing on processes that do not save to disk.
-        With an FSDP2 model every rank must call it (at the same point): the
-        sharded model and optimizer states are gathered into full tensors
-        there, and the file is the one a plain model would write.
+        With several processes every rank must call it at the same point (the
+        hooks do): the trainer's state gathers each rank's RNG state, and an
+        FSDP2 model's sharded model and optimizer states are gathered into full
+        tensors, so the file is the one a plain model would write.
 
         Raises:
             ValueError: ``name`` is empty, contains a path separator or starts
@@ -198,7 +199,11 @@ class Checkpointer:
         # An FSDP model's state is sharded: gathering it is a collective in
         # which every rank takes part; only the main process then writes.
         sharded = is_fsdp_model(unwrap_model(self.model))
-        if not self.save_to_disk and not sharded:
+        # With several processes every rank takes part: states may gather
+        # across ranks (an FSDP model's shards, each rank's RNG state in the
+        # trainer's state); only the main process then writes.
+        gathering = sharded or comm.get_world_size() > 1
+        if not self.save_to_disk and not gathering:
             return None
         if not self.save_dir:
             raise ValueError("Checkpointer.save needs a save_dir; this Checkpointer was built without one.")
@@ -217,7 +222,7 @@ class Checkpointer:
         for key, obj in self.checkpointables.items():
             if sharded and isinstance(obj, torch.optim.Optimizer):
                 data[key] = full_optimizer_state_dict(obj)
-            elif self.save_to_disk:
+            elif self.save_to_disk or gathering:
                 data[key] = obj.state_dict()
         if not self.save_to_disk:
             return None

@@ -298,8 +298,15 @@ class TrainerBase:
 
     def state_dict(self) -> Dict[str, Any]:
         """The last iteration run, hook states, step state (data position, grad
-        scaler) and RNG states. Resuming continues at ``iteration + 1``."""
-        state: Dict[str, Any] = {"iteration": self._last_run_iter, "rng": get_rng_state()}
+        scaler) and RNG states (of every rank, when there are several: then
+        every rank must call this at the same point). Resuming continues at
+        ``iteration + 1``."""
+        rng = get_rng_state()
+        state: Dict[str, Any] = {"iteration": self._last_run_iter, "rng": rng}
+        if comm.get_world_size() > 1:
+            # Each rank draws its own dropout masks: all of them are needed for
+            # an exact resume. A collective: every rank calls this together.
+            state["rng_per_rank"] = comm.all_gather(rng)
         hooks = {}
         for key, h in self.hook_state_keys().items():
             hook_state = h.state_dict()
@@ -323,7 +330,18 @@ class TrainerBase:
                 logger.warning("Checkpoint has a state for hook '%s', which is not registered; ignored.", key)
         if "step" in state:
             self.step.load_state_dict(state["step"])
-        if "rng" in state:
+        per_rank = state.get("rng_per_rank")
+        if per_rank is not None and len(per_rank) == comm.get_world_size():
+            set_rng_state(per_rank[comm.get_rank()])
+        elif "rng" in state:
+            if per_rank is not None or comm.get_world_size() > 1:
+                logger.warning(
+                    "The checkpoint's random states are of %d process(es) and this run has %d: every rank "
+                    "restarts from rank 0's state, so the resumed run is not bit-identical to an "
+                    "uninterrupted one.",
+                    len(per_rank) if per_rank is not None else 1,
+                    comm.get_world_size(),
+                )
             set_rng_state(state["rng"])
 
 

@@ -44,8 +44,10 @@ def reduce_across_ranks(entries: List[Entry]) -> List[torch.Tensor]:
         ScalarMismatchError: the names (or their order) differ between ranks.
     """
     world = comm.get_world_size()
-    if world == 1 or not entries:
+    if world == 1:
         return [value for _, value, _ in entries]
+    # No shortcut for an empty flush: a rank with nothing pending must still
+    # meet the others here, or they would wait for it.
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     dtype = torch.float64 if device.type == "cpu" else torch.float32
     header = torch.tensor([*_fingerprint(entries), float(len(entries))], dtype=dtype, device=device)
@@ -59,6 +61,8 @@ def reduce_across_ranks(entries: List[Entry]) -> List[torch.Tensor]:
             f"{names[comm.get_rank()]}, but " + "; ".join(f"rank {r} has {n}" for r, n in differing.items())
             + ". Publish the same scalars on every rank (or only from one rank, outside the storage)."
         )
+    if not entries:
+        return []
     local = torch.stack([value.detach().reshape(()).to(device=device, dtype=dtype) for _, value, _ in entries])
     gathered = torch.empty(world * local.numel(), dtype=dtype, device=device)
     dist.all_gather_into_tensor(gathered, local)

@@ -191,7 +191,9 @@ class EventStorage:
             # numpy scalars and the like
             value = float(value)
         self._pending.append((name, value, self.iter if cur_iter is None else int(cur_iter)))
-        if self._pending_tensors >= self._max_pending:
+        # Not with a cross-rank reducer: resolving is then a collective, which
+        # must happen at the same point on every rank (PeriodicWriter's flush).
+        if self._pending_tensors >= self._max_pending and self.reducer is None:
             self.materialize()
 
     def put_scalars(
@@ -248,6 +250,20 @@ class EventStorage:
         """
         if not self._pending:
             return
+        self._resolve_pending()
+
+    def flush(self) -> None:
+        """:meth:`materialize`, also when nothing is pending.
+
+        With a cross-rank :attr:`reducer`, every rank must resolve its values
+        at the same points, including a rank that has nothing to resolve:
+        ``PeriodicWriter`` calls this on every rank at each period. Plain
+        reads (``latest()``, ``history()``) only resolve what is pending.
+        """
+        if self._pending or self.reducer is not None:
+            self._resolve_pending()
+
+    def _resolve_pending(self) -> None:
         pending, self._pending = self._pending, []
         self._pending_tensors = 0
         resolved = self._resolve_tensors(pending)

@@ -56,7 +56,7 @@ class PeriodicWriter(HookBase):
         """Writes what the storage holds now (one device sync); call it during training only."""
         storage = self.trainer.storage
         try:
-            storage.materialize()
+            storage.flush()
         finally:
             # Even when materialize raises (a non-finite loss), the values were
             # recorded and the writers show them.
