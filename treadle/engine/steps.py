@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# nullcontext is reentrant and stateless: one instance serves every step.
+_NO_CONTEXT = contextlib.nullcontext()
 
 
 class StepBase:
@@ -168,7 +170,7 @@ class EagerStep(StepBase):
             batch = self._next_batch()
             data_time += time.perf_counter() - t0
             # Only the last micro-batch synchronizes gradients across ranks.
-            sync_ctx = self.model.no_sync() if micro < k - 1 and hasattr(self.model, "no_sync") else contextlib.nullcontext()
+            sync_ctx = self.model.no_sync() if micro < k - 1 and hasattr(self.model, "no_sync") else _NO_CONTEXT
             with sync_ctx:
                 with self._autocast():
                     terms = self._losses(batch)
@@ -214,11 +216,15 @@ class EagerStep(StepBase):
                 batch = next(self._data_iter)
             except StopIteration:
                 raise RuntimeError("The training data loader yields no batches.") from None
+        # CPU loader, CPU model: nothing to move, and walking the batch costs
+        # microseconds that a small step notices.
+        if self.device.type == "cpu":
+            return batch
         return to_device(batch, self.device)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.precision == "fp32":
-            return contextlib.nullcontext()
+            return _NO_CONTEXT
         return torch.autocast(device_type=self.device.type, dtype=_AUTOCAST_DTYPES[self.precision])
 
     def _losses(self, batch: Any) -> Dict[str, torch.Tensor]:

@@ -57,7 +57,7 @@ class TrainerBase:
         self, step: Optional[StepBase] = None, *, nonfinite_check: str = "flush", history_length: int = 10_000
     ) -> None:
         self._hooks: List[HookBase] = []
-        self._hooks_by_stage: Dict[str, List[HookBase]] = {s: [] for s in HOOK_STAGES}
+        self._hooks_by_stage: Dict[str, List[Any]] = {s: [] for s in HOOK_STAGES}
         self.iter: int = 0
         self.start_iter: int = 0
         self.max_iter: int = 0
@@ -112,8 +112,10 @@ class TrainerBase:
             # cycle would keep both alive after the trainer is dropped.
             h.trainer = weakref.proxy(self)
         self._hooks = candidate
+        # Bound methods and timing keys made once: the loop calls them every step.
         self._hooks_by_stage = {
-            stage: [h for h in self._hooks if h.overrides(stage)] for stage in HOOK_STAGES
+            stage: [(h, getattr(h, stage), f"{type(h).__name__}.{stage}") for h in self._hooks if h.overrides(stage)]
+            for stage in HOOK_STAGES
         }
 
     def request_stop(self, reason: str, *, interrupted: bool = False) -> None:
@@ -211,18 +213,18 @@ class TrainerBase:
         """
         self.storage.iter = self.iter
         first: Optional[BaseException] = None
-        for h in self._hooks_by_stage["after_train"]:
+        for _, method, key in self._hooks_by_stage["after_train"]:
             t0 = time.perf_counter()
             try:
-                h.after_train()
+                method()
             except BaseException as e:  # SystemExit too: see the docstring
                 if first is not None:
-                    logger.exception("%s.after_train failed after an earlier after_train raised:", type(h).__name__)
+                    logger.exception("%s failed after an earlier after_train raised:", key)
                     continue
                 first = e
                 if hasattr(e, "add_note"):  # Python >= 3.11
-                    e.add_note(f"treadle: raised by hook {type(h).__name__}.after_train at iteration {self.iter}")
-            self._timings[type(h).__name__ + ".after_train"] += time.perf_counter() - t0
+                    e.add_note(f"treadle: raised by hook {key} at iteration {self.iter}")
+            self._timings[key] += time.perf_counter() - t0
         if first is not None:
             raise first
 
@@ -241,15 +243,16 @@ class TrainerBase:
 
     def _call_hooks(self, stage: str) -> None:
         timings = self._timings
-        for h in self._hooks_by_stage[stage]:
-            t0 = time.perf_counter()
+        clock = time.perf_counter
+        for _, method, key in self._hooks_by_stage[stage]:
+            t0 = clock()
             try:
-                getattr(h, stage)()
+                method()
             except Exception as e:
                 if hasattr(e, "add_note"):  # Python >= 3.11
-                    e.add_note(f"treadle: raised by hook {type(h).__name__}.{stage} at iteration {self.iter}")
+                    e.add_note(f"treadle: raised by hook {key} at iteration {self.iter}")
                 raise
-            timings[type(h).__name__ + "." + stage] += time.perf_counter() - t0
+            timings[key] += clock() - t0
 
     def _after_train_after_error(self) -> None:
         """Runs every after_train while an exception propagates.
@@ -259,11 +262,11 @@ class TrainerBase:
         original exception, which is the one the user needs to see.
         """
         self.storage.iter = self.iter
-        for h in self._hooks_by_stage["after_train"]:
+        for _, method, key in self._hooks_by_stage["after_train"]:
             try:
-                h.after_train()
+                method()
             except Exception:
-                logger.exception("%s.after_train failed while handling an earlier error:", type(h).__name__)
+                logger.exception("%s failed while handling an earlier error:", key)
 
     def _log_timing_table(self) -> None:
         iters = max(self.iter - self.start_iter, 1)

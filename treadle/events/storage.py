@@ -277,10 +277,6 @@ class EventStorage:
             self._check_losses(resolved)
 
     def _resolve_tensors(self, pending: List[Tuple[str, ScalarValue, int]]) -> List[Tuple[str, float, int]]:
-        by_device: Dict[torch.device, List[int]] = defaultdict(list)
-        for i, (_, value, _) in enumerate(pending):
-            if isinstance(value, torch.Tensor):
-                by_device[value.device].append(i)
         values: List[Any] = [v for _, v, _ in pending]
         if self.reducer is not None:
             # Reduction works on tensors: numbers join as tensors on the CPU.
@@ -288,16 +284,23 @@ class EventStorage:
                 (name, v if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float64), self._kinds.get(name))
                 for name, v, _ in pending
             ]
-            reduced = self.reducer(entries)
-            values = list(reduced)
-            by_device = defaultdict(list)
-            for i, v in enumerate(values):
-                by_device[v.device].append(i)
-        for indices in by_device.values():
-            # float64: numbers that joined as tensors keep their precision.
-            stacked = torch.stack([values[i].reshape(()).to(torch.float64) for i in indices])
-            # The one host read of this flush for this device.
-            for i, v in zip(indices, stacked.cpu().tolist()):
+            values = list(self.reducer(entries))
+        # Tensors by device, then by dtype: each group is stacked at once, and
+        # each device's groups leave it in one copy, the one sync of this
+        # flush for that device.
+        groups: Dict[torch.device, Dict[torch.dtype, List[int]]] = defaultdict(lambda: defaultdict(list))
+        for i, v in enumerate(values):
+            if isinstance(v, torch.Tensor):
+                groups[v.device][v.dtype].append(i)
+        for by_dtype in groups.values():
+            order: List[int] = []
+            parts = []
+            for indices in by_dtype.values():
+                order += indices
+                # float64: numbers that joined as tensors keep their precision.
+                parts.append(torch.stack([values[i] for i in indices]).reshape(-1).to(torch.float64))
+            flat = parts[0] if len(parts) == 1 else torch.cat(parts)
+            for i, v in zip(order, flat.cpu().tolist()):
                 values[i] = v
         return [(name, float(v), it) for (name, _, it), v in zip(pending, values)]
 

@@ -36,6 +36,9 @@ def to_device(obj: Any, device: torch.device, non_blocking: bool = True) -> Any:
     """
     if isinstance(obj, torch.Tensor):
         return obj.to(device, non_blocking=non_blocking)
+    # Plain tuples and lists first: the Mapping test below is an ABC check, slower.
+    if type(obj) in (tuple, list):
+        return type(obj)(to_device(v, device, non_blocking) for v in obj)
     if isinstance(obj, Mapping):
         moved = {k: to_device(v, device, non_blocking) for k, v in obj.items()}
         if type(obj) is dict:
