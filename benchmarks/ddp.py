@@ -97,14 +97,14 @@ def _flush_cost(repeats: int) -> Dict[str, float]:
     # What EagerStep, IterationTimer and LRScheduler publish per iteration.
     names = [("total_loss", ScalarKind.LOSS), ("data_time", ScalarKind.TIME), ("time", ScalarKind.TIME), ("lr", None)]
     entries = [(n, torch.tensor(float(i)), kind) for i in range(LOG_PERIOD) for n, kind in names]
-    # For scale: one all_gather_into_tensor of the same values (a one-collective flush).
+    # For scale: one all_gather_single of the same values (a one-collective flush).
     values = torch.stack([value for _, value, _ in entries]).double()
     gathered = torch.empty(comm.get_world_size() * values.numel(), dtype=values.dtype)
     times: Dict[str, List[float]] = {"reduce": [], "one all_gather": []}
     for _ in range(repeats):
         for name, call in (
             ("reduce", lambda: reduce_across_ranks(entries)),
-            ("one all_gather", lambda: dist.all_gather_into_tensor(gathered, values)),
+            ("one all_gather", lambda: dist.all_gather_single(gathered, values)),
         ):
             comm.synchronize()
             t0 = time.perf_counter()
@@ -156,7 +156,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     iteration = 1.0 / two["digits MLP"]
     print(
         f"\nflush: reduce_across_ranks of {two['flush']['entries']} scalars (one writer period of {LOG_PERIOD}) "
-        f"takes {flush * 1e3:.3f} ms (median of {args.flush_repeats}; one bare all_gather_into_tensor of the "
+        f"takes {flush * 1e3:.3f} ms (median of {args.flush_repeats}; one bare all_gather_single of the "
         f"same values: {two['flush']['one all_gather'] * 1e3:.3f} ms);\n"
         f"a 2-process digits iteration takes {iteration * 1e3:.3f} ms: the flush costs {flush / iteration:.2f} iteration(s), "
         f"{flush / LOG_PERIOD / iteration * 100:.2f}% of training time when amortized over its period."

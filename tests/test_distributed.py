@@ -235,7 +235,7 @@ def test_wrap_model_checks_its_options_on_one_process():
 
 # ---------------------------------------------------------------------------- collectives per iteration
 _COLLECTIVES = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_object", "broadcast",
     "broadcast_object_list", "barrier", "monitored_barrier", "reduce", "reduce_scatter",
     "reduce_scatter_tensor", "gather", "gather_object", "scatter", "scatter_object_list",
     "all_to_all", "all_to_all_single",
@@ -301,10 +301,10 @@ def test_collectives_happen_only_at_flushes(tmp_path):
     _spawn(_counting_worker, 2, str(tmp_path))
     flushes = [it for it in range(MAX_ITER) if (it + 1) % WRITER_PERIOD == 0 or it == MAX_ITER - 1]
     assert flushes == [4, 9, 14, 19, 22]
-    expected = [[name, it] for it in flushes for name in ["all_gather_into_tensor"] * 2]
+    expected = [[name, it] for it in flushes for name in ["all_gather_single"] * 2]
     # The final flush of after_train has nothing left to resolve, but every
     # rank still meets the others there: the header gather only.
-    expected.append(["all_gather_into_tensor", MAX_ITER])
+    expected.append(["all_gather_single", MAX_ITER])
     for report in _load_ranks(tmp_path, 2):
         assert report["calls"] == expected
     # The main process alone wrote, once per flush.

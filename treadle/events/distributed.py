@@ -32,7 +32,7 @@ def reduce_across_ranks(entries: List[Entry]) -> List[torch.Tensor]:
 
     Installed as :attr:`EventStorage.reducer` by the trainer when the world
     size is above one; it runs at each flush, on every rank at once, and is
-    the only communication of a flush: two ``all_gather_into_tensor`` calls.
+    the only communication of a flush: two ``all_gather_single`` calls.
     The first carries a fingerprint of the names and their count (three
     numbers), the second every rank's pending values. The header goes first
     because a collective needs the same size on every rank: ranks that
@@ -52,7 +52,7 @@ def reduce_across_ranks(entries: List[Entry]) -> List[torch.Tensor]:
     dtype = torch.float64 if device.type == "cpu" else torch.float32
     header = torch.tensor([*_fingerprint(entries), float(len(entries))], dtype=dtype, device=device)
     headers = torch.empty(world * header.numel(), dtype=dtype, device=device)
-    dist.all_gather_into_tensor(headers, header)
+    dist.all_gather_single(headers, header)
     if not torch.equal(headers.view(world, -1), header.expand(world, -1)):
         names = comm.all_gather([name for name, _, _ in entries])  # only on this error path
         differing = {r: n for r, n in enumerate(names) if n != names[comm.get_rank()]}
@@ -65,7 +65,7 @@ def reduce_across_ranks(entries: List[Entry]) -> List[torch.Tensor]:
         return []
     local = torch.stack([value.detach().reshape(()).to(device=device, dtype=dtype) for _, value, _ in entries])
     gathered = torch.empty(world * local.numel(), dtype=dtype, device=device)
-    dist.all_gather_into_tensor(gathered, local)
+    dist.all_gather_single(gathered, local)
     per_rank = gathered.view(world, -1)
     is_time = torch.tensor([kind == ScalarKind.TIME for _, _, kind in entries], device=device)
     reduced = torch.where(is_time, per_rank.amax(dim=0), per_rank.mean(dim=0))
