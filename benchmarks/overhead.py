@@ -167,7 +167,13 @@ def main(argv: List[str]) -> None:
     parser.add_argument("--iters", type=int, default=1000)
     parser.add_argument("--compiled-iters", type=int, default=50)
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument(
+        "--threads", type=int, default=None,
+        help="torch threads for both loops (default: torch's); 1 removes most OpenMP jitter on a small shared machine",
+    )
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     bench_overhead(args.rounds, args.iters)
     if not args.no_compile:
         bench_compiled(args.compiled_iters)
