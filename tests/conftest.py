@@ -41,3 +41,18 @@ def treadle_caplog(caplog):
     yield caplog
     logger.removeHandler(caplog.handler)
     logger.propagate, logger.level = old_propagate, old_level
+
+
+@pytest.fixture
+def data_log():
+    """Records of the treadle.data loggers, whatever propagation other tests set up."""
+    records = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    log = logging.getLogger("treadle.data")
+    old_level = log.level
+    log.setLevel(logging.DEBUG)
+    log.addHandler(handler)
+    yield records
+    log.removeHandler(handler)
+    log.setLevel(old_level)

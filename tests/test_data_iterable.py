@@ -35,21 +35,6 @@ class ShuffleBuffer(IterableDataset):
         yield from buffer
 
 
-@pytest.fixture
-def data_log():
-    """Records of the treadle.data loggers, whatever propagation other tests set up."""
-    records = []
-    handler = logging.Handler(logging.DEBUG)
-    handler.emit = records.append
-    log = logging.getLogger("treadle.data")
-    old_level = log.level
-    log.setLevel(logging.DEBUG)
-    log.addHandler(handler)
-    yield records
-    log.removeHandler(handler)
-    log.setLevel(old_level)
-
-
 def take(loader, n):
     return [b.tolist() for b in islice(iter(loader), n)]
 

@@ -37,21 +37,6 @@ class RandomPlusIndex(Dataset):
         return torch.cat([torch.rand(1), noise]) + i
 
 
-@pytest.fixture
-def data_log():
-    """Records of the treadle.data loggers, whatever propagation other tests set up."""
-    records = []
-    handler = logging.Handler(logging.DEBUG)
-    handler.emit = records.append
-    log = logging.getLogger("treadle.data")
-    old_level = log.level
-    log.setLevel(logging.DEBUG)
-    log.addHandler(handler)
-    yield records
-    log.removeHandler(handler)
-    log.setLevel(old_level)
-
-
 def messages(records, level):
     return [r.getMessage() for r in records if r.levelno == level]
 

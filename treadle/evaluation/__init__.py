@@ -5,7 +5,7 @@ runs a model over a data loader and returns ``{"accuracy": ..., "f1": ...}``.
 See ``docs/evaluation.md``.
 """
 
-from .batch import ForwardFn, batch_size, default_forward, get_predictions, get_targets, move_to_device
+from .batch import ForwardFn, batch_size, default_forward, get_predictions, get_targets, get_tensor_pair, move_to_device
 from .evaluator import DatasetEvaluator, DatasetEvaluators
 from .inference import inference_context, inference_on_dataset
 from .registry import available_metrics, build_evaluator, register_metric, unregister_metric
@@ -45,5 +45,6 @@ __all__ = [
     "move_to_device",
     "get_targets",
     "get_predictions",
+    "get_tensor_pair",
     "batch_size",
 ]

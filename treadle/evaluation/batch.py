@@ -15,11 +15,19 @@ default, as in Hugging Face models).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Tuple, Union
 
 import torch
 
-__all__ = ["ForwardFn", "move_to_device", "default_forward", "get_targets", "get_predictions", "batch_size"]
+__all__ = [
+    "ForwardFn",
+    "move_to_device",
+    "default_forward",
+    "get_targets",
+    "get_predictions",
+    "get_tensor_pair",
+    "batch_size",
+]
 
 ForwardFn = Callable[[Any, Any], Any]
 
@@ -137,3 +145,18 @@ def batch_size(obj: Any) -> Optional[int]:
         return None
     return None
 
+
+def get_tensor_pair(inputs: Any, outputs: Any, output_key: str, target_key: str, who: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(predictions, targets)`` of a batch, both tensors.
+
+    Raises:
+        TypeError: naming the evaluator (``who``) when either is not a tensor.
+    """
+    predictions = get_predictions(outputs, output_key, who)
+    targets = get_targets(inputs, target_key, who)
+    if not isinstance(predictions, torch.Tensor) or not isinstance(targets, torch.Tensor):
+        raise TypeError(
+            f"{who}: expected tensors for predictions and targets, got "
+            f"{type(predictions).__name__} and {type(targets).__name__}"
+        )
+    return predictions, targets

@@ -9,7 +9,7 @@ import torch
 
 from treadle.utils import comm
 
-from .batch import get_predictions, get_targets
+from .batch import get_tensor_pair
 from .registry import register_metric
 from .results import Results
 from .statistics import StatisticsEvaluator
@@ -93,13 +93,7 @@ class ClassificationEvaluator(StatisticsEvaluator):
 
     def process(self, inputs: Any, outputs: Any) -> None:
         who = type(self).__name__
-        logits = get_predictions(outputs, self.output_key, who)
-        targets = get_targets(inputs, self.target_key, who)
-        if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
-            raise TypeError(
-                f"{who}: expected tensors for logits and targets, got "
-                f"{type(logits).__name__} and {type(targets).__name__}"
-            )
+        logits, targets = get_tensor_pair(inputs, outputs, self.output_key, self.target_key, who)
         if logits.dim() != targets.dim() + 1 or logits.shape[:-1] != targets.shape:
             raise ValueError(
                 f"{who}: logits of shape {tuple(logits.shape)} do not match targets of shape "

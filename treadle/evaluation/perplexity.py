@@ -7,7 +7,7 @@ from typing import Any, Dict, Sequence
 import torch
 import torch.nn.functional as F
 
-from .batch import get_predictions, get_targets
+from .batch import get_tensor_pair
 from .registry import register_metric
 from .results import Results
 from .statistics import StatisticsEvaluator, float_accumulator_dtype
@@ -61,13 +61,7 @@ class PerplexityEvaluator(StatisticsEvaluator):
 
     def process(self, inputs: Any, outputs: Any) -> None:
         who = type(self).__name__
-        logits = get_predictions(outputs, self.output_key, who)
-        targets = get_targets(inputs, self.target_key, who)
-        if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
-            raise TypeError(
-                f"{who}: expected tensors for logits and targets, got "
-                f"{type(logits).__name__} and {type(targets).__name__}"
-            )
+        logits, targets = get_tensor_pair(inputs, outputs, self.output_key, self.target_key, who)
         if logits.dim() != 3 or targets.dim() != 2 or logits.shape[:2] != targets.shape:
             raise ValueError(
                 f"{who}: expected logits (N, T, V) and targets (N, T), got "

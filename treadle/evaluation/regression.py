@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Sequence
 
 import torch
 
-from .batch import get_predictions, get_targets
+from .batch import get_tensor_pair
 from .registry import register_metric
 from .results import Results
 from .statistics import StatisticsEvaluator, float_accumulator_dtype
@@ -57,13 +57,7 @@ class RegressionEvaluator(StatisticsEvaluator):
 
     def process(self, inputs: Any, outputs: Any) -> None:
         who = type(self).__name__
-        predictions = get_predictions(outputs, self.output_key, who)
-        targets = get_targets(inputs, self.target_key, who)
-        if not isinstance(predictions, torch.Tensor) or not isinstance(targets, torch.Tensor):
-            raise TypeError(
-                f"{who}: expected tensors for predictions and targets, got "
-                f"{type(predictions).__name__} and {type(targets).__name__}"
-            )
+        predictions, targets = get_tensor_pair(inputs, outputs, self.output_key, self.target_key, who)
         if _squeezed_shape(predictions) != _squeezed_shape(targets):
             raise ValueError(
                 f"{who}: predictions of shape {tuple(predictions.shape)} do not match "
