@@ -13,7 +13,7 @@ import logging
 import time
 import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, Optional, Tuple
 
 import torch
 from torch import nn
@@ -160,11 +160,43 @@ class EagerStep(StepBase):
                 "The model is in eval mode at the start of a training step; a hook or an "
                 "evaluation did not restore model.train()."
             )
-        storage = self.storage
+        storage = get_event_storage()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.grad_accum_steps == 1:
+            t0 = time.perf_counter()
+            batch = self._next_batch()
+            data_time = time.perf_counter() - t0
+            terms, total = self._forward(batch)
+            self._backward(total)
+            totals = {name: self._published(value) for name, value in terms.items()}
+        else:
+            totals, data_time = self._accumulate()
+        self._update(storage)
+        for name, value in totals.items():
+            storage.put_scalar(name, value, kind=ScalarKind.LOSS)
+        storage.put_scalar("data_time", data_time, kind=ScalarKind.TIME)
+
+    def _forward(self, batch: Any) -> Tuple[Dict[str, torch.Tensor], torch.Tensor]:
+        """The losses of ``batch`` by name, ``total_loss`` included, and the total."""
+        with self._autocast():
+            terms = self._losses(batch)
+            # "total_loss" is present only for a single-loss contract (dicts may not use the name).
+            if "total_loss" not in terms:
+                terms["total_loss"] = sum(terms.values())
+        return terms, terms["total_loss"]
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        if self.grad_scaler is not None:
+            self.grad_scaler.scale(loss).backward()
+        else:
+            loss.backward()
+
+    def _accumulate(self) -> Tuple[Dict[str, torch.Tensor], float]:
+        """Forward and backward of ``grad_accum_steps`` micro-batches; returns
+        the losses averaged over them and the time spent waiting for data."""
+        k = self.grad_accum_steps
         data_time = 0.0
         totals: Dict[str, torch.Tensor] = {}
-        k = self.grad_accum_steps
         for micro in range(k):
             t0 = time.perf_counter()
             batch = self._next_batch()
@@ -172,21 +204,15 @@ class EagerStep(StepBase):
             # Only the last micro-batch synchronizes gradients across ranks.
             sync_ctx = self.model.no_sync() if micro < k - 1 and hasattr(self.model, "no_sync") else _NO_CONTEXT
             with sync_ctx:
-                with self._autocast():
-                    terms = self._losses(batch)
-                    # "total_loss" is present only for a single-loss contract (dicts may not use the name).
-                    total = terms["total_loss"] if "total_loss" in terms else sum(terms.values())
-                loss = total / k if k > 1 else total
-                if self.grad_scaler is not None:
-                    self.grad_scaler.scale(loss).backward()
-                else:
-                    loss.backward()
-            if "total_loss" not in terms:
-                terms["total_loss"] = total
+                terms, total = self._forward(batch)
+                self._backward(total / k)
             for name, value in terms.items():
                 value = self._published(value)
                 totals[name] = value if micro == 0 else totals[name] + value
+        return {name: value / k for name, value in totals.items()}, data_time
 
+    def _update(self, storage: EventStorage) -> None:
+        """after_backward hooks, clipping and the optimizer step."""
         if self.grad_scaler is not None:
             # Hooks and clipping must see true gradients.
             self.grad_scaler.unscale_(self.optimizer)
@@ -199,10 +225,6 @@ class EagerStep(StepBase):
             self.grad_scaler.update()
         else:
             self.optimizer.step()
-
-        for name, value in totals.items():
-            storage.put_scalar(name, value / k if k > 1 else value, kind=ScalarKind.LOSS)
-        storage.put_scalar("data_time", data_time, kind=ScalarKind.TIME)
 
     def _next_batch(self) -> Any:
         if self._data_iter is None:

@@ -25,6 +25,8 @@ class HistoryBuffer(_FvcoreHistoryBuffer):
     def __init__(self, max_length: int = 10_000) -> None:
         super().__init__(max_length)
         self._data: Deque[Tuple[float, int]] = deque(maxlen=max_length)  # type: ignore[assignment]
+        self._median_key: Tuple[int, int] = (-1, -1)
+        self._median = 0.0
 
     def update(self, value: float, iteration: int | None = None) -> None:
         if iteration is None:
@@ -39,7 +41,12 @@ class HistoryBuffer(_FvcoreHistoryBuffer):
     # statistics, not numpy: on windows of tens of values numpy's call
     # overhead is ten times the work, and writers call this at every flush.
     def median(self, window_size: int) -> float:
-        return float(statistics.median(self._window(window_size)))
+        # Every writer asks for the same median at a flush: computed once.
+        key = (self._count, window_size)
+        if self._median_key != key:
+            self._median_key = key
+            self._median = float(statistics.median(self._window(window_size)))
+        return self._median
 
     def avg(self, window_size: int) -> float:
         return float(statistics.fmean(self._window(window_size)))

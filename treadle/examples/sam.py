@@ -45,9 +45,7 @@ class SAMStep(EagerStep):
         self.rho = rho
 
     def _loss(self, batch: Any) -> torch.Tensor:
-        with self._autocast():
-            terms = self._losses(batch)
-            return terms["total_loss"] if "total_loss" in terms else sum(terms.values())
+        return self._forward(batch)[1]
 
     def run_step(self) -> None:
         storage = self.storage

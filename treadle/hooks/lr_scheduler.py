@@ -198,9 +198,10 @@ class LRScheduler(HookBase):
             for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
                 group["lr"] = lr
         self._group_index = _largest_group(self.optimizer)
+        self._param_groups = self.optimizer.param_groups
 
     def after_step(self) -> None:
-        lr = self.optimizer.param_groups[self._group_index]["lr"]
+        lr = self._param_groups[self._group_index]["lr"]
         self.trainer.storage.put_scalar("lr", lr, smoothing_hint=False)
         self.scheduler.step()
 

@@ -39,6 +39,7 @@ class IterationTimer(HookBase):
         self._step_timer = Timer()
         self._start_time: float | None = None
         self._total_timer = Timer()
+        self._timing_total = False
 
     def before_train(self) -> None:
         self._start_time = time.perf_counter()
@@ -46,16 +47,18 @@ class IterationTimer(HookBase):
         self._total_timer.pause()
 
     def _past_warmup(self) -> bool:
-        return self.trainer.iter - self.trainer.start_iter >= self._warmup_iter
+        trainer = self.trainer
+        return trainer.iter - trainer.start_iter >= self._warmup_iter
 
     def before_step(self) -> None:
         self._step_timer.reset()
-        if self._past_warmup():
+        self._timing_total = self._past_warmup()
+        if self._timing_total:
             self._total_timer.resume()
 
     def after_step(self) -> None:
         seconds = self._step_timer.seconds()
-        if self._past_warmup():
+        if self._timing_total:
             self._total_timer.pause()
         self.trainer.storage.put_scalar("time", seconds, kind=ScalarKind.TIME)
 

@@ -41,8 +41,9 @@ class PeriodicWriter(HookBase):
             w.set_start_iter(self.trainer.start_iter)
 
     def after_step(self) -> None:
-        it = self.trainer.iter
-        if (it + 1) % self._period == 0 or it == self.trainer.max_iter - 1:
+        trainer = self.trainer
+        it = trainer.iter
+        if (it + 1) % self._period == 0 or it == trainer.max_iter - 1:
             self.flush()
 
     def after_train(self) -> None:
