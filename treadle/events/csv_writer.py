@@ -5,12 +5,12 @@ from __future__ import annotations
 import csv
 import io
 import logging
-from typing import IO, List, Optional, Set, cast
+from typing import List, Optional, Set, cast
 
 from treadle.utils.file_io import PathManager
 
 from .storage import get_event_storage
-from .writer import ITERATION_KEY, _atomic_write_text, _IterationRowWriter, _open_for_append, _read_lines
+from .writer import ITERATION_KEY, _atomic_write_text, _AppendingFileWriter, _read_lines
 
 __all__ = ["CSVWriter"]
 
@@ -27,7 +27,7 @@ def _csv_fields(line: str) -> List[str]:
     return next(csv.reader([line]), [])
 
 
-class CSVWriter(_IterationRowWriter):
+class CSVWriter(_AppendingFileWriter):
     """Writes scalars to a CSV file, one row per iteration.
 
     The header is ``iteration`` then the scalar names in sorted order; a
@@ -48,15 +48,9 @@ class CSVWriter(_IterationRowWriter):
     """
 
     def __init__(self, csv_file: str, window_size: int = 20) -> None:
-        super().__init__(window_size)
-        self._path = csv_file
-        self._file: Optional[IO[str]] = None
+        super().__init__(csv_file, window_size)
         # Scalar columns of the file's header (without "iteration"); None until read.
         self._columns: Optional[List[str]] = None
-
-    @property
-    def path(self) -> str:
-        return self._path
 
     def write(self) -> None:
         rows = self._new_rows(get_event_storage())
@@ -72,16 +66,8 @@ class CSVWriter(_IterationRowWriter):
             _csv_line([str(it)] + [repr(scalars[c]) if c in scalars else "" for c in columns])
             for it, scalars in rows.items()
         )
-        if self._file is None:
-            self._file = _open_for_append(self._path)
-        self._file.write(text)
-        self._file.flush()
+        self._append(text)
         self._commit(rows)
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
 
     def set_start_iter(self, start_iter: int) -> None:
         """Drops rows of iterations ``>= start_iter`` and a torn last row; see the class."""

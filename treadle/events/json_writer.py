@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import IO, Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from treadle.utils.file_io import PathManager
 
 from .storage import get_event_storage
-from .writer import ITERATION_KEY, _atomic_write_text, _IterationRowWriter, _open_for_append, _read_lines
+from .writer import ITERATION_KEY, _atomic_write_text, _AppendingFileWriter, _read_lines
 
 __all__ = ["JSONWriter"]
 
@@ -35,7 +35,7 @@ def _json_line_iteration(line: str) -> Optional[int]:
     return it if isinstance(it, int) and not isinstance(it, bool) else None
 
 
-class JSONWriter(_IterationRowWriter):
+class JSONWriter(_AppendingFileWriter):
     """Appends scalars to a JSON-lines file (``metrics.json``).
 
     Each line is one JSON object: ``"iteration"`` first, then the scalars of
@@ -58,13 +58,7 @@ class JSONWriter(_IterationRowWriter):
     """
 
     def __init__(self, json_file: str, window_size: int = 20) -> None:
-        super().__init__(window_size)
-        self._path = json_file
-        self._file: Optional[IO[str]] = None
-
-    @property
-    def path(self) -> str:
-        return self._path
+        super().__init__(json_file, window_size)
 
     def write(self) -> None:
         rows = self._new_rows(get_event_storage())
@@ -75,16 +69,8 @@ class JSONWriter(_IterationRowWriter):
             record: Dict[str, Any] = {ITERATION_KEY: it}
             record.update((k, _json_value(scalars[k])) for k in sorted(scalars))
             lines.append(json.dumps(record, allow_nan=False) + "\n")
-        if self._file is None:
-            self._file = _open_for_append(self._path)
-        self._file.write("".join(lines))
-        self._file.flush()
+        self._append("".join(lines))
         self._commit(rows)
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
 
     def set_start_iter(self, start_iter: int) -> None:
         """Drops the lines of iterations ``>= start_iter`` from the file.

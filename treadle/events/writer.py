@@ -31,7 +31,7 @@ import math
 import os
 from abc import ABC, abstractmethod
 from collections import defaultdict
-from typing import IO, Any, Dict, List, Tuple
+from typing import IO, Any, Dict, List, Optional, Tuple
 
 from treadle.utils.atomic import atomic_write
 from treadle.utils.file_io import PathManager
@@ -189,3 +189,28 @@ def _open_for_append(path: str) -> IO[str]:
     if directory:
         PathManager.mkdirs(directory)
     return PathManager.open(path, "a", encoding="utf-8", newline="")
+
+
+class _AppendingFileWriter(_IterationRowWriter):
+    """A row writer that appends text to one file, opened when first needed
+    (so that a writer closed after a run works again in the next)."""
+
+    def __init__(self, path: str, window_size: int) -> None:
+        super().__init__(window_size)
+        self._path = path
+        self._file: Optional[IO[str]] = None
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    def _append(self, text: str) -> None:
+        if self._file is None:
+            self._file = _open_for_append(self._path)
+        self._file.write(text)
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
