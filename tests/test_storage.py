@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from treadle.events import EventStorage, HistoryBuffer, NonFiniteLossError, ScalarKind, get_event_storage
+from treadle.events import storage as storage_module
 
 
 def test_get_event_storage_outside_context_is_a_clear_error():
@@ -24,9 +25,13 @@ def test_tensors_are_resolved_only_when_read():
     with EventStorage(0) as s:
         x = torch.tensor(1.5)
         s.put_scalar("loss", x)
-        assert s._pending and s._pending[0][1] is not x  # detached view kept, not read
+        assert s._pending["loss"][0][0] is x  # kept as it is, not read
+        w = torch.tensor(2.0, requires_grad=True)
+        s.put_scalar("w", w * 1)
+        kept = s._pending["w"][0][0]
+        assert not kept.requires_grad and kept.grad_fn is None  # no autograd graph kept alive
         s.put_scalar("n", 3)
-        assert s.latest() == {"loss": (1.5, 0), "n": (3.0, 0)}
+        assert s.latest() == {"loss": (1.5, 0), "w": (2.0, 0), "n": (3.0, 0)}
         assert not s._pending
 
 
@@ -111,7 +116,7 @@ def test_pending_values_are_bounded():
     with EventStorage(0, max_pending=10) as s:
         for i in range(25):
             s.put_scalar("x", torch.tensor(float(i)))
-        assert len(s._pending) < 10
+        assert sum(len(points) for points in s._pending.values()) < 10
         assert s.history("x").latest() == 24.0
 
 
@@ -138,3 +143,42 @@ def test_images_and_histograms_are_queued_with_their_iteration():
         s.clear_images()
         s.clear_histograms()
         assert s.images == [] and s.histograms == []
+
+
+@pytest.mark.parametrize("one_by_one", [True, False], ids=["cpu-reads", "batched-reads"])
+def test_mixed_dtypes_and_numbers_resolve_exactly_in_put_order(monkeypatch, one_by_one):
+    # The batched path is what tensors on an accelerator take; forced here on the CPU.
+    monkeypatch.setattr(storage_module, "_READ_CPU_TENSORS_ONE_BY_ONE", one_by_one)
+    with EventStorage(0) as s:
+        for it in range(3):
+            s.iter = it
+            s.put_scalar("f32", torch.tensor(0.1 + it, dtype=torch.float32))
+            s.put_scalar("f64", torch.tensor(1 / 3 + it, dtype=torch.float64))
+            s.put_scalar("bf16", torch.tensor(1.5 + it, dtype=torch.bfloat16))
+            s.put_scalar("i64", torch.tensor(7 + it))
+            s.put_scalar("mixed", torch.tensor(float(it)) if it % 2 else it * 10)
+        assert s.history("f32").values() == [(torch.tensor(0.1 + i, dtype=torch.float32).item(), i) for i in range(3)]
+        assert s.history("f64").values() == [(1 / 3 + i, i) for i in range(3)]  # no rounding through float32
+        assert s.history("bf16").values() == [(1.5 + i, i) for i in range(3)]
+        assert s.history("i64").values() == [(7.0 + i, i) for i in range(3)]
+        assert s.history("mixed").values() == [(0.0, 0), (1.0, 1), (20.0, 2)]
+        assert all(type(v) is float for name in ("f32", "i64", "mixed") for v, _ in s.history(name).values())
+
+
+def test_history_extend_equals_updates_and_median_handles_non_finite_values():
+    one, batch = HistoryBuffer(4), HistoryBuffer(4)
+    points = [(3.0, 0), (1.0, 1), (4.0, 2), (1.5, 3), (9.0, 4), (2.0, 5)]
+    for v, it in points:
+        one.update(v, it)
+    batch.extend(points[:2])
+    batch.extend(points[2:])
+    assert batch.values() == one.values() == points[2:]
+    assert batch.global_avg() == pytest.approx(one.global_avg()) == pytest.approx(20.5 / 6)
+    assert batch.median(3) == 2.0 and batch.median(4) == 3.0  # odd and even windows
+    h = HistoryBuffer()
+    h.extend([(1.0, 0), (float("inf"), 1), (float("-inf"), 2)])
+    assert h.median(3) == 1.0
+    h.update(float("nan"), 3)
+    assert math.isnan(h.median(4))
+    h.extend([(5.0, 4), (6.0, 5)])
+    assert h.median(2) == 5.5  # the NaN left the window

@@ -129,6 +129,20 @@ def test_json_writes_non_finite_values_as_null(tmp_path):
     assert path.read_text() == '{"iteration": 0, "eval/x": null, "eval/y": null, "grad_norm": null}\n'
 
 
+def test_json_lines_are_what_json_dumps_writes_for_awkward_names_and_numbers(tmp_path):
+    path = tmp_path / "metrics.json"
+    writer = JSONWriter(str(path))
+    values = {'say "hi"\\': 1e-05, "ünï/cödé": -0.0, "tab\tname": 1e300, "int_like": 3, "tiny": 5e-324}
+    with EventStorage(7) as s:
+        for name, value in values.items():
+            s.put_scalar(name, value, smoothing_hint=False)
+        writer.write()
+    writer.close()
+    expected = {"iteration": 7, **{name: float(values[name]) for name in sorted(values)}}
+    assert path.read_text() == json.dumps(expected) + "\n"
+    assert read_json_lines(path) == [expected]
+
+
 def test_json_non_finite_loss_is_raised_then_written_by_the_next_write(tmp_path):
     path = tmp_path / "metrics.json"
     writer = JSONWriter(str(path), window_size=1)
@@ -463,6 +477,7 @@ def test_printer_drops_a_loss_that_is_no_longer_put(treadle_caplog):
 
 
 def test_printer_colors_values_and_shows_cuda_memory(treadle_caplog, monkeypatch):
+    monkeypatch.setattr(printer_module, "_CUDA_BUILT", True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: 123 * 2**20)
     printer = CommonMetricPrinter(window_size=1, color=True)

@@ -35,6 +35,55 @@ _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _NO_CONTEXT = contextlib.nullcontext()
 
 
+def _forward_losses(model: nn.Module, loss_fn: Optional[Callable], batch: Any) -> Dict[str, torch.Tensor]:
+    """Runs the model on a batch and returns its losses by name (see EagerStep)."""
+    if loss_fn is not None:
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            raise TypeError(
+                "With loss_fn, each batch must be an (inputs, targets) pair; got "
+                f"{type(batch).__name__}" + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
+            )
+        inputs, targets = batch
+        out, source = loss_fn(model(inputs), targets), "loss_fn"
+    else:
+        out, source = model(batch), "the model"
+    if isinstance(out, torch.Tensor) and out.numel() == 1:  # the common case, checked first
+        return {"total_loss": out}
+    return _as_losses(out, source)
+
+
+def _as_losses(out: Any, source: str) -> Dict[str, torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        if out.numel() != 1:
+            _raise_not_scalar(out, source, "total_loss")
+        return {"total_loss": out}
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        if loss.numel() != 1:
+            _raise_not_scalar(loss, source, "loss")
+        return {"total_loss": loss}
+    if isinstance(out, Mapping) and out:
+        for name, value in out.items():
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"{source} returned a dict whose entry '{name}' is a {type(value).__name__}, not a loss tensor")
+            if value.numel() != 1:
+                _raise_not_scalar(value, source, name)
+        if "total_loss" in out:
+            raise ValueError(f"{source} returned a loss named 'total_loss'; that name is kept for the sum of the losses")
+        return dict(out)
+    raise TypeError(
+        f"{source} returned {type(out).__name__}; expected a scalar loss tensor, a dict of scalar "
+        "losses, or an object with a .loss attribute (or pass loss_fn to compute the loss)"
+    )
+
+
+def _raise_not_scalar(value: torch.Tensor, source: str, name: str) -> None:
+    raise ValueError(
+        f"{source} returned loss '{name}' of shape {tuple(value.shape)}; a loss must be a scalar "
+        "(reduce it, e.g. with .mean())"
+    )
+
+
 class StepBase:
     """One training iteration.
 
@@ -47,10 +96,10 @@ class StepBase:
     as plain data; it is saved with the trainer's state.
 
     ``self.trainer`` is set (as a weak proxy) when the step is assigned to
-    ``trainer.step``.
+    ``trainer.step``; it is ``None`` for a step run on its own.
     """
 
-    trainer: "TrainerBase"
+    trainer: Optional["TrainerBase"] = None
 
     def run_step(self) -> None:
         raise NotImplementedError
@@ -67,9 +116,8 @@ class StepBase:
             raise KeyError(f"{type(self).__name__} keeps no state but got keys {sorted(state)}")
 
     def _after_backward(self) -> None:
-        trainer = getattr(self, "trainer", None)
-        if trainer is not None:
-            trainer.after_backward()
+        if self.trainer is not None:
+            self.trainer.after_backward()
 
 
 class EagerStep(StepBase):
@@ -144,6 +192,7 @@ class EagerStep(StepBase):
             raise ValueError(f"grad_scaler is used only with precision='fp16', not {precision!r}")
         self.grad_scaler = grad_scaler
         self._data_iter: Optional[Iterator[Any]] = None
+        self._batch_device: Optional[torch.device] = None
         self._warned_no_data_state = False
 
     # ------------------------------------------------------------------ iteration
@@ -154,6 +203,10 @@ class EagerStep(StepBase):
             self._device = param.device if param is not None else torch.device("cpu")
         return self._device
 
+    # The iteration is one method with the rare cases (accumulation, a grad
+    # scaler, clipping) behind branches: on a small model the step's Python
+    # runs with cold caches after every backward, and each extra function
+    # costs about a microsecond there.
     def run_step(self) -> None:
         if not self.model.training:
             raise RuntimeError(
@@ -161,35 +214,51 @@ class EagerStep(StepBase):
                 "evaluation did not restore model.train()."
             )
         storage = get_event_storage()
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer = self.optimizer
+        scaler = self.grad_scaler
+        optimizer.zero_grad(set_to_none=True)
         if self.grad_accum_steps == 1:
             t0 = time.perf_counter()
             batch = self._next_batch()
             data_time = time.perf_counter() - t0
-            terms, total = self._forward(batch)
-            self._backward(total)
-            totals = {name: self._published(value) for name, value in terms.items()}
+            losses = self._forward(batch)
+            if scaler is None:
+                losses["total_loss"].backward()
+            else:
+                scaler.scale(losses["total_loss"]).backward()
+            if self._copies_published:
+                losses = {name: self._published(value) for name, value in losses.items()}
         else:
-            totals, data_time = self._accumulate()
-        self._update(storage)
-        for name, value in totals.items():
+            losses, data_time = self._accumulate()
+        if scaler is not None:
+            # Hooks and clipping must see true gradients.
+            scaler.unscale_(optimizer)
+        if self.trainer is not None:
+            self.trainer.after_backward()
+        if self.clip_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self._parameters(), self.clip_grad_norm)
+            storage.put_scalar("grad_norm", norm)
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
+        # The storage detaches what it keeps: no graph outlives the step.
+        for name, value in losses.items():
             storage.put_scalar(name, value, kind=ScalarKind.LOSS)
         storage.put_scalar("data_time", data_time, kind=ScalarKind.TIME)
 
-    def _forward(self, batch: Any) -> Tuple[Dict[str, torch.Tensor], torch.Tensor]:
-        """The losses of ``batch`` by name, ``total_loss`` included, and the total."""
-        with self._autocast():
-            terms = self._losses(batch)
-            # "total_loss" is present only for a single-loss contract (dicts may not use the name).
-            if "total_loss" not in terms:
-                terms["total_loss"] = sum(terms.values())
-        return terms, terms["total_loss"]
-
-    def _backward(self, loss: torch.Tensor) -> None:
-        if self.grad_scaler is not None:
-            self.grad_scaler.scale(loss).backward()
+    def _forward(self, batch: Any) -> Dict[str, torch.Tensor]:
+        """The losses of ``batch`` by name, their sum ``total_loss`` included."""
+        if self.precision == "fp32":
+            losses = self._compute_losses(self.model, self.loss_fn, batch)
         else:
-            loss.backward()
+            with torch.autocast(device_type=self.device.type, dtype=_AUTOCAST_DTYPES[self.precision]):
+                losses = self._compute_losses(self.model, self.loss_fn, batch)
+        # "total_loss" is present only for a single-loss contract (dicts may not use the name).
+        if "total_loss" not in losses:
+            losses["total_loss"] = sum(losses.values())
+        return losses
 
     def _accumulate(self) -> Tuple[Dict[str, torch.Tensor], float]:
         """Forward and backward of ``grad_accum_steps`` micro-batches; returns
@@ -204,53 +273,43 @@ class EagerStep(StepBase):
             # Only the last micro-batch synchronizes gradients across ranks.
             sync_ctx = self.model.no_sync() if micro < k - 1 and hasattr(self.model, "no_sync") else _NO_CONTEXT
             with sync_ctx:
-                terms, total = self._forward(batch)
-                self._backward(total / k)
-            for name, value in terms.items():
+                losses = self._forward(batch)
+                loss = losses["total_loss"] / k
+                if self.grad_scaler is None:
+                    loss.backward()
+                else:
+                    self.grad_scaler.scale(loss).backward()
+            for name, value in losses.items():
                 value = self._published(value)
                 totals[name] = value if micro == 0 else totals[name] + value
         return {name: value / k for name, value in totals.items()}, data_time
 
-    def _update(self, storage: EventStorage) -> None:
-        """after_backward hooks, clipping and the optimizer step."""
-        if self.grad_scaler is not None:
-            # Hooks and clipping must see true gradients.
-            self.grad_scaler.unscale_(self.optimizer)
-        self._after_backward()
-        if self.clip_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self._parameters(), self.clip_grad_norm)
-            storage.put_scalar("grad_norm", norm.detach())
-        if self.grad_scaler is not None:
-            self.grad_scaler.step(self.optimizer)
-            self.grad_scaler.update()
-        else:
-            self.optimizer.step()
-
     def _next_batch(self) -> Any:
-        if self._data_iter is None:
-            self._data_iter = iter(self.data_loader)
+        data_iter = self._data_iter
+        if data_iter is None:
+            data_iter = self._data_iter = iter(self.data_loader)
+            # CPU loader, CPU model: nothing to move, and walking the batch
+            # costs microseconds that a small step notices.
+            self._batch_device = None if self.device.type == "cpu" else self.device
         try:
-            batch = next(self._data_iter)
+            batch = next(data_iter)
         except StopIteration:
             # A finite loader is re-iterated: iterations, not epochs, bound training.
-            self._data_iter = iter(self.data_loader)
+            data_iter = self._data_iter = iter(self.data_loader)
             try:
-                batch = next(self._data_iter)
+                batch = next(data_iter)
             except StopIteration:
                 raise RuntimeError("The training data loader yields no batches.") from None
-        # CPU loader, CPU model: nothing to move, and walking the batch costs
-        # microseconds that a small step notices.
-        if self.device.type == "cpu":
+        if self._batch_device is None:
             return batch
-        return to_device(batch, self.device)
+        return to_device(batch, self._batch_device)
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.precision == "fp32":
-            return _NO_CONTEXT
-        return torch.autocast(device_type=self.device.type, dtype=_AUTOCAST_DTYPES[self.precision])
+    # (model, loss_fn, batch) -> losses by name; CompiledStep compiles it.
+    _compute_losses = staticmethod(_forward_losses)
 
-    def _losses(self, batch: Any) -> Dict[str, torch.Tensor]:
-        return _forward_losses(self.model, self.loss_fn, batch)
+    # Whether published losses are copies (see CompiledStep) rather than the
+    # step's own tensors.
+    _copies_published = False
 
     def _published(self, value: torch.Tensor) -> torch.Tensor:
         return value.detach()
@@ -290,55 +349,12 @@ class EagerStep(StepBase):
         self._data_iter = None
 
 
-def _forward_losses(model: nn.Module, loss_fn: Optional[Callable], batch: Any) -> Dict[str, torch.Tensor]:
-    """Runs the model on a batch and returns its losses by name (see EagerStep)."""
-    if loss_fn is not None:
-        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-            raise TypeError(
-                "With loss_fn, each batch must be an (inputs, targets) pair; got "
-                f"{type(batch).__name__}" + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
-            )
-        inputs, targets = batch
-        return _as_losses(loss_fn(model(inputs), targets), "loss_fn")
-    return _as_losses(model(batch), "the model")
-
-
-def _as_losses(out: Any, source: str) -> Dict[str, torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        _check_scalar(out, source, "total_loss")
-        return {"total_loss": out}
-    loss = getattr(out, "loss", None)
-    if isinstance(loss, torch.Tensor):
-        _check_scalar(loss, source, "loss")
-        return {"total_loss": loss}
-    if isinstance(out, Mapping) and out:
-        for name, value in out.items():
-            if not isinstance(value, torch.Tensor):
-                raise TypeError(f"{source} returned a dict whose entry '{name}' is a {type(value).__name__}, not a loss tensor")
-            _check_scalar(value, source, name)
-        if "total_loss" in out:
-            raise ValueError(f"{source} returned a loss named 'total_loss'; that name is kept for the sum of the losses")
-        return dict(out)
-    raise TypeError(
-        f"{source} returned {type(out).__name__}; expected a scalar loss tensor, a dict of scalar "
-        "losses, or an object with a .loss attribute (or pass loss_fn to compute the loss)"
-    )
-
-
 def _describe_compile_error(error: BaseException) -> str:
     """The root cause of a compile failure in one line: dynamo wraps backend
     errors, and their first line says only that the backend raised."""
     root = getattr(error, "inner_exception", None) or error.__cause__ or error
     lines = [line.strip() for line in str(root).splitlines() if line.strip()]
     return f"{type(root).__name__}: {lines[0] if lines else ''}"
-
-
-def _check_scalar(value: torch.Tensor, source: str, name: str) -> None:
-    if value.numel() != 1:
-        raise ValueError(
-            f"{source} returned loss '{name}' of shape {tuple(value.shape)}; a loss must be a scalar "
-            "(reduce it, e.g. with .mean())"
-        )
 
 
 class CompiledStep(EagerStep):
@@ -395,18 +411,20 @@ class CompiledStep(EagerStep):
             torch.compiler.cudagraph_mark_step_begin()
         super().run_step()
 
-    def _losses(self, batch: Any) -> Dict[str, torch.Tensor]:
+    def _compute_losses(self, model: nn.Module, loss_fn: Optional[Callable], batch: Any) -> Dict[str, torch.Tensor]:
         if self._compiled is None:
-            return _forward_losses(self.model, self.loss_fn, batch)
+            return _forward_losses(model, loss_fn, batch)
         try:
-            return self._compiled(self.model, self.loss_fn, batch)
+            return self._compiled(model, loss_fn, batch)
         except Exception as e:  # noqa: BLE001 - any compile failure falls back; user errors re-raise eagerly below
             self._fall_back(_describe_compile_error(e))
-            return _forward_losses(self.model, self.loss_fn, batch)
+            return _forward_losses(model, loss_fn, batch)
+
+    # Copies: CUDA-graph outputs are overwritten by the next replay, and the
+    # storage reads published tensors only at flush.
+    _copies_published = True
 
     def _published(self, value: torch.Tensor) -> torch.Tensor:
-        # A copy: CUDA-graph outputs are overwritten by the next replay, and
-        # the storage reads published tensors only at flush.
         return value.detach().clone()
 
     def _fall_back(self, reason: str) -> None:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import itertools
-import statistics
+import math
 from collections import deque
-from typing import Deque, Iterator, List, Tuple
+from operator import itemgetter
+from typing import Deque, Iterator, List, Sequence, Tuple
 
 from fvcore.common.history_buffer import HistoryBuffer as _FvcoreHistoryBuffer
 
 __all__ = ["HistoryBuffer"]
+
+_value = itemgetter(0)
 
 
 class HistoryBuffer(_FvcoreHistoryBuffer):
@@ -35,21 +38,42 @@ class HistoryBuffer(_FvcoreHistoryBuffer):
         self._count += 1
         self._global_avg += (value - self._global_avg) / self._count
 
-    def _window(self, window_size: int) -> List[float]:
-        return [v for v, _ in itertools.islice(reversed(self._data), window_size)]
+    def extend(self, points: Sequence[Tuple[float, int]]) -> None:
+        """``update(value, iteration)`` for each pair, in order, in one call."""
+        if not points:
+            return
+        self._data.extend(points)
+        added = len(points)
+        self._count += added
+        # The running mean over every value ever added, moved by the batch's sum.
+        self._global_avg += (sum(map(_value, points)) - added * self._global_avg) / self._count
 
-    # statistics, not numpy: on windows of tens of values numpy's call
-    # overhead is ten times the work, and writers call this at every flush.
+    # Windows are built with map/islice and sorted in C: writers call these at
+    # every flush, where numpy's call overhead would be ten times the work.
+    def _window(self, window_size: int) -> List[float]:
+        return list(map(_value, itertools.islice(reversed(self._data), window_size)))
+
     def median(self, window_size: int) -> float:
+        """The median of the last ``window_size`` values; NaN if one of them is NaN (as numpy's)."""
         # Every writer asks for the same median at a flush: computed once.
         key = (self._count, window_size)
         if self._median_key != key:
+            window = sorted(self._window(window_size))
+            n = len(window)
+            if n == 0:
+                median = math.nan
+            else:
+                mid = n // 2
+                median = window[mid] if n % 2 else (window[mid - 1] + window[mid]) / 2
+                if any(map(math.isnan, window)):  # sorting does not order NaN
+                    median = math.nan
             self._median_key = key
-            self._median = float(statistics.median(self._window(window_size)))
+            self._median = float(median)
         return self._median
 
     def avg(self, window_size: int) -> float:
-        return float(statistics.fmean(self._window(window_size)))
+        window = self._window(window_size)
+        return sum(window) / len(window) if window else math.nan
 
     def values(self) -> List[Tuple[float, int]]:
         return list(self._data)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from treadle.utils.file_io import PathManager
 
@@ -15,12 +15,6 @@ from .writer import ITERATION_KEY, _atomic_write_text, _AppendingFileWriter, _re
 __all__ = ["JSONWriter"]
 
 logger = logging.getLogger(__name__)
-
-
-def _json_value(v: float) -> Optional[float]:
-    # NaN and infinities are not JSON; null is read by every parser (and by
-    # pandas as NaN). The console line and NonFiniteLossError tell which it was.
-    return v if math.isfinite(v) else None
 
 
 def _json_line_iteration(line: str) -> Optional[int]:
@@ -59,16 +53,28 @@ class JSONWriter(_AppendingFileWriter):
 
     def __init__(self, json_file: str, window_size: int = 20) -> None:
         super().__init__(json_file, window_size)
+        self._encoded_keys: Dict[str, str] = {}
 
     def write(self) -> None:
         rows = self._new_rows(get_event_storage())
         if not rows:
             return
+        # Formatted here rather than by json.dumps, which builds an encoder
+        # per call: keys are encoded once per name, numbers as json writes them.
+        keys = self._encoded_keys
         lines = []
         for it, scalars in rows.items():
-            record: Dict[str, Any] = {ITERATION_KEY: it}
-            record.update((k, _json_value(scalars[k])) for k in sorted(scalars))
-            lines.append(json.dumps(record, allow_nan=False) + "\n")
+            fields = [f'{{"{ITERATION_KEY}": {it}']
+            for name in sorted(scalars):
+                key = keys.get(name)
+                if key is None:
+                    key = keys[name] = json.dumps(name)
+                value = scalars[name]
+                # repr is what json.dumps writes for a finite float. NaN and
+                # infinities are not JSON: null is read by every parser (and by
+                # pandas as NaN); the console line tells which it was.
+                fields.append(f"{key}: {value!r}" if math.isfinite(value) else f"{key}: null")
+            lines.append(", ".join(fields) + "}\n")
         self._append("".join(lines))
         self._commit(rows)
 

@@ -8,7 +8,7 @@ import math
 import sys
 import time
 from collections import defaultdict
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Collection, Dict, List, Optional, Tuple
 
 import torch
 from termcolor import colored
@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 # Read through this name so that tests can control the clock.
 _now = time.perf_counter
+# A CPU-only build never initializes CUDA: no need to ask at every write.
+_CUDA_BUILT = torch.cuda._is_compiled()
 
 
 class CommonMetricPrinter(EventWriter):
@@ -101,25 +103,26 @@ class CommonMetricPrinter(EventWriter):
     def write(self) -> None:
         storage = get_event_storage()
         latest = storage.latest()
-        is_metric = {name: storage.kind(name) == ScalarKind.METRIC for name in latest}
-        fresh = {name: it for name, (_, it) in latest.items() if not is_metric[name] and it > self._last_iter}
+        kinds = storage.kinds()
+        last_iter = self._last_iter
+        fresh = {name: it for name, (_, it) in latest.items() if it > last_iter and kinds[name] != ScalarKind.METRIC}
         if fresh:
             iteration = max(fresh.values())
-            self._logger.info(self._training_line(storage, iteration, set(fresh)))
+            self._logger.info(self._training_line(storage, iteration, fresh))
             self._last_iter = iteration
         by_iter: Dict[int, Dict[str, float]] = defaultdict(dict)
         for name, (value, it) in latest.items():
-            if is_metric[name] and it > self._last_metric_iter.get(name, self._first_iter - 1):
+            if kinds[name] == ScalarKind.METRIC and it > self._last_metric_iter.get(name, self._first_iter - 1):
                 by_iter[it][name] = value
                 self._last_metric_iter[name] = it
         for it in sorted(by_iter):
             fields = [self._field(name, by_iter[it][name], ".6g") for name in sorted(by_iter[it])]
             self._logger.info("  ".join([f"metrics @ iter {it}:"] + fields))
 
-    def _training_line(self, storage: EventStorage, iteration: int, fresh: Set[str]) -> str:
+    def _training_line(self, storage: EventStorage, iteration: int, fresh: Collection[str]) -> str:
         histories = storage.histories()
-
         hints = storage.smoothing_hints()
+        kinds = storage.kinds()
 
         def median(name: str) -> Optional[float]:
             if name not in fresh:
@@ -135,7 +138,7 @@ class CommonMetricPrinter(EventWriter):
         parts.append(self._field("iter", shown_iter))
         # Storage keeps names in the order first put: the step's total_loss, then its terms.
         for name in histories:
-            if name in fresh and storage.kind(name) == ScalarKind.LOSS:
+            if name in fresh and kinds[name] == ScalarKind.LOSS:
                 parts.append(self._field(name, histories[name].median(self._window_size), ".4g"))
         for name, fmt in (("grad_norm", ".4g"), ("time", ".4f"), ("data_time", ".4f")):
             value = median(name)
@@ -146,7 +149,7 @@ class CommonMetricPrinter(EventWriter):
             parts.append(self._field("samples/s", rate, ".0f" if rate >= 100 else ".3g"))
         if "lr" in fresh:
             parts.append(self._field("lr", histories["lr"].latest(), ".5g"))
-        if torch.cuda.is_initialized():  # False without CUDA, or when this run never used it
+        if _CUDA_BUILT and torch.cuda.is_initialized():  # False when this run never used CUDA
             parts.append(self._field("max_mem", f"{torch.cuda.max_memory_allocated() / 2**20:.0f}M"))
         self._clock_anchor = (_now(), iteration)
         return "  ".join(parts)

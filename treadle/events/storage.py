@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import defaultdict
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, Union
 
 import torch
 
@@ -127,9 +126,13 @@ class EventStorage:
         self._history: Dict[str, HistoryBuffer] = {}
         self._smoothing_hints: Dict[str, bool] = {}
         self._kinds: Dict[str, Optional[str]] = {}
+        self._loss_names: Set[str] = set()
         self._latest: Dict[str, Tuple[float, int]] = {}
-        # Everything put since the last read, in put order: (name, value, iteration).
-        self._pending: List[Tuple[str, ScalarValue, int]] = []
+        # What was put since the last read: per name, (value, iteration) in put
+        # order. Names with a tensor among their values are in _tensor_names.
+        # Per name, so that a flush does per-value work only for tensors.
+        self._pending: Dict[str, List[Tuple[ScalarValue, int]]] = {}
+        self._tensor_names: Set[str] = set()
         self._pending_tensors = 0
         self._prefix = ""
         self._images: List[Tuple[str, torch.Tensor, int]] = []
@@ -168,33 +171,46 @@ class EventStorage:
                 (evaluation results).
             kind: one of :class:`ScalarKind`.
         """
-        name = self._prefix + name
+        if self._prefix:
+            name = self._prefix + name
         previous_hint = self._smoothing_hints.get(name)
         if previous_hint is None:  # first put of this name: validate once
-            if kind not in ScalarKind.ALL:
-                raise ValueError(f"Unknown scalar kind {kind!r} for '{name}'; use one of {ScalarKind.ALL}")
-            self._smoothing_hints[name] = smoothing_hint
-            self._kinds[name] = kind
+            self._register(name, smoothing_hint, kind)
         elif previous_hint != smoothing_hint:
             raise ValueError(
                 f"Scalar '{name}' was put with smoothing_hint={previous_hint} before and "
                 f"smoothing_hint={smoothing_hint} now; one name must keep one hint."
             )
-        if isinstance(value, torch.Tensor):
-            if value.numel() != 1:
-                raise ValueError(
-                    f"Scalar '{name}' must have one element, got a tensor of shape {tuple(value.shape)}"
-                )
-            value = value.detach()
-            self._pending_tensors += 1
-        elif not isinstance(value, (int, float)):
-            # numpy scalars and the like
-            value = float(value)
-        self._pending.append((name, value, self.iter if cur_iter is None else int(cur_iter)))
+        point = (value, self.iter if cur_iter is None else int(cur_iter))
+        if type(value) is not float:
+            if isinstance(value, torch.Tensor):
+                if value.numel() != 1:
+                    raise ValueError(
+                        f"Scalar '{name}' must have one element, got a tensor of shape {tuple(value.shape)}"
+                    )
+                if value.requires_grad:  # keep no autograd graph alive until the flush
+                    point = (value.detach(), point[1])
+                self._tensor_names.add(name)
+                self._pending_tensors += 1
+            else:  # ints, bools, numpy scalars and the like
+                point = (float(value), point[1])
+        points = self._pending.get(name)
+        if points is None:
+            self._pending[name] = [point]
+        else:
+            points.append(point)
         # Not with a cross-rank reducer: resolving is then a collective, which
         # must happen at the same point on every rank (PeriodicWriter's flush).
         if self._pending_tensors >= self._max_pending and self.reducer is None:
             self.materialize()
+
+    def _register(self, name: str, smoothing_hint: bool, kind: Optional[str]) -> None:
+        if kind not in ScalarKind.ALL:
+            raise ValueError(f"Unknown scalar kind {kind!r} for '{name}'; use one of {ScalarKind.ALL}")
+        self._smoothing_hints[name] = smoothing_hint
+        self._kinds[name] = kind
+        if kind == ScalarKind.LOSS:
+            self._loss_names.add(name)
 
     def put_scalars(
         self,
@@ -264,54 +280,46 @@ class EventStorage:
             self._resolve_pending()
 
     def _resolve_pending(self) -> None:
-        pending, self._pending = self._pending, []
+        pending, self._pending = self._pending, {}
+        tensor_names, self._tensor_names = self._tensor_names, set()
         self._pending_tensors = 0
-        resolved = self._resolve_tensors(pending)
-        for name, value, it in resolved:
-            history = self._history.get(name)
-            if history is None:
-                history = self._history[name] = HistoryBuffer(self._history_length)
-            history.update(value, it)
-            self._latest[name] = (value, it)
-        if self.nonfinite_check != "off":
-            self._check_losses(resolved)
-
-    def _resolve_tensors(self, pending: List[Tuple[str, ScalarValue, int]]) -> List[Tuple[str, float, int]]:
-        values: List[Any] = [v for _, v, _ in pending]
         if self.reducer is not None:
-            # Reduction works on tensors: numbers join as tensors on the CPU.
-            entries = [
-                (name, v if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float64), self._kinds.get(name))
-                for name, v, _ in pending
-            ]
-            values = list(self.reducer(entries))
-        # Tensors by device, then by dtype: each group is stacked at once, and
-        # each device's groups leave it in one copy, the one sync of this
-        # flush for that device.
-        groups: Dict[torch.device, Dict[torch.dtype, List[int]]] = defaultdict(lambda: defaultdict(list))
-        for i, v in enumerate(values):
-            if isinstance(v, torch.Tensor):
-                groups[v.device][v.dtype].append(i)
-        for by_dtype in groups.values():
-            order: List[int] = []
-            parts = []
-            for indices in by_dtype.values():
-                order += indices
-                # float64: numbers that joined as tensors keep their precision.
-                parts.append(torch.stack([values[i] for i in indices]).reshape(-1).to(torch.float64))
-            flat = parts[0] if len(parts) == 1 else torch.cat(parts)
-            for i, v in zip(order, flat.cpu().tolist()):
-                values[i] = v
-        return [(name, float(v), it) for (name, _, it), v in zip(pending, values)]
+            self._reduce(pending)
+        elif tensor_names:
+            _resolve_tensors([pending[name] for name in tensor_names])
+        histories = self._history
+        for name, points in pending.items():
+            history = histories.get(name)
+            if history is None:
+                history = histories[name] = HistoryBuffer(self._history_length)
+            history.extend(points)
+            self._latest[name] = points[-1]
+        if self.nonfinite_check != "off":
+            self._check_losses(pending)
 
-    def _check_losses(self, resolved: List[Tuple[str, float, int]]) -> None:
-        bad_iters = [it for name, v, it in resolved if self._kinds.get(name) == ScalarKind.LOSS and not math.isfinite(v)]
-        if not bad_iters:
+    def _reduce(self, pending: Dict[str, List[Tuple[ScalarValue, int]]]) -> None:
+        """Replaces every pending value by its reduction across ranks (in place)."""
+        # Reduction works on tensors: numbers join as tensors on the CPU.
+        entries = [
+            (name, v if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float64), self._kinds.get(name))
+            for name, points in pending.items()
+            for v, _ in points
+        ]
+        reduced = iter(self.reducer(entries))
+        for points in pending.values():
+            points[:] = [(next(reduced), it) for _, it in points]
+        _resolve_tensors(list(pending.values()))
+
+    def _check_losses(self, pending: Dict[str, List[Tuple[float, int]]]) -> None:
+        loss_names = self._loss_names.intersection(pending)
+        first: Optional[int] = None
+        for name in loss_names:
+            for value, it in pending[name]:
+                if not math.isfinite(value) and (first is None or it < first):
+                    first = it
+        if first is None:
             return
-        first = min(bad_iters)
-        terms = {
-            name: v for name, v, it in resolved if it == first and self._kinds.get(name) == ScalarKind.LOSS
-        }
+        terms = {name: value for name in loss_names for value, it in pending[name] if it == first}
         raise NonFiniteLossError(first, terms)
 
     # ------------------------------------------------------------------ readers
@@ -352,6 +360,10 @@ class EventStorage:
     def smoothing_hints(self) -> Dict[str, bool]:
         return self._smoothing_hints
 
+    def kinds(self) -> Dict[str, Optional[str]]:
+        """``{name: ScalarKind}`` of every scalar put so far (do not modify)."""
+        return self._kinds
+
     def kind(self, name: str) -> Optional[str]:
         """The :class:`ScalarKind` that ``name`` was put with."""
         return self._kinds.get(name)
@@ -369,3 +381,37 @@ class EventStorage:
 
     def clear_histograms(self) -> None:
         self._histograms = []
+
+
+# Tests turn this off to run the batched path, which accelerators take, on the CPU.
+_READ_CPU_TENSORS_ONE_BY_ONE = True
+
+
+def _resolve_tensors(columns: List[List[Tuple[ScalarValue, int]]]) -> None:
+    """Replaces, in place, every value of ``columns`` by a float.
+
+    A CPU tensor is read on its own (``item`` is no sync there, and cheaper
+    than stacking a few dozen). Tensors on an accelerator are grouped by
+    (device, dtype): each group is stacked on its device, and each device's
+    groups leave it in one copy, the one sync of a flush for that device.
+    """
+    on_devices: Dict[Tuple[torch.device, torch.dtype], List[Tuple[List[Tuple[ScalarValue, int]], int]]] = {}
+    for points in columns:
+        for i, (value, it) in enumerate(points):
+            if not isinstance(value, torch.Tensor):
+                continue
+            if value.is_cpu and _READ_CPU_TENSORS_ONE_BY_ONE:
+                number = value.item()
+                points[i] = (number if type(number) is float else float(number), it)
+            else:
+                on_devices.setdefault((value.device, value.dtype), []).append((points, i))
+    by_device: Dict[torch.device, List[List[Tuple[List[Tuple[ScalarValue, int]], int]]]] = {}
+    for (device, _), members in on_devices.items():
+        by_device.setdefault(device, []).append(members)
+    for member_groups in by_device.values():
+        members = [m for group in member_groups for m in group]
+        # float64: values of several dtypes share one copy without rounding.
+        stacked = [torch.stack([points[i][0] for points, i in group]).view(-1) for group in member_groups]
+        flat = stacked[0] if len(stacked) == 1 else torch.cat([t.to(torch.float64) for t in stacked])
+        for (points, i), value in zip(members, flat.cpu().tolist()):
+            points[i] = (float(value), points[i][1])

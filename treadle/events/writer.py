@@ -30,7 +30,6 @@ import logging
 import math
 import os
 from abc import ABC, abstractmethod
-from collections import defaultdict
 from typing import IO, Any, Dict, List, Optional, Tuple
 
 from treadle.utils.atomic import atomic_write
@@ -129,8 +128,10 @@ class _IterationRowWriter(EventWriter):
     def _new_rows(self, storage: EventStorage) -> Rows:
         latest = storage.latest()  # resolves pending tensors: the one sync of this write
         hints = storage.smoothing_hints()
+        kinds = storage.kinds()
         histories = storage.histories()
-        rows: Dict[int, Dict[str, float]] = defaultdict(dict)
+        last_write = self._last_write
+        rows: Dict[int, Dict[str, float]] = {}
         for name, point in latest.items():
             if name == ITERATION_KEY:
                 raise ValueError(
@@ -138,22 +139,23 @@ class _IterationRowWriter(EventWriter):
                     f"{type(self).__name__}'s output; rename it."
                 )
             value, it = point
-            if storage.kind(name) == ScalarKind.METRIC:
+            if kinds[name] == ScalarKind.METRIC:
                 # Evaluation results: every one, whatever the periods.
-                for v, i in histories[name].values_after(self._last_write):
-                    rows[i][name] = v
-            elif it > self._last_write:
+                for v, i in histories[name].values_after(last_write):
+                    rows.setdefault(i, {})[name] = v
+            elif it > last_write:
                 # Training series: one value per write, smoothed when hinted.
-                rows[it][name] = histories[name].median(self._window_size) if hints[name] else value
-            seen = self._seen_latest.get(name)
-            if self._first_iter <= it <= self._last_write and (seen is None or not _same_point(seen, point)):
-                logger.warning(
-                    "%s: '%s' was put at iteration %d after that iteration was written; "
-                    "it is not written. Put values before the writer runs at their iteration.",
-                    type(self).__name__,
-                    name,
-                    it,
-                )
+                rows.setdefault(it, {})[name] = histories[name].median(self._window_size) if hints[name] else value
+            if self._first_iter <= it <= last_write:
+                seen = self._seen_latest.get(name)
+                if seen is None or not _same_point(seen, point):
+                    logger.warning(
+                        "%s: '%s' was put at iteration %d after that iteration was written; "
+                        "it is not written. Put values before the writer runs at their iteration.",
+                        type(self).__name__,
+                        name,
+                        it,
+                    )
             self._seen_latest[name] = point
         return dict(sorted(rows.items()))
 

@@ -45,7 +45,7 @@ class SAMStep(EagerStep):
         self.rho = rho
 
     def _loss(self, batch: Any) -> torch.Tensor:
-        return self._forward(batch)[1]
+        return self._forward(batch)["total_loss"]
 
     def run_step(self) -> None:
         storage = self.storage

@@ -6,8 +6,6 @@ import datetime
 import logging
 import time
 
-from fvcore.common.timer import Timer
-
 from treadle.events import ScalarKind
 
 from .base import HookBase
@@ -36,37 +34,34 @@ class IterationTimer(HookBase):
 
     def __init__(self, warmup_iter: int = 3) -> None:
         self._warmup_iter = warmup_iter
-        self._step_timer = Timer()
         self._start_time: float | None = None
-        self._total_timer = Timer()
-        self._timing_total = False
+        self._step_start = 0.0
+        # Seconds inside timed iterations (those after the warm-up).
+        self._timed_seconds = 0.0
+        self._first_timed_iter = 0
 
     def before_train(self) -> None:
         self._start_time = time.perf_counter()
-        self._total_timer.reset()
-        self._total_timer.pause()
-
-    def _past_warmup(self) -> bool:
-        trainer = self.trainer
-        return trainer.iter - trainer.start_iter >= self._warmup_iter
+        self._timed_seconds = 0.0
+        self._first_timed_iter = self.trainer.start_iter + self._warmup_iter
 
     def before_step(self) -> None:
-        self._step_timer.reset()
-        self._timing_total = self._past_warmup()
-        if self._timing_total:
-            self._total_timer.resume()
+        self._step_start = time.perf_counter()
 
     def after_step(self) -> None:
-        seconds = self._step_timer.seconds()
-        if self._timing_total:
-            self._total_timer.pause()
-        self.trainer.storage.put_scalar("time", seconds, kind=ScalarKind.TIME)
+        # A bare clock, not fvcore's Timer: this runs every iteration, and two
+        # clock reads are all it needs.
+        seconds = time.perf_counter() - self._step_start
+        trainer = self.trainer
+        if trainer.iter >= self._first_timed_iter:
+            self._timed_seconds += seconds
+        trainer.storage.put_scalar("time", seconds, kind=ScalarKind.TIME)
 
     def after_train(self) -> None:
         if self._start_time is None:  # training failed before this hook's before_train
             return
         total = time.perf_counter() - self._start_time
-        in_iterations = self._total_timer.seconds()
+        in_iterations = self._timed_seconds
         outside = total - in_iterations
         timed = self.trainer.iter - self.trainer.start_iter - self._warmup_iter
         if timed > 0 and in_iterations > 0:
