@@ -9,14 +9,21 @@ The same model, data, optimizer and LR schedule are run by
   ``JSONWriter`` and ``CommonMetricPrinter``,
 
 in interleaved rounds (so drifts of the machine hit both alike); the figures
-are medians of seconds per iteration over the rounds, and the ratio is
-treadle / hand-written. Two step sizes are measured: ~1 ms and ~0.2 ms.
+are medians of seconds per iteration over the rounds, the ratio is
+treadle / hand-written, and "paired" is the median of the per-round ratios
+with its quartiles (the noise). Two step sizes are measured: ~1 ms and
+~0.2 ms. Then where treadle's time goes, from ``trainer.timings()``.
+
+``--breakdown`` adds the parts one at a time at the ~1 ms step (the bare
+loop, TrainerBase with a minimal step, EagerStep, each default hook) and
+prints what each adds.
 
 Then ``CompiledStep`` against ``EagerStep`` on the small character-level
 transformer of ``configs/charlm_transformer.py``, in fp32 and bf16
 (throughput after compilation; skip with ``--no-compile``).
 
-Run: ``python benchmarks/overhead.py`` (``--rounds``, ``--iters`` to change).
+Run: ``python benchmarks/overhead.py`` (``--rounds``, ``--iters``, ``--threads``,
+``--breakdown``, ``--no-compile``).
 """
 
 from __future__ import annotations
@@ -29,12 +36,12 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
-from treadle.engine import CompiledStep, EagerStep, TrainerBase
+from treadle.engine import CompiledStep, EagerStep, StepBase, TrainerBase
 from treadle.events.writers import CommonMetricPrinter, JSONWriter
 from treadle.hooks import IterationTimer, LRScheduler, PeriodicWriter
 from treadle.models import CharTransformerLM, lm_cross_entropy
@@ -73,23 +80,9 @@ def run_raw(width: int, batch: int, iters: int, log: logging.Logger) -> float:
     return (time.perf_counter() - start) / iters
 
 
-def run_treadle(width: int, batch: int, iters: int, out_dir: str) -> float:
-    model, data = make_problem(width, batch)
-    opt, sched = make_optimizer(model, iters)
-    trainer = TrainerBase(EagerStep(model, itertools.cycle(data), opt, loss_fn=nn.functional.cross_entropy))
-    metrics = os.path.join(out_dir, "metrics.json")
-    if os.path.exists(metrics):
-        os.remove(metrics)
-    trainer.register_hooks(
-        [
-            IterationTimer(),
-            LRScheduler(scheduler=sched),
-            PeriodicWriter([JSONWriter(metrics), CommonMetricPrinter(iters)], period=LOG_PERIOD),
-        ]
-    )
-    start = time.perf_counter()
-    trainer.train(0, iters)
-    return (time.perf_counter() - start) / iters
+def run_treadle(width: int, batch: int, iters: int, out_dir: str, timings: Dict[str, float]) -> float:
+    """TrainerBase + EagerStep + the default hooks; ``timings`` gets ``trainer.timings()``."""
+    return run_part(width, batch, iters, False, 3, out_dir, timings)
 
 
 def interleaved(
@@ -119,19 +112,111 @@ def bench_overhead(rounds: int, iters: int) -> None:
     treadle_log.propagate = False
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {rounds} rounds x {iters} iterations")
-    print(f"{'step':>10} {'raw ms/it':>10} {'treadle ms/it':>14} {'ratio':>7}")
+    print("ratio: of the medians; paired: median (and quartiles) of the per-round ratios, which drifts of the machine affect less")
+    print(f"{'step':>10} {'raw ms/it':>10} {'treadle ms/it':>14} {'ratio':>7} {'paired (q1-q3)':>22}")
+    breakdowns = []
     for label, width, batch in (("~1 ms", 384, 128), ("~0.2 ms", 64, 32)):
+        timings: Dict[str, float] = {}
         results = interleaved(
             {
                 "raw": lambda: run_raw(width, batch, iters, log),
-                "treadle": lambda: run_treadle(width, batch, iters, out_dir),
+                "treadle": lambda: run_treadle(width, batch, iters, out_dir, timings),
             },
             rounds,
         )
         raw = statistics.median(results["raw"])
         ours = statistics.median(results["treadle"])
-        print(f"{label:>10} {raw * 1e3:>10.4f} {ours * 1e3:>14.4f} {ours / raw:>7.3f}")
+        paired = [t / r for t, r in zip(results["treadle"], results["raw"])]
+        q1, median, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else (paired[0],) * 3
+        print(
+            f"{label:>10} {raw * 1e3:>10.4f} {ours * 1e3:>14.4f} {ours / raw:>7.3f} "
+            f"{statistics.median(paired):>9.3f} ({q1:.3f}-{q3:.3f})"
+        )
+        breakdowns.append((label, timings))
+    print("\nWhere treadle's time goes, last round (trainer.timings(), microseconds per iteration;")
+    print("'step' is the loop less its hooks, i.e. the step object and the loop's own bookkeeping):")
+    for label, timings in breakdowns:
+        parts = sorted(((k, v) for k, v in timings.items() if v > 0), key=lambda kv: -kv[1])
+        print(f"  {label}: " + ", ".join(f"{k} {1e6 * v / iters:.1f}" for k, v in parts if 1e6 * v / iters >= 0.05))
     log_file.close()
+
+
+class _MinimalStep(StepBase):
+    """The hand-written iteration as a step object: no data time, no loss contract, no puts."""
+
+    def __init__(self, model: nn.Module, stream, optimizer) -> None:
+        self.model, self.stream, self.optimizer = model, stream, optimizer
+
+    def run_step(self) -> None:
+        x, y = next(self.stream)
+        self.optimizer.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(self.model(x), y).backward()
+        self.optimizer.step()
+
+
+def run_bare(width: int, batch: int, iters: int) -> float:
+    """The hand-written loop without its scheduler and logging."""
+    model, data = make_problem(width, batch)
+    opt, _ = make_optimizer(model, iters)
+    stream = itertools.cycle(data)
+    start = time.perf_counter()
+    for _ in range(iters):
+        x, y = next(stream)
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return (time.perf_counter() - start) / iters
+
+
+def run_part(
+    width: int, batch: int, iters: int, minimal_step: bool, hooks: int, out_dir: str, timings: Optional[Dict[str, float]] = None
+) -> float:
+    """TrainerBase with the minimal step or EagerStep and the first ``hooks`` default hooks."""
+    model, data = make_problem(width, batch)
+    opt, sched = make_optimizer(model, iters)
+    if minimal_step:
+        step: StepBase = _MinimalStep(model, itertools.cycle(data), opt)
+    else:
+        step = EagerStep(model, itertools.cycle(data), opt, loss_fn=nn.functional.cross_entropy)
+    trainer = TrainerBase(step)
+    metrics = os.path.join(out_dir, "metrics.json")
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    default_hooks = [
+        IterationTimer(),
+        LRScheduler(scheduler=sched),
+        PeriodicWriter([JSONWriter(metrics), CommonMetricPrinter(iters)], period=LOG_PERIOD),
+    ]
+    trainer.register_hooks(default_hooks[:hooks])
+    start = time.perf_counter()
+    trainer.train(0, iters)
+    elapsed = time.perf_counter() - start
+    if timings is not None:
+        timings.clear()
+        timings.update(trainer.timings())
+    return elapsed / iters
+
+
+def bench_breakdown(rounds: int, iters: int) -> None:
+    """Each part added one at a time, at the ~1 ms step, against the bare loop (paired medians)."""
+    out_dir = tempfile.mkdtemp(prefix="treadle-bench-")
+    width, batch = 384, 128
+    runners = {
+        "bare loop (no scheduler, no logging)": lambda: run_bare(width, batch, iters),
+        "TrainerBase + minimal step": lambda: run_part(width, batch, iters, True, 0, out_dir),
+        "TrainerBase + EagerStep": lambda: run_part(width, batch, iters, False, 0, out_dir),
+        "+ IterationTimer": lambda: run_part(width, batch, iters, False, 1, out_dir),
+        "+ LRScheduler (incl. torch's scheduler.step)": lambda: run_part(width, batch, iters, False, 2, out_dir),
+        "+ PeriodicWriter (JSON + console)": lambda: run_part(width, batch, iters, False, 3, out_dir),
+    }
+    results = interleaved(runners, rounds)
+    base = results["bare loop (no scheduler, no logging)"]
+    print(f"\nBreakdown at the ~1 ms step, {rounds} rounds x {iters} iterations, against the bare loop:")
+    previous = 0.0
+    for name, times in results.items():
+        added = statistics.median([t - b for t, b in zip(times, base)]) * 1e6
+        print(f"  {name:<46} {statistics.median(times) * 1e3:8.4f} ms/it  {added:+7.1f} us  (this part {added - previous:+6.1f} us)")
+        previous = added
 
 
 def bench_compiled(iters: int) -> None:
@@ -168,6 +253,10 @@ def main(argv: List[str]) -> None:
     parser.add_argument("--compiled-iters", type=int, default=50)
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument(
+        "--breakdown", action="store_true",
+        help="also add the parts one at a time at the ~1 ms step, to see what each costs",
+    )
+    parser.add_argument(
         "--threads", type=int, default=None,
         help="torch threads for both loops (default: torch's); 1 removes most OpenMP jitter on a small shared machine",
     )
@@ -175,6 +264,8 @@ def main(argv: List[str]) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     bench_overhead(args.rounds, args.iters)
+    if args.breakdown:
+        bench_breakdown(args.rounds, args.iters)
     if not args.no_compile:
         bench_compiled(args.compiled_iters)
 

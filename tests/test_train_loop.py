@@ -1,3 +1,5 @@
+import time
+
 import pytest
 import torch
 
@@ -190,6 +192,39 @@ def test_timing_table_lists_step_and_hooks(treadle_caplog):
     timings = trainer.timings()
     assert set(timings) == {"step", "Counter.after_step"}
     assert "| Counter.after_step" in treadle_caplog.text and "per iteration (ms)" in treadle_caplog.text
+
+
+def test_timings_give_the_step_the_loop_less_its_hooks(monkeypatch):
+    """With a fake clock that the step advances by 10 and each hook stage by
+    1, 2 or 5, every second lands where it was spent; after_backward hooks,
+    which run inside the step, are not counted in the step."""
+    now = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+
+    class Step(StepBase):
+        def run_step(self):
+            now[0] += 10
+            self.trainer.after_backward()
+
+    class Costly(HookBase):
+        def before_step(self):
+            now[0] += 1
+
+        def after_backward(self):
+            now[0] += 2
+
+        def after_step(self):
+            now[0] += 5
+
+    trainer = TrainerBase(Step())
+    trainer.register_hooks([Costly()])
+    trainer.train(0, 3)
+    assert trainer.timings() == {
+        "step": 30.0,
+        "Costly.before_step": 3.0,
+        "Costly.after_backward": 6.0,
+        "Costly.after_step": 15.0,
+    }
 
 
 def test_callback_hook_is_reusable_across_train_calls():
