@@ -141,20 +141,28 @@ def bench_overhead(rounds: int, iters: int) -> None:
     log_file.close()
 
 
+def _torch_ops(model: nn.Module, optimizer, x: torch.Tensor, y: torch.Tensor, op_times: Optional[List[float]]) -> None:
+    """zero_grad, forward, loss, backward, optimizer step; their duration appended to ``op_times``."""
+    start = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    if op_times is not None:
+        op_times.append(time.perf_counter() - start)
+
+
 class _MinimalStep(StepBase):
     """The hand-written iteration as a step object: no data time, no loss contract, no puts."""
 
-    def __init__(self, model: nn.Module, stream, optimizer) -> None:
-        self.model, self.stream, self.optimizer = model, stream, optimizer
+    def __init__(self, model: nn.Module, stream, optimizer, op_times: Optional[List[float]] = None) -> None:
+        self.model, self.stream, self.optimizer, self.op_times = model, stream, optimizer, op_times
 
     def run_step(self) -> None:
         x, y = next(self.stream)
-        self.optimizer.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(self.model(x), y).backward()
-        self.optimizer.step()
+        _torch_ops(self.model, self.optimizer, x, y, self.op_times)
 
 
-def run_bare(width: int, batch: int, iters: int) -> float:
+def run_bare(width: int, batch: int, iters: int, op_times: Optional[List[float]] = None) -> float:
     """The hand-written loop without its scheduler and logging."""
     model, data = make_problem(width, batch)
     opt, _ = make_optimizer(model, iters)
@@ -162,20 +170,25 @@ def run_bare(width: int, batch: int, iters: int) -> float:
     start = time.perf_counter()
     for _ in range(iters):
         x, y = next(stream)
-        opt.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
+        _torch_ops(model, opt, x, y, op_times)
     return (time.perf_counter() - start) / iters
 
 
 def run_part(
-    width: int, batch: int, iters: int, minimal_step: bool, hooks: int, out_dir: str, timings: Optional[Dict[str, float]] = None
+    width: int,
+    batch: int,
+    iters: int,
+    minimal_step: bool,
+    hooks: int,
+    out_dir: str,
+    timings: Optional[Dict[str, float]] = None,
+    op_times: Optional[List[float]] = None,
 ) -> float:
     """TrainerBase with the minimal step or EagerStep and the first ``hooks`` default hooks."""
     model, data = make_problem(width, batch)
     opt, sched = make_optimizer(model, iters)
     if minimal_step:
-        step: StepBase = _MinimalStep(model, itertools.cycle(data), opt)
+        step: StepBase = _MinimalStep(model, itertools.cycle(data), opt, op_times)
     else:
         step = EagerStep(model, itertools.cycle(data), opt, loss_fn=nn.functional.cross_entropy)
     trainer = TrainerBase(step)
@@ -209,14 +222,27 @@ def bench_breakdown(rounds: int, iters: int) -> None:
         "+ LRScheduler (incl. torch's scheduler.step)": lambda: run_part(width, batch, iters, False, 2, out_dir),
         "+ PeriodicWriter (JSON + console)": lambda: run_part(width, batch, iters, False, 3, out_dir),
     }
+    # The torch operations alone, timed inside the bare loop and inside
+    # TrainerBase with every default hook around the minimal step.
+    ops_bare: List[float] = []
+    ops_hooked: List[float] = []
+    runners["bare loop, torch ops timed"] = lambda: run_bare(width, batch, iters, ops_bare)
+    runners["minimal step + default hooks, torch ops timed"] = lambda: run_part(
+        width, batch, iters, True, 3, out_dir, op_times=ops_hooked
+    )
     results = interleaved(runners, rounds)
     base = results["bare loop (no scheduler, no logging)"]
     print(f"\nBreakdown at the ~1 ms step, {rounds} rounds x {iters} iterations, against the bare loop:")
     previous = 0.0
-    for name, times in results.items():
+    for name, times in list(results.items())[:-2]:
         added = statistics.median([t - b for t, b in zip(times, base)]) * 1e6
         print(f"  {name:<46} {statistics.median(times) * 1e3:8.4f} ms/it  {added:+7.1f} us  (this part {added - previous:+6.1f} us)")
         previous = added
+    bare_ops, hooked_ops = statistics.median(ops_bare), statistics.median(ops_hooked)
+    print(
+        f"  the torch operations alone (zero_grad to optimizer.step), median: {bare_ops * 1e6:.1f} us in the bare loop, "
+        f"{hooked_ops * 1e6:.1f} us between treadle's hooks ({(hooked_ops - bare_ops) * 1e6:+.1f} us)"
+    )
 
 
 def bench_compiled(iters: int) -> None:
