@@ -10,6 +10,7 @@ import torch
 from treadle.utils import comm
 
 from .batch import get_tensor_pair
+from .evaluator import metric_names
 from .registry import register_metric
 from .results import Results
 from .statistics import StatisticsEvaluator
@@ -192,9 +193,7 @@ class ClassificationEvaluator(StatisticsEvaluator):
 
 
 def _check_metrics(metrics: Sequence[str]) -> List[str]:
-    if isinstance(metrics, str):
-        metrics = [metrics]
-    names = list(metrics)
+    names = metric_names(metrics)
     valid = ["accuracy", "top{k}_accuracy", *_NEEDS_CONFUSION]
     for name in names:
         if name not in ("accuracy", *_NEEDS_CONFUSION) and not _TOPK.fullmatch(name):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 from .results import Results
 
@@ -125,3 +125,17 @@ def as_evaluator(
             f"expected a DatasetEvaluator, a list of them or None; got {type(evaluator).__name__}"
         )
     return evaluator
+
+
+def metric_names(metrics: Union[str, Sequence[str]]) -> List[str]:
+    """One metric name or a sequence of them, as a list."""
+    return [metrics] if isinstance(metrics, str) else list(metrics)
+
+
+def checked_metric_names(owner: str, metrics: Union[str, Sequence[str]], computable: Sequence[str]) -> List[str]:
+    """``metrics`` as a list, or a ``ValueError`` naming what ``owner`` cannot compute."""
+    names = metric_names(metrics)
+    bad = [m for m in names if m not in computable]
+    if bad or not names:
+        raise ValueError(f"{owner} cannot compute {bad or names}; it computes {list(computable)}")
+    return names

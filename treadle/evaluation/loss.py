@@ -7,6 +7,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 import torch
 
 from .batch import batch_size, get_targets
+from .evaluator import metric_names
 from .registry import register_metric
 from .results import Results
 from .statistics import StatisticsEvaluator, float_accumulator_dtype
@@ -62,7 +63,7 @@ class LossEvaluator(StatisticsEvaluator):
         loss_fn: Optional[LossFn] = None,
         target_key: str = "labels",
     ) -> None:
-        names = [metrics] if isinstance(metrics, str) else list(metrics)
+        names = metric_names(metrics)
         if names != ["loss"]:
             raise ValueError(f"LossEvaluator computes only ['loss'], got {names}")
         if loss_fn is not None and not callable(loss_fn):

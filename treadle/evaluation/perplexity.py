@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .batch import get_tensor_pair
+from .evaluator import metric_names
 from .registry import register_metric
 from .results import Results
 from .statistics import StatisticsEvaluator, float_accumulator_dtype
@@ -40,7 +41,7 @@ class PerplexityEvaluator(StatisticsEvaluator):
         output_key: str = "logits",
         target_key: str = "labels",
     ) -> None:
-        names = [metrics] if isinstance(metrics, str) else list(metrics)
+        names = metric_names(metrics)
         if names != ["perplexity"]:
             raise ValueError(f"PerplexityEvaluator computes only ['perplexity'], got {names}")
         if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):

@@ -16,7 +16,7 @@ import inspect
 import re
 from typing import Any, Callable, Dict, List, Optional, Pattern, Sequence, TypeVar, Union
 
-from .evaluator import DatasetEvaluator, DatasetEvaluators
+from .evaluator import DatasetEvaluator, DatasetEvaluators, metric_names
 
 __all__ = ["register_metric", "unregister_metric", "available_metrics", "build_evaluator"]
 
@@ -154,7 +154,7 @@ def build_evaluator(metrics: Union[str, Sequence[str]], **options: Any) -> Datas
     name. Returns one evaluator, or a :class:`DatasetEvaluators` when the
     metrics need several; results are keyed by the metric names.
     """
-    names = [metrics] if isinstance(metrics, str) else list(metrics)
+    names = metric_names(metrics)
     if not names:
         raise ValueError(
             f"build_evaluator needs at least one metric; valid metrics: {', '.join(available_metrics())}"

@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Sequence
 import torch
 
 from .batch import get_tensor_pair
+from .evaluator import checked_metric_names
 from .registry import register_metric
 from .results import Results
 from .statistics import StatisticsEvaluator, float_accumulator_dtype
@@ -37,12 +38,7 @@ class RegressionEvaluator(StatisticsEvaluator):
         output_key: str = "logits",
         target_key: str = "labels",
     ) -> None:
-        names = [metrics] if isinstance(metrics, str) else list(metrics)
-        bad = [m for m in names if m not in _METRICS]
-        if bad or not names:
-            raise ValueError(
-                f"RegressionEvaluator cannot compute {bad or names}; it computes {list(_METRICS)}"
-            )
+        names = checked_metric_names("RegressionEvaluator", metrics, _METRICS)
         self.metrics = names
         self.output_key = output_key
         self.target_key = target_key

@@ -7,6 +7,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence
 import torch
 
 from .batch import get_predictions, get_targets
+from .evaluator import checked_metric_names
 from .registry import register_metric
 from .results import Results
 from .statistics import StatisticsEvaluator
@@ -87,10 +88,7 @@ class SequenceEvaluator(StatisticsEvaluator):
         output_key: str = "logits",
         target_key: str = "labels",
     ) -> None:
-        names = [metrics] if isinstance(metrics, str) else list(metrics)
-        bad = [m for m in names if m not in _METRICS]
-        if bad or not names:
-            raise ValueError(f"SequenceEvaluator cannot compute {bad or names}; it computes {list(_METRICS)}")
+        names = checked_metric_names("SequenceEvaluator", metrics, _METRICS)
         for label, fn in (("decode", decode), ("decode_targets", decode_targets)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{label} must be callable, got {fn!r}")
