@@ -10,7 +10,7 @@ from typing import List, Optional, Set, cast
 from treadle.utils.file_io import PathManager
 
 from .storage import get_event_storage
-from .writer import ITERATION_KEY, _atomic_write_text, _AppendingFileWriter, _read_lines
+from .writer import ITERATION_KEY, _atomic_write_text, _AppendingFileWriter, _lines_before, _read_lines
 
 __all__ = ["CSVWriter"]
 
@@ -85,19 +85,11 @@ class CSVWriter(_AppendingFileWriter):
                 _atomic_write_text(self._path, "")
             return
         self._check_header(lines[0])
-        kept = [lines[0]]
-        for lineno, line in enumerate(lines[1:], 2):
-            it = self._row_iteration(line)
-            if it is None:
-                if line.strip():
-                    logger.warning("%s:%d does not start with an iteration; kept as it is.", self._path, lineno)
-                kept.append(line)
-            elif it >= start_iter:
-                changed = True
-            else:
-                kept.append(line)
-        if changed:
-            _atomic_write_text(self._path, "".join(kept))
+        rows, dropped = _lines_before(
+            self._path, lines[1:], start_iter, self._row_iteration, "does not start with an iteration", first_lineno=2
+        )
+        if changed or dropped:
+            _atomic_write_text(self._path, "".join([lines[0]] + rows))
 
     @staticmethod
     def _row_iteration(line: str) -> Optional[int]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 from treadle.utils.file_io import PathManager
 
 from .storage import get_event_storage
-from .writer import ITERATION_KEY, _atomic_write_text, _AppendingFileWriter, _read_lines
+from .writer import ITERATION_KEY, _atomic_write_text, _AppendingFileWriter, _lines_before, _read_lines
 
 __all__ = ["JSONWriter"]
 
@@ -91,23 +91,13 @@ class JSONWriter(_AppendingFileWriter):
         if not PathManager.exists(self._path):
             return
         lines, tail = _read_lines(self._path)
-        kept: List[str] = []
-        changed = False
-        for lineno, line in enumerate(lines, 1):
-            it = _json_line_iteration(line)
-            if it is None:
-                if line.strip():
-                    logger.warning(
-                        "%s:%d is not a JSON object with an integer '%s'; kept as it is.",
-                        self._path,
-                        lineno,
-                        ITERATION_KEY,
-                    )
-                kept.append(line)
-            elif it >= start_iter:
-                changed = True
-            else:
-                kept.append(line)
+        kept, changed = _lines_before(
+            self._path,
+            lines,
+            start_iter,
+            _json_line_iteration,
+            f"is not a JSON object with an integer '{ITERATION_KEY}'",
+        )
         if tail:
             changed = True
             it = _json_line_iteration(tail)

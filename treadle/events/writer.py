@@ -30,7 +30,7 @@ import logging
 import math
 import os
 from abc import ABC, abstractmethod
-from typing import IO, Any, Dict, List, Optional, Tuple
+from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
 from treadle.utils.atomic import atomic_write
 from treadle.utils.file_io import PathManager
@@ -184,6 +184,34 @@ def _read_lines(path: str) -> Tuple[List[str], str]:
         text = f.read()
     parts = text.split("\n")
     return [p + "\n" for p in parts[:-1]], parts[-1]
+
+
+def _lines_before(
+    path: str,
+    lines: List[str],
+    start_iter: int,
+    iteration_of: Callable[[str], Optional[int]],
+    not_a_record: str,
+    first_lineno: int = 1,
+) -> Tuple[List[str], bool]:
+    """``(the lines of iterations < start_iter, whether any line was dropped)``.
+
+    A line whose iteration cannot be read is kept, with a warning that it
+    ``not_a_record`` (unless it is blank).
+    """
+    kept: List[str] = []
+    dropped = False
+    for lineno, line in enumerate(lines, first_lineno):
+        it = iteration_of(line)
+        if it is None:
+            if line.strip():
+                logger.warning("%s:%d %s; kept as it is.", path, lineno, not_a_record)
+            kept.append(line)
+        elif it >= start_iter:
+            dropped = True
+        else:
+            kept.append(line)
+    return kept, dropped
 
 
 def _open_for_append(path: str) -> IO[str]:
