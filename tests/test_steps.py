@@ -232,11 +232,26 @@ def test_model_left_in_eval_mode_is_reported():
         TrainerBase(step).train(0, 1)
 
 
+def test_step_run_outside_training_names_the_missing_storage():
+    model = make_model()
+    step = EagerStep(model, regression_data(), torch.optim.SGD(model.parameters(), lr=0.01), loss_fn=nn.functional.mse_loss)
+    with pytest.raises(RuntimeError, match="outside of an EventStorage context"):
+        step.run_step()
+
+
 def test_finite_loader_is_reiterated():
+    """Three batches over seven iterations: each pass starts again from the first batch."""
     model = make_model()
     data = regression_data(n_batches=3)
-    step = EagerStep(model, data, torch.optim.SGD(model.parameters(), lr=0.01), loss_fn=nn.functional.mse_loss)
+    seen = []
+
+    def loss_fn(outputs, targets):
+        seen.append(next(i for i, (_, y) in enumerate(data) if y is targets))
+        return nn.functional.mse_loss(outputs, targets)
+
+    step = EagerStep(model, data, torch.optim.SGD(model.parameters(), lr=0.01), loss_fn=loss_fn)
     TrainerBase(step).train(0, 7)
+    assert seen == [0, 1, 2, 0, 1, 2, 0]
     with pytest.raises(RuntimeError, match="yields no batches"):
         TrainerBase(EagerStep(model, [], torch.optim.SGD(model.parameters(), lr=0.01))).train(0, 1)
 

@@ -5,6 +5,7 @@ import torch
 
 from treadle.engine import HookBase, HookOrderError, StepBase, TrainerBase
 from treadle.events import ScalarKind
+from treadle.hooks import IterationTimer
 from treadle.hooks.callback import CallbackHook
 
 
@@ -225,6 +226,32 @@ def test_timings_give_the_step_the_loop_less_its_hooks(monkeypatch):
         "Costly.after_backward": 6.0,
         "Costly.after_step": 15.0,
     }
+
+
+@pytest.mark.parametrize("timer_first", [True, False])
+def test_iteration_timer_times_before_step_hooks_and_step_only(monkeypatch, timer_first):
+    """``time`` is the iteration from its start to the end of the step: the
+    before_step hooks (1) and the step (10) count, the after_step hooks (5)
+    do not, wherever the timer is registered."""
+    now = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+
+    class Step(StepBase):
+        def run_step(self):
+            now[0] += 10
+
+    class Costly(HookBase):
+        def before_step(self):
+            now[0] += 1
+
+        def after_step(self):
+            now[0] += 5
+
+    timer = IterationTimer(warmup_iter=0)
+    trainer = TrainerBase(Step())
+    trainer.register_hooks([timer, Costly()] if timer_first else [Costly(), timer])
+    trainer.train(0, 3)
+    assert trainer.storage.history("time").values() == [(11.0, 0), (11.0, 1), (11.0, 2)]
 
 
 def test_callback_hook_is_reusable_across_train_calls():

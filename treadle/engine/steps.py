@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from treadle.events import ScalarKind, get_event_storage
-from treadle.events.storage import EventStorage
+from treadle.events.storage import _CURRENT_STORAGE_STACK, EventStorage
 from treadle.utils.device import to_device
 
 if TYPE_CHECKING:
@@ -36,7 +36,8 @@ _NO_CONTEXT = contextlib.nullcontext()
 
 
 def _forward_losses(model: nn.Module, loss_fn: Optional[Callable], batch: Any) -> Dict[str, torch.Tensor]:
-    """Runs the model on a batch and returns its losses by name (see EagerStep)."""
+    """Runs the model on a batch and returns its losses by name, their sum
+    ``total_loss`` included (see EagerStep)."""
     if loss_fn is not None:
         if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
             raise TypeError(
@@ -70,7 +71,9 @@ def _as_losses(out: Any, source: str) -> Dict[str, torch.Tensor]:
                 _raise_not_scalar(value, source, name)
         if "total_loss" in out:
             raise ValueError(f"{source} returned a loss named 'total_loss'; that name is kept for the sum of the losses")
-        return dict(out)
+        losses = dict(out)
+        losses["total_loss"] = sum(out.values())
+        return losses
     raise TypeError(
         f"{source} returned {type(out).__name__}; expected a scalar loss tensor, a dict of scalar "
         "losses, or an object with a .loss attribute (or pass loss_fn to compute the loss)"
@@ -213,15 +216,28 @@ class EagerStep(StepBase):
                 "The model is in eval mode at the start of a training step; a hook or an "
                 "evaluation did not restore model.train()."
             )
-        storage = get_event_storage()
+        # get_event_storage() without the call; it raises the clear error.
+        storage = _CURRENT_STORAGE_STACK[-1] if _CURRENT_STORAGE_STACK else get_event_storage()
         optimizer = self.optimizer
         scaler = self.grad_scaler
         optimizer.zero_grad(set_to_none=True)
         if self.grad_accum_steps == 1:
             t0 = time.perf_counter()
-            batch = self._next_batch()
+            # _next_batch's common case inline: an iterator is open and
+            # batches stay where they are.
+            data_iter = self._data_iter
+            if data_iter is None or self._batch_device is not None:
+                batch = self._next_batch()
+            else:
+                try:
+                    batch = next(data_iter)
+                except StopIteration:
+                    batch = self._restart_data()
             data_time = time.perf_counter() - t0
-            losses = self._forward(batch)
+            if self.precision == "fp32":
+                losses = self._compute_losses(self.model, self.loss_fn, batch)
+            else:
+                losses = self._forward(batch)
             if scaler is None:
                 losses["total_loss"].backward()
             else:
@@ -251,14 +267,9 @@ class EagerStep(StepBase):
     def _forward(self, batch: Any) -> Dict[str, torch.Tensor]:
         """The losses of ``batch`` by name, their sum ``total_loss`` included."""
         if self.precision == "fp32":
-            losses = self._compute_losses(self.model, self.loss_fn, batch)
-        else:
-            with torch.autocast(device_type=self.device.type, dtype=_AUTOCAST_DTYPES[self.precision]):
-                losses = self._compute_losses(self.model, self.loss_fn, batch)
-        # "total_loss" is present only for a single-loss contract (dicts may not use the name).
-        if "total_loss" not in losses:
-            losses["total_loss"] = sum(losses.values())
-        return losses
+            return self._compute_losses(self.model, self.loss_fn, batch)
+        with torch.autocast(device_type=self.device.type, dtype=_AUTOCAST_DTYPES[self.precision]):
+            return self._compute_losses(self.model, self.loss_fn, batch)
 
     def _accumulate(self) -> Tuple[Dict[str, torch.Tensor], float]:
         """Forward and backward of ``grad_accum_steps`` micro-batches; returns
@@ -294,15 +305,19 @@ class EagerStep(StepBase):
         try:
             batch = next(data_iter)
         except StopIteration:
-            # A finite loader is re-iterated: iterations, not epochs, bound training.
-            data_iter = self._data_iter = iter(self.data_loader)
-            try:
-                batch = next(data_iter)
-            except StopIteration:
-                raise RuntimeError("The training data loader yields no batches.") from None
+            batch = self._restart_data()
         if self._batch_device is None:
             return batch
         return to_device(batch, self._batch_device)
+
+    def _restart_data(self) -> Any:
+        """The first batch of a new pass over the data loader, whose previous
+        pass has ended: iterations, not epochs, bound training."""
+        data_iter = self._data_iter = iter(self.data_loader)
+        try:
+            return next(data_iter)
+        except StopIteration:
+            raise RuntimeError("The training data loader yields no batches.") from None
 
     # (model, loss_fn, batch) -> losses by name; CompiledStep compiles it.
     _compute_losses = staticmethod(_forward_losses)

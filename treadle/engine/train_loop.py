@@ -88,6 +88,12 @@ class TrainerBase:
         history_length: values the ``EventStorage`` keeps per scalar name.
         epoch_length: iterations per epoch when the data has a length (set by
             whoever builds the trainer); hooks with periods in epochs need it.
+        iter_start_time: ``time.perf_counter()`` when the current iteration
+            began, before any ``before_step`` hook.
+        step_end_time: ``time.perf_counter()`` when the current iteration's
+            step returned, before any ``after_step`` hook. With
+            ``iter_start_time`` it times an iteration without a clock read of
+            the hook's own (see :class:`~treadle.hooks.IterationTimer`).
         training_error: during ``after_train``, the exception that ended
             training, or ``None`` when it ended normally or by a stop request.
         interrupted: during ``after_train``, whether a stop request said the
@@ -112,6 +118,8 @@ class TrainerBase:
         self.epoch_length: Optional[int] = None
         self.training_error: Optional[BaseException] = None
         self.interrupted = False
+        self.iter_start_time = 0.0
+        self.step_end_time = 0.0
         self._timings: Dict[str, float] = defaultdict(float)
         self._loop_started: Optional[float] = None
         self._loop_seconds: Optional[float] = None
@@ -233,18 +241,25 @@ class TrainerBase:
 
     def _run_iterations(self, start_iter: int, max_iter: int) -> None:
         storage = self.storage
-        self._loop_started = time.perf_counter()
+        clock = time.perf_counter
+        # A subclass's before_step runs every iteration; the stage caller
+        # only when a hook needs it (it is empty with the default hooks).
+        before_step_overridden = type(self).before_step is not TrainerBase.before_step
+        self._loop_started = clock()
         try:
             for self.iter in range(start_iter, max_iter):
                 # Hooks may read storage.iter; keep it in step with self.iter.
                 storage.iter = self.iter
-                self.before_step()
+                self.iter_start_time = clock()
+                if before_step_overridden or self._hooks_by_stage["before_step"]:
+                    self.before_step()
                 self.run_step()
+                self.step_end_time = clock()
                 self.after_step()
                 if self._stop_reason is not None:
                     break
         finally:
-            self._loop_seconds = time.perf_counter() - self._loop_started
+            self._loop_seconds = clock() - self._loop_started
             self._loop_started = None
 
     def run_step(self) -> None:

@@ -19,9 +19,13 @@ class IterationTimer(HookBase):
     """Publishes ``time``, the seconds of each iteration, and logs the overall
     speed after training.
 
-    Register it first: its ``before_step`` then runs before, and its
-    ``after_step`` before, every other hook's, so ``time`` covers the step
-    and excludes the hooks' after-step work (a checkpoint, an evaluation).
+    ``time`` runs from the start of the iteration, before every
+    ``before_step`` hook, to the end of the step, before every ``after_step``
+    hook: it covers the step and excludes the hooks' after-step work (a
+    checkpoint, an evaluation), wherever this hook is registered. The trainer
+    reads those two clocks (:attr:`TrainerBase.iter_start_time` and
+    :attr:`~TrainerBase.step_end_time`), so the hook adds no clock read and
+    no ``before_step`` call to the iteration.
 
     On GPU the value is host time: a single iteration can be off while the
     device catches up, but the median that writers show is accurate because
@@ -35,7 +39,6 @@ class IterationTimer(HookBase):
     def __init__(self, warmup_iter: int = 3) -> None:
         self._warmup_iter = warmup_iter
         self._start_time: float | None = None
-        self._step_start = 0.0
         # Seconds inside timed iterations (those after the warm-up).
         self._timed_seconds = 0.0
         self._first_timed_iter = 0
@@ -45,14 +48,10 @@ class IterationTimer(HookBase):
         self._timed_seconds = 0.0
         self._first_timed_iter = self.trainer.start_iter + self._warmup_iter
 
-    def before_step(self) -> None:
-        self._step_start = time.perf_counter()
-
     def after_step(self) -> None:
-        # A bare clock, not fvcore's Timer: this runs every iteration, and two
-        # clock reads are all it needs.
-        seconds = time.perf_counter() - self._step_start
+        # The trainer's clock reads, not fvcore's Timer: this runs every iteration.
         trainer = self.trainer
+        seconds = trainer.step_end_time - trainer.iter_start_time
         if trainer.iter >= self._first_timed_iter:
             self._timed_seconds += seconds
         trainer.storage.put_scalar("time", seconds, kind=ScalarKind.TIME)
