@@ -15,6 +15,9 @@ with its quartiles (the noise), and "fastest" is the ratio of the fastest
 rounds (timeit's convention: a busy machine only ever adds time). Two step sizes are measured: ~1 ms and
 ~0.2 ms. Then where treadle's time goes, from ``trainer.timings()``.
 
+A third loop, treadle without the JSON and console writers (the storage is
+still flushed), shows what the writers cost.
+
 ``--breakdown`` adds the parts one at a time at the ~1 ms step (the bare
 loop, TrainerBase with a minimal step, EagerStep, each default hook) and
 prints what each adds.
@@ -123,6 +126,7 @@ def bench_overhead(rounds: int, iters: int) -> None:
             {
                 "raw": lambda: run_raw(width, batch, iters, log),
                 "treadle": lambda: run_treadle(width, batch, iters, out_dir, timings),
+                "no writers": lambda: run_part(width, batch, iters, False, 3, out_dir, writers=False),
             },
             rounds,
         )
@@ -133,6 +137,11 @@ def bench_overhead(rounds: int, iters: int) -> None:
         print(
             f"{label:>10} {raw * 1e3:>10.4f} {ours * 1e3:>14.4f} {ours / raw:>7.3f} "
             f"{statistics.median(paired):>9.3f} ({q1:.3f}-{q3:.3f}) {min(results['treadle']) / min(results['raw']):>8.3f}"
+        )
+        without = [t / r for t, r in zip(results["no writers"], results["raw"])]
+        print(
+            f"{'':>10} treadle without the JSON and console writers (the storage still flushed): "
+            f"paired {statistics.median(without):.3f}, fastest {min(results['no writers']) / min(results['raw']):.3f}"
         )
         breakdowns.append((label, timings))
     print("\nWhere treadle's time goes, last round (trainer.timings(), microseconds per iteration;")
@@ -185,8 +194,11 @@ def run_part(
     out_dir: str,
     timings: Optional[Dict[str, float]] = None,
     op_times: Optional[List[float]] = None,
+    writers: bool = True,
 ) -> float:
-    """TrainerBase with the minimal step or EagerStep and the first ``hooks`` default hooks."""
+    """TrainerBase with the minimal step or EagerStep and the first ``hooks``
+    default hooks; without ``writers`` the PeriodicWriter flushes the storage
+    to no writer."""
     model, data = make_problem(width, batch)
     opt, sched = make_optimizer(model, iters)
     if minimal_step:
@@ -200,7 +212,7 @@ def run_part(
     default_hooks = [
         IterationTimer(),
         LRScheduler(scheduler=sched),
-        PeriodicWriter([JSONWriter(metrics), CommonMetricPrinter(iters)], period=LOG_PERIOD),
+        PeriodicWriter([JSONWriter(metrics), CommonMetricPrinter(iters)] if writers else [], period=LOG_PERIOD),
     ]
     trainer.register_hooks(default_hooks[:hooks])
     start = time.perf_counter()

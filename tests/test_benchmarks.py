@@ -16,5 +16,5 @@ def test_overhead_benchmark_prints_every_section():
         timeout=300,
         check=True,
     ).stdout
-    for expected in ("~1 ms", "~0.2 ms", "paired", "fastest", "PeriodicWriter.after_step", "+ LRScheduler", "the torch operations alone"):
+    for expected in ("~1 ms", "~0.2 ms", "paired", "fastest", "without the JSON and console writers", "PeriodicWriter.after_step", "+ LRScheduler", "the torch operations alone"):
         assert expected in out, f"{expected!r} missing from:\n{out}"
