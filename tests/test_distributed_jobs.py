@@ -341,3 +341,13 @@ def test_fsdp_resumes_a_ddp_checkpoint_and_back(one_process, two_processes, fsdp
     as_plain = _from_checkpoint(fsdp_run, "model_0000019.pth", tmp_path / "as_plain")
     _train_net(as_plain, "--resume", *DIGITS)
     _assert_close(_weights(as_plain / "model_final.pth"), _weights(one_process / "model_final.pth"))
+
+
+def test_user_error_in_a_worker_is_one_line(tmp_path):
+    """A wrong argument to a target is found when the workers build the
+    model: the job still ends with the one-line message and status 2 of a
+    single process, printed once, not with a worker's traceback."""
+    result = _train_net(tmp_path, "--num-gpus", "2", *DIGITS, "+model.num_layers=3", expect_rc=2)
+    errors = [line for line in result.stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and "num_layers" in errors[0] and "'model'" in errors[0]
+    assert "Traceback" not in result.stderr

@@ -128,6 +128,15 @@ def test_eval_only_without_weights(capsys, tmp_path):
     assert code == 2 and "--eval-only needs weights" in err and "train.init_checkpoint" in err
 
 
+def test_eval_only_without_weights_leaves_the_runs_config_alone(capsys, tmp_path):
+    """The weights are looked for before anything is written to the run's directory."""
+    (tmp_path / "config.yaml").write_text("the training run's config\n")
+    code, err = error_of(["--eval-only", f"train.output_dir={tmp_path}"], capsys)
+    assert code == 2 and "--eval-only needs weights" in err
+    assert (tmp_path / "config.yaml").read_text() == "the training run's config\n"
+    assert sorted(os.listdir(tmp_path)) == ["config.yaml"]
+
+
 def test_resume_without_checkpoint_warns_and_starts_fresh(tmp_path, treadle_caplog):
     code = cli(["--resume", f"train.output_dir={tmp_path}", "train.max_iter=5", "train.eval_period=0", "lr_multiplier.warmup_iters=0"])
     assert code == 0

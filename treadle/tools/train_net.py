@@ -15,12 +15,14 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from omegaconf import DictConfig
+from torch import nn
 
 from treadle.checkpoint import CheckpointError, Checkpointer
 from treadle.config import ConfigError, LazyConfig
 from treadle.engine.defaults import DefaultTrainer, default_argument_parser, default_setup
 from treadle.engine.launch import launch
 from treadle.events import NonFiniteLossError
+from treadle.utils import comm
 
 __all__ = ["JobError", "load_config", "main", "cli"]
 
@@ -43,34 +45,62 @@ def load_config(args: argparse.Namespace) -> DictConfig:
     return LazyConfig.apply_overrides(cfg, args.opts)
 
 
-def _load_eval_weights(cfg: DictConfig, model: Any, resume: bool) -> str:
-    checkpointer = Checkpointer(model, cfg.train.output_dir)
-    if resume and checkpointer.has_checkpoint():
-        path = checkpointer.get_checkpoint_file()
-    elif cfg.train.get("init_checkpoint"):
-        path = cfg.train.init_checkpoint
-    else:
-        raise JobError(
-            "--eval-only needs weights: set train.init_checkpoint=PATH, or add --resume to evaluate the "
-            f"last checkpoint in {cfg.train.output_dir}"
-        )
-    checkpointer.load(path, checkpointables=[])
-    return path
+def _eval_weights(cfg: DictConfig, resume: bool) -> str:
+    """The checkpoint ``--eval-only`` evaluates: the last one of the run with
+    ``--resume``, else ``train.init_checkpoint``.
+
+    Raises:
+        JobError: neither is there.
+    """
+    # Finding the file needs no model: the checkpointer only reads its pointer file.
+    finder = Checkpointer(nn.Module(), cfg.train.output_dir)
+    if resume and finder.has_checkpoint():
+        return finder.get_checkpoint_file()
+    if cfg.train.get("init_checkpoint"):
+        return cfg.train.init_checkpoint
+    raise JobError(
+        "--eval-only needs weights: set train.init_checkpoint=PATH, or add --resume to evaluate the "
+        f"last checkpoint in {cfg.train.output_dir}"
+    )
 
 
 def main(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     """The job of one process: set up, then train (or evaluate)."""
     cfg = load_config(args)
+    # Before default_setup, which writes config.yaml into the run's directory:
+    # an evaluation that cannot start must not replace the training run's config.
+    weights = _eval_weights(cfg, args.resume) if args.eval_only else None
     default_setup(cfg, args)
-    if args.eval_only:
+    if weights is not None:
         model = DefaultTrainer.build_model(cfg)
-        path = _load_eval_weights(cfg, model, args.resume)
+        Checkpointer(model, cfg.train.output_dir).load(weights, checkpointables=[])
         results = DefaultTrainer.test(cfg, model)
-        logger.info("Evaluation of %s: %s", path, results)
+        logger.info("Evaluation of %s: %s", weights, results)
         return results
     trainer = DefaultTrainer(cfg)
     trainer.resume_or_load(resume=args.resume)
     return trainer.train()
+
+
+def _exit_status(error: BaseException) -> int:
+    return 1 if isinstance(error, NonFiniteLossError) else 2
+
+
+def _job(args: argparse.Namespace, prog: str) -> Optional[Dict[str, Any]]:
+    """:func:`main` in a process of a multi-process job.
+
+    A user error raised in a worker would reach the launcher as a worker's
+    traceback; here it becomes the same one-line message (printed once, by
+    rank 0) and exit status as in a single process.
+    """
+    try:
+        return main(args)
+    except _USER_ERRORS as e:
+        if comm.get_world_size() == 1:
+            raise  # cli prints it
+        if comm.is_main_process():
+            print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(_exit_status(e)) from None
 
 
 def cli(argv: Optional[List[str]] = None) -> int:
@@ -78,19 +108,22 @@ def cli(argv: Optional[List[str]] = None) -> int:
     parser = default_argument_parser()
     args = parser.parse_intermixed_args(argv)
     try:
-        # Checked once here, so that a bad file or override fails before any process starts.
-        load_config(args)
+        # Checked once here, so that a bad file, override or missing weights
+        # fail before any process starts.
+        cfg = load_config(args)
+        if args.eval_only:
+            _eval_weights(cfg, args.resume)
         launch(
-            main,
+            _job,
             args.num_gpus,
             num_machines=args.num_machines,
             machine_rank=args.machine_rank,
             dist_url=args.dist_url,
-            args=(args,),
+            args=(args, parser.prog),
         )
     except _USER_ERRORS as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2 if not isinstance(e, NonFiniteLossError) else 1
+        return _exit_status(e)
     return 0
 
 
