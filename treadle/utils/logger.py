@@ -12,7 +12,7 @@ from termcolor import colored
 
 from .file_io import PathManager
 
-__all__ = ["setup_logger", "log_once"]
+__all__ = ["setup_logger", "log_once", "strip_ansi"]
 
 _LOGGED_ONCE: set = set()
 
@@ -20,11 +20,16 @@ _LOGGED_ONCE: set = set()
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+def strip_ansi(text: str) -> str:
+    """``text`` without ANSI color codes (termcolor's, torch's error messages')."""
+    return _ANSI.sub("", text)
+
+
 class _PlainFormatter(logging.Formatter):
     """No color codes in files: colored console lines are stripped."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return _ANSI.sub("", super().format(record))
+        return strip_ansi(super().format(record))
 
 
 class _ColorfulFormatter(logging.Formatter):
@@ -53,6 +58,24 @@ class _ConsoleHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, value) -> None:
         pass
+
+
+class _FileHandler(logging.StreamHandler):
+    """A stream handler on a file opened through ``PathManager``, which it owns:
+    ``logging.FileHandler`` opens local paths only, and ``StreamHandler.close``
+    leaves its stream open."""
+
+    def close(self) -> None:
+        try:
+            self.acquire()
+            try:
+                if not self.stream.closed:
+                    self.flush()
+                    self.stream.close()
+            finally:
+                self.release()
+        finally:
+            super().close()
 
 
 def setup_logger(
@@ -105,7 +128,7 @@ def setup_logger(
             filename = f"{filename}.rank{distributed_rank}"
         PathManager.mkdirs(os.path.dirname(filename) or ".")
         stream = PathManager.open(filename, "a")
-        file_handler = logging.StreamHandler(stream)
+        file_handler = _FileHandler(stream)
         file_handler.setLevel(logging.DEBUG)
         file_handler.setFormatter(plain)
         handlers.append(file_handler)

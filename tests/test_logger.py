@@ -1,0 +1,41 @@
+"""setup_logger: files per run, closed when replaced, no color codes in files."""
+
+from termcolor import colored
+
+from treadle.utils.logger import setup_logger, strip_ansi
+
+
+def _file_streams(logger):
+    return [h.stream for h in logger.handlers if str(getattr(h.stream, "name", "")).endswith("log.txt")]
+
+
+def test_a_second_setup_closes_the_first_runs_file(tmp_path):
+    name = "treadle_test_logger"
+    first = setup_logger(str(tmp_path / "run1"), name=name)
+    (old_stream,) = _file_streams(first)
+    first.info("into run 1")
+    second = setup_logger(str(tmp_path / "run2"), name=name)
+    second.info("into run 2")
+    try:
+        assert old_stream.closed
+        run1 = (tmp_path / "run1" / "log.txt").read_text()
+        assert "into run 1" in run1 and "into run 2" not in run1
+        assert "into run 2" in (tmp_path / "run2" / "log.txt").read_text()
+    finally:
+        for handler in list(second.handlers):
+            second.removeHandler(handler)
+            handler.close()
+
+
+def test_log_files_hold_no_color_codes(tmp_path):
+    name = "treadle_test_logger_color"
+    logger = setup_logger(str(tmp_path), name=name)
+    try:
+        logger.info("loss: %s", colored("0.5", "cyan"))
+        text = (tmp_path / "log.txt").read_text()
+        assert "loss: 0.5" in text and "\x1b[" not in text
+    finally:
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+            handler.close()
+    assert strip_ansi(colored("x", "red", attrs=["bold"])) == "x"
