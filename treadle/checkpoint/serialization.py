@@ -25,6 +25,7 @@ from typing import Any, Dict, FrozenSet, Iterator, List, Tuple
 import torch
 
 from treadle.utils.file_io import PathManager
+from treadle.utils.logger import strip_ansi
 
 __all__ = [
     "CheckpointError",
@@ -170,13 +171,12 @@ def _reject_message(what: str, path: str, obj: Any) -> str:
     )
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _UNSAFE_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
 
 
 def _unsafe_globals(path: str, error: BaseException) -> List[str]:
     """The disallowed globals a refused file references, found without running it."""
-    names = _UNSAFE_GLOBAL.findall(_ANSI.sub("", str(error)))
+    names = _UNSAFE_GLOBAL.findall(strip_ansi(str(error)))
     try:
         # Static disassembly of the pickle: lists every offending global, not
         # only the first one the unpickler met. Zip-format files only.
@@ -188,7 +188,7 @@ def _unsafe_globals(path: str, error: BaseException) -> List[str]:
 
 
 def _weights_only_detail(error: BaseException) -> str:
-    text = _ANSI.sub("", str(error))
+    text = strip_ansi(str(error))
     marker = "WeightsUnpickler error:"
     if marker in text:
         text = text.split(marker, 1)[1]
