@@ -196,8 +196,6 @@ class Checkpointer:
                 message names its key path. Nothing is written.
             CheckpointError: ``save_dir`` cannot be created or written.
         """
-        # An FSDP model's state is sharded: gathering it is a collective in
-        # which every rank takes part; only the main process then writes.
         sharded = is_fsdp_model(unwrap_model(self.model))
         # With several processes every rank takes part: states may gather
         # across ranks (an FSDP model's shards, each rank's RNG state in the
@@ -222,7 +220,7 @@ class Checkpointer:
         for key, obj in self.checkpointables.items():
             if sharded and isinstance(obj, torch.optim.Optimizer):
                 data[key] = full_optimizer_state_dict(obj)
-            elif self.save_to_disk or gathering:
+            else:
                 data[key] = obj.state_dict()
         if not self.save_to_disk:
             return None
