@@ -13,7 +13,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ._keys import join_path, node_path
 from ._values import SEQUENCE_CONFIGS
 from .errors import ConfigError, first_line
-from .locate import _locate, _NotLocatable, import_path
+from .locate import _locate, _NotLocatable, target_name
 
 __all__ = ["instantiate"]
 
@@ -29,13 +29,6 @@ def _read(container: Any, key: Any, path: str) -> Any:
     except OmegaConfBaseException as e:
         where = _shown(join_path(path, key))
         raise ConfigError(f"Cannot read config value {where}: {first_line(e)}") from e
-
-
-def _target_name(target: Any) -> str:
-    """How a target is named in messages (computed only on errors: it may import)."""
-    if isinstance(target, str):
-        return target
-    return import_path(target) or getattr(target, "__qualname__", None) or repr(target)
 
 
 def _resolve_target(target: Any, path: str) -> Callable[..., Any]:
@@ -95,13 +88,13 @@ def _call(target: Callable[..., Any], kwargs: Dict[str, Any], path: str, raw_tar
         raise
     except TypeError as e:
         raise ConfigError(
-            f"Cannot instantiate config node {_shown(path)} (_target_ {_target_name(raw_target)}): "
+            f"Cannot instantiate config node {_shown(path)} (_target_ {target_name(raw_target)}): "
             f"{e}{_argument_hint(target, kwargs)}"
         ) from e
     except Exception as e:
         # Keep the original exception type (callers may catch it) and add where it came from.
         if hasattr(e, "add_note"):
-            name = _target_name(raw_target)
+            name = target_name(raw_target)
             e.add_note(f"while instantiating config node {_shown(path)} (_target_ {name})")
         raise
 

@@ -9,16 +9,9 @@ from omegaconf import DictConfig
 
 from ._values import tuples_to_lists
 from .errors import ConfigError
-from .locate import import_path
+from .locate import import_path, target_name
 
 __all__ = ["LazyCall", "L"]
-
-
-def _describe(target: Any) -> str:
-    """How a target is named in messages (computed only when needed: it may import)."""
-    if isinstance(target, str):
-        return target
-    return import_path(target) or getattr(target, "__qualname__", None) or repr(target)
 
 
 class LazyCall:
@@ -57,12 +50,12 @@ class LazyCall:
     def __call__(self, *args: Any, **kwargs: Any) -> DictConfig:
         if args:
             raise ConfigError(
-                f"LazyCall({_describe(self._target)}) takes keyword arguments only "
+                f"LazyCall({target_name(self._target)}) takes keyword arguments only "
                 f"(a config names every argument); got {len(args)} positional argument(s)"
             )
         if "_target_" in kwargs:
             raise ConfigError(
-                f"LazyCall({_describe(self._target)}) got '_target_' as an argument; "
+                f"LazyCall({target_name(self._target)}) got '_target_' as an argument; "
                 f"the target is set by LazyCall"
             )
         target: Any = self._target
@@ -72,7 +65,7 @@ class LazyCall:
             path = import_path(target)
             if path is None:
                 raise ConfigError(
-                    f"LazyCall target {_describe(target)} is a dataclass/attrs class that cannot "
+                    f"LazyCall target {target_name(target)} is a dataclass/attrs class that cannot "
                     f"be imported by name; define it at module level so that it can be stored "
                     f"as an import path"
                 )
@@ -81,7 +74,7 @@ class LazyCall:
         return DictConfig(content=content, flags={"allow_objects": True})
 
     def __repr__(self) -> str:
-        return f"LazyCall({_describe(self._target)})"
+        return f"LazyCall({target_name(self._target)})"
 
 
 L = LazyCall

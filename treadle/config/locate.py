@@ -131,3 +131,13 @@ def import_path(obj: Any) -> Optional[str]:
             if _resolves_to(candidate, obj):
                 return candidate
     return None
+
+
+def target_name(target: Any) -> str:
+    """How a ``_target_`` is named in messages: its import path when it has one.
+
+    Call it only when a message is built: finding the path may import modules.
+    """
+    if isinstance(target, str):
+        return target
+    return import_path(target) or getattr(target, "__qualname__", None) or repr(target)
