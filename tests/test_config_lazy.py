@@ -120,6 +120,26 @@ def test_plain_values_and_absolute_imports_in_python_config(tmp_path):
     assert cfg.root == Path("/data")
 
 
+def test_tuples_assigned_into_config_nodes_are_lists_too(tmp_path):
+    """A tuple set on a node after it was built (a derived config's habit) is a
+    list like any other: one item can be overridden, interpolations stay."""
+    path = write(
+        tmp_path,
+        "derived.py",
+        "from types import SimpleNamespace\nfrom treadle.config import LazyCall as L\n"
+        "model = L(SimpleNamespace)(width=4)\n"
+        "model.sizes = (1, (2, '${model.width}'))\n"
+        "layers = [L(SimpleNamespace)(kernel=(3, 3))]\n"
+        "layers[0].pad = (1, 1)\n",
+    )
+    cfg = LazyConfig.load(path)
+    assert isinstance(cfg.model.sizes, ListConfig) and isinstance(cfg.model.sizes[1], ListConfig)
+    LazyConfig.apply_overrides(cfg, ["model.sizes.0=5", "layers.0.pad.1=2"])
+    assert OmegaConf.to_container(cfg.model.sizes, resolve=True) == [5, [2, 4]]
+    assert vars(instantiate(cfg.layers[0])) == {"kernel": [3, 3], "pad": [1, 2]}
+    assert vars(instantiate(cfg.model)) == {"width": 4, "sizes": [5, [2, 4]]}
+
+
 def test_load_keys_selects_one_or_several(tmp_path):
     train = LazyConfig.load(MLP, keys="train")
     assert isinstance(train, DictConfig) and train.max_iter == 10

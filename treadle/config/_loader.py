@@ -28,7 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from treadle.utils.file_io import PathManager
 
-from ._values import tuples_to_lists
+from ._values import tuple_nodes_to_lists, tuples_to_lists
 from .errors import ConfigError, first_line
 
 __all__ = ["load_config_file", "PYTHON_SUFFIXES", "YAML_SUFFIXES"]
@@ -252,7 +252,7 @@ def _load_python(filename: str) -> DictConfig:
                     f"Config file '{filename}': top-level name '{name}' cannot be a config "
                     f"value: {first}"
                 ) from e
-    return cfg
+    return tuple_nodes_to_lists(cfg)
 
 
 def _load_yaml(filename: str) -> DictConfig:

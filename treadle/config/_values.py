@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Tuple, Type
 
-from omegaconf import ListConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf, SCMode
 
-__all__ = ["SEQUENCE_CONFIGS", "tuples_to_lists"]
+__all__ = ["SEQUENCE_CONFIGS", "tuples_to_lists", "tuple_nodes_to_lists"]
 
 try:  # OmegaConf >= 2.4 keeps tuples as immutable TupleConfig nodes.
     from omegaconf import TupleConfig
 
     SEQUENCE_CONFIGS: Tuple[Type[Any], ...] = (ListConfig, TupleConfig)
 except ImportError:  # OmegaConf 2.3 turns tuples into ListConfig.
+    TupleConfig = None
     SEQUENCE_CONFIGS = (ListConfig,)
 
 
@@ -29,3 +30,29 @@ def tuples_to_lists(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [tuples_to_lists(item) for item in value]
     return value
+
+
+def tuple_nodes_to_lists(cfg: DictConfig) -> DictConfig:
+    """``cfg``, or a copy of it in which every ``TupleConfig`` node is a list.
+
+    :func:`tuples_to_lists` covers values as they enter a config; this covers
+    tuples assigned into a config node afterwards (``model.sizes = (1, 2)`` in a
+    config file, after ``model = L(...)(...)``), which OmegaConf 2.4 stores as
+    ``TupleConfig``. Such a node keeps its tuple type when assigned a list, so
+    the copy is rebuilt from the raw content: interpolations stay unresolved,
+    objects stay as they are.
+    """
+    if TupleConfig is None or not _has_tuple_node(cfg):
+        return cfg
+    content = OmegaConf.to_container(cfg, resolve=False, structured_config_mode=SCMode.DICT_CONFIG)
+    return DictConfig(tuples_to_lists(content), flags={"allow_objects": True})
+
+
+def _has_tuple_node(node: Any) -> bool:
+    if isinstance(node, TupleConfig):
+        return True
+    if isinstance(node, DictConfig):
+        return any(_has_tuple_node(node._get_node(key)) for key in node.keys())
+    if isinstance(node, ListConfig):
+        return any(_has_tuple_node(node._get_node(i)) for i in range(len(node)))
+    return False
