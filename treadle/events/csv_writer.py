@@ -73,7 +73,7 @@ class CSVWriter(_AppendingFileWriter):
         """Drops rows of iterations ``>= start_iter`` and a torn last row; see the class."""
         super().set_start_iter(start_iter)
         self.close()
-        self._columns = None  # read again from the file at the next write
+        self._columns = None  # no file or no header yet: read at the next write
         if not PathManager.exists(self._path):
             return
         lines, tail = _read_lines(self._path)
@@ -84,7 +84,7 @@ class CSVWriter(_AppendingFileWriter):
             if changed:
                 _atomic_write_text(self._path, "")
             return
-        self._check_header(lines[0])
+        self._columns = self._check_header(lines[0])
         rows, dropped = _lines_before(
             self._path, lines[1:], start_iter, self._row_iteration, "does not start with an iteration", first_lineno=2
         )
@@ -112,8 +112,10 @@ class CSVWriter(_AppendingFileWriter):
         """The scalar columns of the file's header; None when there is no header yet."""
         if not PathManager.exists(self._path):
             return None
-        lines, _ = _read_lines(self._path)
-        return self._check_header(lines[0]) if lines else None
+        with PathManager.open(self._path, "r", encoding="utf-8", newline="") as f:
+            header = f.readline()
+        # A header cut short by a crash counts as none: the next write rewrites it.
+        return self._check_header(header) if header.endswith("\n") else None
 
     def _rewrite_with_columns(self, columns: List[str]) -> None:
         self.close()
