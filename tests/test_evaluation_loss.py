@@ -61,3 +61,22 @@ def test_process_never_reads_values_on_the_host():
     ev = LossEvaluator(loss_fn=F.mse_loss)
     ev.process((None, torch.zeros(4, device="meta")), torch.zeros(4, device="meta"))
     assert {v.device.type for v in ev.statistics.values()} == {"meta"}
+
+
+def test_dict_with_loss_and_other_scalar_losses_is_summed_as_in_training():
+    # Training sums every entry of a dict of scalar losses, "loss" included, so
+    # the validation loss of {"loss": 1, "aux": 2} is 3, not the "loss" entry.
+    ev = LossEvaluator()
+    ev.process(torch.zeros(2, 1), {"loss": torch.tensor(1.0), "aux": torch.tensor(2.0)})
+    assert ev.evaluate() == {"loss": 3.0}
+
+
+def test_tensor_loss_attribute_is_read_before_the_mapping():
+    # A Mapping that also has a tensor .loss (as a Hugging Face ModelOutput
+    # does): training takes .loss, not the sum of the entries.
+    class Output(dict):
+        loss = torch.tensor(0.5)
+
+    ev = LossEvaluator()
+    ev.process(torch.zeros(2, 1), Output(loss_cls=torch.tensor(1.0), loss_box=torch.tensor(2.0)))
+    assert ev.evaluate() == {"loss": 0.5}

@@ -18,22 +18,33 @@ LossFn = Callable[[Any, Any], Any]
 
 
 def _loss_from_outputs(outputs: Any, who: str) -> torch.Tensor:
-    # The same contract as the training step without a loss_fn.
+    # Mirrors the training step without a loss_fn (treadle.engine.steps._as_losses,
+    # not imported: evaluation sits below the engine), so that the validation
+    # loss is the quantity training minimizes. The order matters: an object
+    # with a tensor .loss (a Hugging Face ModelOutput, itself a Mapping) is
+    # read before being treated as a dict.
     if isinstance(outputs, torch.Tensor):
         return outputs
+    loss = getattr(outputs, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
     if isinstance(outputs, Mapping):
+        tensors = [v for v in outputs.values() if isinstance(v, torch.Tensor)]
+        # A dict of scalars is a dict of losses, summed as training sums them
+        # ({"loss": ..., "aux": ...}); a dict that also holds non-scalar
+        # tensors (logits) is a model output whose loss is under "loss".
+        if tensors and all(v.numel() == 1 for v in tensors):
+            dtype = float_accumulator_dtype(tensors[0].device)
+            total = tensors[0].detach().reshape(()).to(dtype)
+            for v in tensors[1:]:
+                total = total + v.detach().reshape(()).to(dtype)
+            return total
         if "loss" in outputs:
             return outputs["loss"]
-        losses = [v for v in outputs.values() if isinstance(v, torch.Tensor)]
-        if losses and all(v.dim() == 0 for v in losses):
-            return torch.stack([v.float() for v in losses]).sum()
         raise ValueError(
             f"{who}: without loss_fn the model must return a loss: a tensor, a dict with 'loss' "
             f"or a dict of scalar losses; got a dict with keys {sorted(map(str, outputs))}"
         )
-    loss = getattr(outputs, "loss", None)
-    if isinstance(loss, torch.Tensor):
-        return loss
     raise TypeError(
         f"{who}: without loss_fn the model must return a loss (a tensor, a dict, or an object "
         f"with .loss); got {type(outputs).__name__}. Pass loss_fn=..."
@@ -46,8 +57,9 @@ class LossEvaluator(StatisticsEvaluator):
 
     With ``loss_fn``, each batch is ``(inputs, targets)`` (or a dict with
     ``target_key``) and its loss is ``loss_fn(outputs, targets)``; without it,
-    the model's outputs are the loss, as in training (a tensor, a dict with
-    ``"loss"`` or of scalar losses, summed, or an object with ``.loss``).
+    the model's outputs are the loss, as in training (a tensor, an object with
+    a tensor ``.loss``, or a dict: of scalar losses, summed, else with a
+    ``"loss"`` entry, e.g. next to the logits).
 
     A scalar loss is taken as the batch's mean and weighted by the batch size
     (the first dimension of the targets, or of the batch's first tensor without
