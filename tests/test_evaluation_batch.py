@@ -1,5 +1,6 @@
 """How batches are fed to models, moved to devices and taken apart."""
 
+import dataclasses
 from collections import namedtuple
 
 import pytest
@@ -59,6 +60,21 @@ def test_move_to_device_walks_containers():
     assert obj.moved_to == torch.device("meta")
     assert moved["n"] == 3 and moved["none"] is None
     assert batch["pair"].x.device.type == "cpu"  # the input is not modified
+
+
+@dataclasses.dataclass
+class _DataclassBatch:
+    images: torch.Tensor
+    names: list
+
+
+def test_move_to_device_moves_a_dataclass_batch():
+    # The same walk as training's to_device, which always handled dataclasses.
+    batch = _DataclassBatch(torch.ones(2, 3), ["a", "b"])
+    moved = move_to_device(batch, "meta")
+    assert isinstance(moved, _DataclassBatch)
+    assert moved.images.device.type == "meta" and moved.names == ["a", "b"]
+    assert batch.images.device.type == "cpu"
 
 
 def test_get_targets_from_pair_and_dict():

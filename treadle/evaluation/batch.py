@@ -19,6 +19,8 @@ from typing import Any, Callable, Mapping, Optional, Tuple, Union
 
 import torch
 
+from treadle.utils.device import to_device
+
 __all__ = [
     "ForwardFn",
     "move_to_device",
@@ -35,36 +37,13 @@ ForwardFn = Callable[[Any, Any], Any]
 def move_to_device(obj: Any, device: Union[str, torch.device]) -> Any:
     """Returns ``obj`` with every tensor in it moved to ``device``.
 
-    Walks lists, tuples (named tuples included) and mappings; other objects are
-    moved with their own ``.to(device)`` when they have one (Hugging Face's
-    ``BatchEncoding``), else returned unchanged.
+    The same walk as training's (:func:`treadle.utils.device.to_device`):
+    lists, tuples (named tuples included), mappings and dataclasses; other
+    objects are moved with their own ``.to(device)`` when they have one (Hugging
+    Face's ``BatchEncoding``), else returned unchanged. Copies are non-blocking
+    only towards an accelerator.
     """
-    device = torch.device(device)
-    # A copy to the host with non_blocking may be read before it has landed;
-    # copies towards an accelerator are ordered on its stream and safe.
-    non_blocking = device.type != "cpu"
-    return _move(obj, device, non_blocking)
-
-
-def _move(obj: Any, device: torch.device, non_blocking: bool) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device, non_blocking=non_blocking)
-    if isinstance(obj, (str, bytes)) or obj is None:
-        return obj
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_move(v, device, non_blocking) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_move(v, device, non_blocking) for v in obj)
-    if isinstance(obj, Mapping):
-        moved = {k: _move(v, device, non_blocking) for k, v in obj.items()}
-        try:
-            return type(obj)(moved)
-        except TypeError:
-            return moved
-    to = getattr(obj, "to", None)
-    if callable(to):
-        return to(device)
-    return obj
+    return to_device(obj, device)
 
 
 def _is_sample_list(batch: Any) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import torch
 
@@ -27,20 +27,38 @@ def resolve_device(device: Union[str, torch.device, None] = "auto") -> torch.dev
     return device
 
 
-def to_device(obj: Any, device: torch.device, non_blocking: bool = True) -> Any:
-    """Moves every tensor inside tuples, lists, dicts, named tuples and
-    dataclasses to ``device``; other objects are returned as they are.
+def to_device(
+    obj: Any, device: Union[str, torch.device], non_blocking: Optional[bool] = None
+) -> Any:
+    """Returns ``obj`` with every tensor in it moved to ``device``.
 
-    Objects with a ``.to(device)`` method that are not tensors (Hugging Face's
-    ``BatchEncoding``, for one) are moved with it.
+    Walks tuples, lists, named tuples, mappings and dataclasses; any other
+    object with a ``.to`` method (Hugging Face's ``BatchEncoding``, for one) is
+    moved with ``.to(device)``; everything else is returned as it is. The input
+    is not modified.
+
+    ``non_blocking=None`` means non-blocking copies only towards an accelerator:
+    a copy to the host with ``non_blocking=True`` may be read before it has
+    landed, while copies towards an accelerator are ordered on its stream.
     """
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
+    if non_blocking is None:
+        non_blocking = device.type != "cpu"
+    return _move(obj, device, non_blocking)
+
+
+def _move(obj: Any, device: torch.device, non_blocking: bool) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.to(device, non_blocking=non_blocking)
     # Plain tuples and lists first: the Mapping test below is an ABC check, slower.
     if type(obj) in (tuple, list):
-        return type(obj)(to_device(v, device, non_blocking) for v in obj)
+        return type(obj)(_move(v, device, non_blocking) for v in obj)
+    # Leaves that are common in batches and must not reach the .to() probe.
+    if obj is None or isinstance(obj, (str, bytes, int, float)):
+        return obj
     if isinstance(obj, Mapping):
-        moved = {k: to_device(v, device, non_blocking) for k, v in obj.items()}
+        moved = {k: _move(v, device, non_blocking) for k, v in obj.items()}
         if type(obj) is dict:
             return moved
         try:
@@ -49,11 +67,15 @@ def to_device(obj: Any, device: torch.device, non_blocking: bool = True) -> Any:
             to = getattr(obj, "to", None)
             return to(device) if callable(to) else moved
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # named tuple
-        return type(obj)(*(to_device(v, device, non_blocking) for v in obj))
+        return type(obj)(*(_move(v, device, non_blocking) for v in obj))
     if isinstance(obj, (list, tuple)):
-        return type(obj)(to_device(v, device, non_blocking) for v in obj)
+        return type(obj)(_move(v, device, non_blocking) for v in obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return dataclasses.replace(
-            obj, **{f.name: to_device(getattr(obj, f.name), device, non_blocking) for f in dataclasses.fields(obj) if f.init}
+            obj, **{f.name: _move(getattr(obj, f.name), device, non_blocking) for f in dataclasses.fields(obj) if f.init}
         )
+    to = getattr(obj, "to", None)
+    # A class's .to is an unbound method, not a way to move it.
+    if callable(to) and not isinstance(obj, type):
+        return to(device)
     return obj

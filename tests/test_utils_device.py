@@ -1,0 +1,51 @@
+"""to_device: the one walker that moves batches, for training and evaluation."""
+
+import torch
+
+from treadle.utils.device import to_device
+
+
+def _record_to_calls(monkeypatch):
+    calls = []
+    original = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        calls.append(kwargs.get("non_blocking"))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    return calls
+
+
+def test_copies_to_the_host_are_blocking(monkeypatch):
+    # A non-blocking device-to-host copy may be read before it has landed.
+    calls = _record_to_calls(monkeypatch)
+    moved = to_device({"x": torch.ones(2), "y": [torch.zeros(1)]}, torch.device("cpu"))
+    assert moved["x"].device.type == "cpu"
+    assert calls == [False, False]
+
+
+def test_copies_to_an_accelerator_are_non_blocking_unless_told(monkeypatch):
+    # What the training step relies on for overlapping copies with compute.
+    calls = _record_to_calls(monkeypatch)
+    to_device(torch.ones(2), torch.device("meta"))
+    to_device(torch.ones(2), "meta", non_blocking=False)
+    assert calls == [True, False]
+
+
+class _Movable:
+    def __init__(self):
+        self.moved_to = None
+
+    def to(self, device):
+        self.moved_to = device
+        return self
+
+
+def test_other_objects_with_to_are_moved_and_leaves_kept():
+    obj = _Movable()
+    moved = to_device([obj, "text", b"raw", 3, None], "meta")
+    assert moved[0] is obj and obj.moved_to == torch.device("meta")
+    assert moved[1:] == ["text", b"raw", 3, None]
+    # A class is not an object to move, even if it defines .to.
+    assert to_device(_Movable, "meta") is _Movable
