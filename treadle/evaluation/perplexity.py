@@ -83,12 +83,15 @@ class PerplexityEvaluator(StatisticsEvaluator):
         self.update("out_of_range", (counted & ~in_range).sum())
         counted = counted & in_range
         # Out-of-range ids are zero-weighted, then reported at evaluate(): a
-        # check here would need a host sync every batch.
-        safe_targets = torch.where(counted, targets, torch.zeros_like(targets))
+        # check here would need a host sync every batch. Every uncounted
+        # position gets cross_entropy's own ignore_index, which zeroes its
+        # loss; no counted id is negative, so -100 cannot collide with one.
+        safe_targets = targets.masked_fill(~counted, -100)
         compute_dtype = torch.promote_types(logits.dtype, torch.float32)
-        nll = F.cross_entropy(logits.reshape(-1, vocab).to(compute_dtype), safe_targets, reduction="none")
-        nll = torch.where(counted, nll, torch.zeros_like(nll))
-        self.update("nll_sum", nll.to(float_accumulator_dtype(nll.device)).sum())
+        nll = F.cross_entropy(
+            logits.reshape(-1, vocab).to(compute_dtype), safe_targets, ignore_index=-100, reduction="none"
+        )
+        self.update("nll_sum", nll.sum(dtype=float_accumulator_dtype(nll.device)))
         self.update("tokens", counted.sum())
 
     def compute(self, stats: Dict[str, torch.Tensor]) -> Results:
