@@ -134,3 +134,21 @@ def test_process_never_reads_values_on_the_host():
     ev = ClassificationEvaluator(ALL, ignore_index=-100)
     ev.process((None, torch.zeros(4, dtype=torch.long, device="meta")), torch.zeros(4, 3, device="meta"))
     assert {v.device.type for v in ev.statistics.values()} == {"meta"}
+
+
+def test_targets_copied_to_host_logits_are_not_non_blocking(monkeypatch):
+    # A model may return CPU logits for a batch on an accelerator; a
+    # non-blocking device-to-host copy of the targets could be read before
+    # it lands, so the copy towards CPU logits must block.
+    non_blocking = []
+    original = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        non_blocking.append(kwargs.get("non_blocking", False))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    ev = ClassificationEvaluator(["accuracy"])
+    ev.process((None, TARGETS), LOGITS)
+    assert True not in non_blocking
+    assert ev.evaluate() == {"accuracy": 0.5}

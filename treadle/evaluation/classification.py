@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from treadle.utils import comm
+from treadle.utils.device import to_device
 
 from .batch import get_tensor_pair
 from .evaluator import metric_names
@@ -120,7 +121,10 @@ class ClassificationEvaluator(StatisticsEvaluator):
             )
 
         logits = logits.detach().reshape(-1, num_classes)
-        targets = targets.to(logits.device, non_blocking=True).reshape(-1).long()
+        # Logits may be on the host while the batch is on an accelerator (a
+        # model that returns CPU outputs); the targets are read right away, so
+        # that copy must block. to_device decides by the destination.
+        targets = to_device(targets, logits.device).reshape(-1).long()
         in_range = (targets >= 0) & (targets < num_classes)
         if self.ignore_index is not None:
             counted = targets != self.ignore_index
