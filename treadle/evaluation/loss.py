@@ -34,11 +34,7 @@ def _loss_from_outputs(outputs: Any, who: str) -> torch.Tensor:
         # ({"loss": ..., "aux": ...}); a dict that also holds non-scalar
         # tensors (logits) is a model output whose loss is under "loss".
         if tensors and all(v.numel() == 1 for v in tensors):
-            dtype = float_accumulator_dtype(tensors[0].device)
-            total = tensors[0].detach().reshape(()).to(dtype)
-            for v in tensors[1:]:
-                total = total + v.detach().reshape(()).to(dtype)
-            return total
+            return torch.stack([v.reshape(()).float() for v in tensors]).sum()
         if "loss" in outputs:
             return outputs["loss"]
         raise ValueError(
