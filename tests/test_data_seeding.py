@@ -65,3 +65,34 @@ def test_worker_seeder_depends_on_worker_and_chains_user_fn():
     seeder(0)
     assert draws() == a != b
     assert calls == [0, 1, 0]
+
+
+def test_per_sample_seeds_are_derived_where_samples_are_loaded(monkeypatch):
+    """The batch sampler (run by the training process) tags indices with
+    stream positions only; the dataset wrapper (run by the workers) turns each
+    into sample_seed(seed, position) and draws with it."""
+    from itertools import islice
+
+    from treadle.data import SeededMapDataset, StreamBatchSampler
+    from treadle.data import per_sample
+    from treadle.data.samplers import TrainingSampler
+
+    calls = []
+    monkeypatch.setattr(per_sample, "sample_seed", lambda seed, position: calls.append(position) or sample_seed(seed, position))
+    batches = StreamBatchSampler(TrainingSampler(10, shuffle=True, seed=3), 4, sample_seeds=True)
+    first, second = islice(iter(batches), 2)
+    assert [position for _, position in first + second] == list(range(8))
+    assert calls == []  # nothing derived while sampling
+
+    class Draw:
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, index):
+            return (index, torch.rand(()).item())
+
+    samples = SeededMapDataset(Draw(), seed=3).__getitems__(second)
+    assert calls == [4, 5, 6, 7]
+    assert [index for index, _ in samples] == [index for index, _ in second]
+    seed_cpu_rngs(sample_seed(3, 5))
+    assert samples[1][1] == torch.rand(()).item()

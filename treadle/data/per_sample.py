@@ -1,8 +1,10 @@
 """Per-sample seeding for map-style datasets: randomness that follows the sample, not the worker.
 
-The batch sampler tags every index with the seed of its global stream position;
-the dataset wrapper seeds the CPU generators with it right before fetching that
-index. A sample's random augmentation is then the same whichever worker loads
+The batch sampler tags every index with its global stream position; the
+dataset wrapper derives the sample's seed from it and seeds the CPU generators
+right before fetching that index. The seed is derived in the wrapper, which
+runs in the data workers, not in the sampler, which runs in the training
+process. A sample's random augmentation is then the same whichever worker loads
 it, for any ``num_workers``, and after a resume.
 """
 
@@ -18,15 +20,17 @@ from .seeding import preserve_cpu_rngs, sample_seed, seed_cpu_rngs
 
 __all__ = ["StreamBatchSampler", "SeededMapDataset"]
 
-SeededIndex = Tuple[int, int]
+# (dataset index, global stream position)
+PositionedIndex = Tuple[int, int]
 
 
 class StreamBatchSampler(Sampler[List[Any]]):
     """Cuts a :class:`TrainingSampler`'s stream into batches of ``batch_size`` indices.
 
-    With ``sample_seeds=True`` each item is ``(index, sample_seed)``, where the
-    seed is :func:`~treadle.data.seeding.sample_seed` of the run's seed and the
-    item's global stream position; pair it with :class:`SeededMapDataset`.
+    With ``sample_seeds=True`` each item is ``(index, position)``, the item's
+    global stream position; pair it with a :class:`SeededMapDataset` of the
+    same seed, which seeds the sample with
+    :func:`~treadle.data.seeding.sample_seed` of the two.
     Batches are always full: the stream is infinite and crosses epochs.
     """
 
@@ -35,11 +39,10 @@ class StreamBatchSampler(Sampler[List[Any]]):
         self.batch_size = batch_size
         self.sample_seeds = sample_seeds
 
-    def __iter__(self) -> Iterator[List[Union[int, SeededIndex]]]:
-        seed = self.sampler.seed
-        batch: List[Union[int, SeededIndex]] = []
+    def __iter__(self) -> Iterator[List[Union[int, PositionedIndex]]]:
+        batch: List[Union[int, PositionedIndex]] = []
         for position, index in self.sampler.iter_with_positions():
-            batch.append((index, sample_seed(seed, position)) if self.sample_seeds else index)
+            batch.append((index, position) if self.sample_seeds else index)
             if len(batch) == self.batch_size:
                 yield batch
                 batch = []
@@ -54,28 +57,30 @@ def _rng_scope() -> ContextManager[None]:
 
 
 class SeededMapDataset(Dataset):
-    """Wraps a map-style dataset whose keys are ``(index, seed)`` pairs.
+    """Wraps a map-style dataset whose keys are ``(index, position)`` pairs.
 
     Before ``dataset[index]`` runs, python's ``random``, numpy's global
-    generator and torch's CPU generator are seeded with ``seed``. In the main
+    generator and torch's CPU generator are seeded with
+    ``sample_seed(seed, position)``. In the main
     process their previous states are restored afterwards (once per batch).
     The wrapped dataset's own ``__getitems__``, if any, is not used: seeding is
     per sample, so samples are fetched one by one.
     """
 
-    def __init__(self, dataset: Any) -> None:
+    def __init__(self, dataset: Any, seed: int) -> None:
         self.dataset = dataset
+        self.seed = seed
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, key: SeededIndex) -> Any:
+    def __getitem__(self, key: PositionedIndex) -> Any:
         return self.__getitems__([key])[0]
 
-    def __getitems__(self, keys: Sequence[SeededIndex]) -> List[Any]:
+    def __getitems__(self, keys: Sequence[PositionedIndex]) -> List[Any]:
         samples = []
         with _rng_scope():
-            for index, seed in keys:
-                seed_cpu_rngs(seed)
+            for index, position in keys:
+                seed_cpu_rngs(sample_seed(self.seed, position))
                 samples.append(self.dataset[index])
         return samples

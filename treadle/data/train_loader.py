@@ -217,7 +217,7 @@ class TrainLoader:
             batches = StreamBatchSampler(
                 sampler, self.batch_size, sample_seeds=self.per_sample_seed
             )
-            dataset = SeededMapDataset(self.dataset) if self.per_sample_seed else self.dataset
+            dataset = SeededMapDataset(self.dataset, seed) if self.per_sample_seed else self.dataset
             return make_dataloader(
                 dataset,
                 self._options,
