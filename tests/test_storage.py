@@ -165,6 +165,37 @@ def test_mixed_dtypes_and_numbers_resolve_exactly_in_put_order(monkeypatch, one_
         assert all(type(v) is float for name in ("f32", "i64", "mixed") for v, _ in s.history(name).values())
 
 
+def test_batched_reads_take_one_element_tensors_of_any_shape(monkeypatch):
+    # () and (1,) on one device and dtype are stacked together on the batched path.
+    monkeypatch.setattr(storage_module, "_READ_CPU_TENSORS_ONE_BY_ONE", False)
+    with EventStorage(0) as s:
+        s.put_scalar("a", torch.tensor(1.5))
+        s.put_scalar("b", torch.tensor([2.5]))
+        s.put_scalar("c", torch.tensor([[3.5]]))
+        s.put_scalar("a", torch.tensor([4.5]), cur_iter=1)
+        assert s.history("a").values() == [(1.5, 0), (4.5, 1)]
+        assert s.latest() == {"a": (4.5, 1), "b": (2.5, 0), "c": (3.5, 0)}
+
+
+def test_values_stay_pending_when_resolving_fails():
+    def failing_reducer(entries):
+        raise RuntimeError("reducer failed")
+
+    with EventStorage(0) as s:
+        s.put_scalar("loss", torch.tensor(0.5), kind=ScalarKind.LOSS)
+        s.put_scalar("lr", 0.1)
+        s.iter = 1
+        s.put_scalar("loss", torch.tensor(0.25), kind=ScalarKind.LOSS)
+        s.reducer = failing_reducer
+        with pytest.raises(RuntimeError, match="reducer failed"):
+            s.latest()
+        s.reducer = None
+        # Nothing of the failed period was lost.
+        assert s.history("loss").values() == [(0.5, 0), (0.25, 1)]
+        assert s.history("lr").values() == [(0.1, 0)]
+        assert not s._pending and not s._tensor_names and s._pending_tensors == 0
+
+
 def test_history_extend_equals_updates_and_median_handles_non_finite_values():
     one, batch = HistoryBuffer(4), HistoryBuffer(4)
     points = [(3.0, 0), (1.0, 1), (4.0, 2), (1.5, 3), (9.0, 4), (2.0, 5)]

@@ -282,11 +282,18 @@ class EventStorage:
     def _resolve_pending(self) -> None:
         pending, self._pending = self._pending, {}
         tensor_names, self._tensor_names = self._tensor_names, set()
-        self._pending_tensors = 0
-        if self.reducer is not None:
-            self._reduce(pending)
-        elif tensor_names:
-            _resolve_tensors([pending[name] for name in tensor_names])
+        pending_tensors, self._pending_tensors = self._pending_tensors, 0
+        try:
+            if self.reducer is not None:
+                self._reduce(pending)
+            elif tensor_names:
+                _resolve_tensors([pending[name] for name in tensor_names])
+        except BaseException:
+            # Nothing was recorded yet: keep the period's values for the next
+            # read instead of losing them all. Values already turned into
+            # floats in place stay valid pending values.
+            self._pending, self._tensor_names, self._pending_tensors = pending, tensor_names, pending_tensors
+            raise
         histories = self._history
         for name, points in pending.items():
             history = histories.get(name)
@@ -411,7 +418,9 @@ def _resolve_tensors(columns: List[List[Tuple[ScalarValue, int]]]) -> None:
     for member_groups in by_device.values():
         members = [m for group in member_groups for m in group]
         # float64: values of several dtypes share one copy without rounding.
-        stacked = [torch.stack([points[i][0] for points, i in group]).view(-1) for group in member_groups]
+        # put_scalar accepts any one-element shape; stack needs one: reshape
+        # is a view, no kernel.
+        stacked = [torch.stack([points[i][0].reshape(()) for points, i in group]) for group in member_groups]
         flat = stacked[0] if len(stacked) == 1 else torch.cat([t.to(torch.float64) for t in stacked])
         for (points, i), value in zip(members, flat.cpu().tolist()):
             points[i] = (float(value), points[i][1])
