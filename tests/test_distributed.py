@@ -32,7 +32,7 @@ from treadle.engine import EagerStep, StepBase, TrainerBase
 from treadle.engine.defaults import DefaultTrainer
 from treadle.engine.launch import create_fsdp_model, launch
 from treadle.evaluation import build_evaluator, inference_on_dataset
-from treadle.events import JSONWriter, ScalarKind
+from treadle.events import EventStorage, JSONWriter, ScalarKind
 from treadle.events.distributed import ScalarMismatchError, reduce_across_ranks
 from treadle.hooks import EvalHook, IterationTimer, LRScheduler, PeriodicWriter
 from treadle.utils import comm
@@ -164,6 +164,60 @@ def test_comm_with_two_gloo_processes(tmp_path):
     for r in (r0, r1):
         assert "Ranks published different scalars" in r["renamed"] and "'c'" in r["renamed"]
         assert "Ranks published different scalars" in r["extra"] and "['a', 'b', 'c']" in r["extra"]
+
+
+def test_reduce_across_ranks_on_one_process_reads_every_kind_of_value_in_order():
+    # Numbers and tensors of several shapes and dtypes, interleaved: packed by
+    # kind of value, then read back in entry order.
+    entries = [
+        ("a", 1.0, None),
+        ("b", torch.tensor([2.5]), ScalarKind.LOSS),
+        ("c", torch.tensor(3), None),
+        ("d", 4.0, ScalarKind.TIME),
+        ("e", torch.tensor(0.1, dtype=torch.float64), None),
+        ("f", torch.tensor([[6.0]], dtype=torch.bfloat16), None),
+        ("b", torch.tensor(7.5), ScalarKind.LOSS),
+    ]
+    reduced = reduce_across_ranks(entries)
+    assert reduced == [1.0, 2.5, 3.0, 4.0, 0.1, 6.0, 7.5]
+    assert all(type(v) is float for v in reduced)
+
+
+def _mixed_reduce_worker(rank: int, tmp: str) -> None:
+    with _process_group(rank, 2, tmp):
+        # One name may be a number on one rank and a tensor (of another shape
+        # or dtype) on the other: values still meet by position.
+        entries = [
+            ("total_loss", torch.tensor(1.0 + rank), ScalarKind.LOSS),
+            ("time", 0.1 if rank == 0 else torch.tensor([0.3], dtype=torch.float64), ScalarKind.TIME),
+            ("lr", 0.5, None),
+            ("total_loss", torch.tensor([[3.0 + rank]]), ScalarKind.LOSS),
+            ("data_time", float(rank), ScalarKind.TIME),
+            ("grad_norm", 4.0 if rank == 0 else torch.tensor(2.0, dtype=torch.bfloat16), None),
+        ]
+        out = {"reduced": reduce_across_ranks(entries)}
+        # Through the storage, as the trainer installs it.
+        with EventStorage(0) as s:
+            s.reducer = reduce_across_ranks
+            for it in range(3):
+                s.iter = it
+                s.put_scalar("total_loss", torch.tensor(float(it + rank)), kind=ScalarKind.LOSS)
+                s.put_scalar("time", 0.1 * (rank + 1) * (it + 1), kind=ScalarKind.TIME)
+                s.put_scalar("lr", 0.01)
+            s.flush()
+            out["histories"] = {name: s.history(name).values() for name in ("total_loss", "time", "lr")}
+        _dump(tmp, rank, out)
+
+
+def test_reduce_across_ranks_with_numbers_and_tensors_mixed_over_two_gloo_processes(tmp_path):
+    _spawn(_mixed_reduce_worker, 2, str(tmp_path))
+    r0, r1 = _load_ranks(tmp_path, 2)
+    assert r0["reduced"] == r1["reduced"] == pytest.approx([1.5, 0.3, 0.5, 3.5, 1.0, 3.0])
+    for r in (r0, r1):
+        histories = r["histories"]
+        assert histories["total_loss"] == [[it + 0.5, it] for it in range(3)]
+        assert histories["time"] == [[pytest.approx(0.2 * (it + 1)), it] for it in range(3)]  # the slower rank's
+        assert histories["lr"] == [[0.01, it] for it in range(3)]
 
 
 # ---------------------------------------------------------------------------- launch

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -14,7 +14,8 @@ from .storage import ScalarKind
 
 __all__ = ["reduce_across_ranks", "ScalarMismatchError"]
 
-Entry = Tuple[str, torch.Tensor, Optional[str]]
+# (name, value, ScalarKind): the value a float or a one-element tensor.
+Entry = Tuple[str, Union[float, torch.Tensor], Optional[str]]
 
 
 class ScalarMismatchError(RuntimeError):
@@ -27,7 +28,37 @@ def _fingerprint(entries: List[Entry]) -> Tuple[float, float]:
     return float(int.from_bytes(digest[:3], "little")), float(int.from_bytes(digest[3:], "little"))
 
 
-def reduce_across_ranks(entries: List[Entry]) -> List[torch.Tensor]:
+def _local_values(entries: List[Entry], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The entries' values as one tensor on ``device``, in entry order.
+
+    Numbers go in one tensor and tensors in one stack per (device, dtype), so
+    that each group crosses to ``device`` in one copy: a copy per value would
+    be ~60 host-to-device copies a flush under NCCL, each a possible sync.
+    """
+    groups: Dict[Optional[Tuple[torch.device, torch.dtype]], list] = {}
+    # [group, start, stop] of consecutive entries of one group: the collective
+    # needs entry order, the same on every rank whatever each rank's types.
+    runs: List[list] = []
+    for _, value, _ in entries:
+        key = (value.device, value.dtype) if isinstance(value, torch.Tensor) else None
+        members = groups.setdefault(key, [])
+        if runs and runs[-1][0] == key:
+            runs[-1][2] += 1
+        else:
+            runs.append([key, len(members), len(members) + 1])
+        members.append(value if key is None else value.detach().reshape(()))
+    moved = {
+        key: (torch.tensor(members, dtype=torch.float64) if key is None else torch.stack(members)).to(
+            device=device, dtype=dtype
+        )
+        for key, members in groups.items()
+    }
+    if len(runs) == 1:
+        return moved[runs[0][0]]
+    return torch.cat([moved[key][start:stop] for key, start, stop in runs])
+
+
+def reduce_across_ranks(entries: List[Entry]) -> List[float]:
     """Means (losses, metrics, other scalars) and maxima (times) over all ranks.
 
     Installed as :attr:`EventStorage.reducer` by the trainer when the world
@@ -40,12 +71,15 @@ def reduce_across_ranks(entries: List[Entry]) -> List[torch.Tensor]:
     then fail together with a :class:`ScalarMismatchError` naming the
     difference, instead of a gloo abort, an NCCL hang or mixed-up values.
 
+    Returns:
+        the reduced values as floats, in entry order, read back in one copy.
+
     Raises:
         ScalarMismatchError: the names (or their order) differ between ranks.
     """
     world = comm.get_world_size()
     if world == 1:
-        return [value for _, value, _ in entries]
+        return _local_values(entries, torch.device("cpu"), torch.float64).tolist() if entries else []
     # No shortcut for an empty flush: a rank with nothing pending must still
     # meet the others here, or they would wait for it.
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
@@ -63,10 +97,14 @@ def reduce_across_ranks(entries: List[Entry]) -> List[torch.Tensor]:
         )
     if not entries:
         return []
-    local = torch.stack([value.detach().reshape(()).to(device=device, dtype=dtype) for _, value, _ in entries])
+    local = _local_values(entries, device, dtype)
     gathered = torch.empty(world * local.numel(), dtype=dtype, device=device)
     dist.all_gather_single(gathered, local)
     per_rank = gathered.view(world, -1)
-    is_time = torch.tensor([kind == ScalarKind.TIME for _, _, kind in entries], device=device)
-    reduced = torch.where(is_time, per_rank.amax(dim=0), per_rank.mean(dim=0))
-    return list(reduced.unbind(0))
+    # Both reductions come back in the one copy and each entry's is picked
+    # here: a mask of times on the device would be one more copy to it.
+    maxima, means = torch.stack([per_rank.amax(dim=0), per_rank.mean(dim=0)]).cpu().tolist()
+    return [
+        largest if kind == ScalarKind.TIME else mean
+        for (_, _, kind), largest, mean in zip(entries, maxima, means)
+    ]

@@ -137,9 +137,10 @@ class EventStorage:
         self._prefix = ""
         self._images: List[Tuple[str, torch.Tensor, int]] = []
         self._histograms: List[Tuple[str, torch.Tensor, int, Any]] = []
-        # Called with {name: value tensor} of one flush; returns the values to
-        # record. Distributed training installs a cross-rank reduction here.
-        self.reducer: Optional[Callable[[List[Tuple[str, torch.Tensor, Optional[str]]]], List[torch.Tensor]]] = None
+        # Called with [(name, value, kind)] of one flush in put order (values
+        # are floats or tensors); returns the values to record, as floats in
+        # the same order. Distributed training installs a cross-rank reduction.
+        self.reducer: Optional[Callable[[List[Tuple[str, ScalarValue, Optional[str]]]], List[float]]] = None
 
     # ------------------------------------------------------------------ context
     def __enter__(self) -> "EventStorage":
@@ -306,16 +307,16 @@ class EventStorage:
 
     def _reduce(self, pending: Dict[str, List[Tuple[ScalarValue, int]]]) -> None:
         """Replaces every pending value by its reduction across ranks (in place)."""
-        # Reduction works on tensors: numbers join as tensors on the CPU.
-        entries = [
-            (name, v if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float64), self._kinds.get(name))
-            for name, points in pending.items()
-            for v, _ in points
-        ]
-        reduced = iter(self.reducer(entries))
+        # Numbers go as they are: the reducer packs them into one tensor
+        # rather than receiving one tensor (one copy to the device) each.
+        kinds = self._kinds
+        entries = [(name, v, kinds.get(name)) for name, points in pending.items() for v, _ in points]
+        reduced = self.reducer(entries)
+        if len(reduced) != len(entries):
+            raise RuntimeError(f"The storage's reducer returned {len(reduced)} values for {len(entries)} scalars.")
+        values = iter(reduced)
         for points in pending.values():
-            points[:] = [(next(reduced), it) for _, it in points]
-        _resolve_tensors(list(pending.values()))
+            points[:] = [(next(values), it) for _, it in points]
 
     def _check_losses(self, pending: Dict[str, List[Tuple[float, int]]]) -> None:
         loss_names = self._loss_names.intersection(pending)
