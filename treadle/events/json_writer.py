@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import Dict, Optional
+from typing import Optional
 
 from treadle.utils.file_io import PathManager
 
@@ -53,28 +53,23 @@ class JSONWriter(_AppendingFileWriter):
 
     def __init__(self, json_file: str, window_size: int = 20) -> None:
         super().__init__(json_file, window_size)
-        self._encoded_keys: Dict[str, str] = {}
 
     def write(self) -> None:
         rows = self._new_rows(get_event_storage())
         if not rows:
             return
-        # Formatted here rather than by json.dumps, which builds an encoder
-        # per call: keys are encoded once per name, numbers as json writes them.
-        keys = self._encoded_keys
-        lines = []
-        for it, scalars in rows.items():
-            fields = [f'{{"{ITERATION_KEY}": {it}']
-            for name in sorted(scalars):
-                key = keys.get(name)
-                if key is None:
-                    key = keys[name] = json.dumps(name)
-                value = scalars[name]
-                # repr is what json.dumps writes for a finite float. NaN and
-                # infinities are not JSON: null is read by every parser (and by
-                # pandas as NaN); the console line tells which it was.
-                fields.append(f"{key}: {value!r}" if math.isfinite(value) else f"{key}: null")
-            lines.append(", ".join(fields) + "}\n")
+        # NaN and infinities are not JSON: null is read by every parser (and
+        # by pandas as NaN); the console line tells which it was.
+        lines = [
+            json.dumps(
+                {
+                    ITERATION_KEY: it,
+                    **{name: (value if math.isfinite(value) else None) for name, value in sorted(scalars.items())},
+                }
+            )
+            + "\n"
+            for it, scalars in rows.items()
+        ]
         self._append("".join(lines))
         self._commit(rows)
 
