@@ -477,7 +477,6 @@ def test_printer_drops_a_loss_that_is_no_longer_put(treadle_caplog):
 
 
 def test_printer_colors_values_and_shows_cuda_memory(treadle_caplog, monkeypatch):
-    monkeypatch.setattr(printer_module, "_CUDA_BUILT", True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: 123 * 2**20)
     printer = CommonMetricPrinter(window_size=1, color=True)

@@ -23,8 +23,6 @@ logger = logging.getLogger(__name__)
 
 # Read through this name so that tests can control the clock.
 _now = time.perf_counter
-# A CPU-only build never initializes CUDA: no need to ask at every write.
-_CUDA_BUILT = torch.cuda._is_compiled()
 
 
 class CommonMetricPrinter(EventWriter):
@@ -149,7 +147,7 @@ class CommonMetricPrinter(EventWriter):
             parts.append(self._field("samples/s", rate, ".0f" if rate >= 100 else ".3g"))
         if "lr" in fresh:
             parts.append(self._field("lr", histories["lr"].latest(), ".5g"))
-        if _CUDA_BUILT and torch.cuda.is_initialized():  # False when this run never used CUDA
+        if torch.cuda.is_initialized():  # False when this run never used CUDA, and on CPU-only builds
             parts.append(self._field("max_mem", f"{torch.cuda.max_memory_allocated() / 2**20:.0f}M"))
         self._clock_anchor = (_now(), iteration)
         return "  ".join(parts)
