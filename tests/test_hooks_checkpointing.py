@@ -4,6 +4,7 @@ import json
 import logging
 import math
 import os
+import signal
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from treadle.hooks import (
     Period,
     PeriodicCheckpointer,
     PeriodicWriter,
+    PreemptionHandler,
 )
 
 
@@ -313,3 +315,26 @@ def test_values_before_a_checkpoint_are_written_before_it(tmp_path):
     assert seen_at_save == {3: [3], 7: [3, 7]}
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [(line["iteration"], line.get("acc")) for line in lines] == [(3, 0.1), (7, 0.2), (9, None), (10, 0.3)]
+
+
+# ---------------------------------------------------------------- PreemptionHandler
+def test_an_error_after_a_preemption_stop_propagates_and_every_after_train_runs(tmp_path, treadle_caplog):
+    """A hook crashing in the step where the preemption stop was requested: the crash wins over the exit."""
+    previous_handler = signal.getsignal(signal.SIGUSR1)
+    finished = []
+    run = make_run(
+        tmp_path,
+        lambda r: CallbackHook(before_step=lambda t: os.kill(os.getpid(), signal.SIGUSR1) if t.iter == 2 else None),
+        lambda r: PreemptionHandler(r.checkpointer),
+        lambda r: crash_at(2),  # after PreemptionHandler: the stop is already requested
+        lambda r: CallbackHook(after_train=lambda t: finished.append(t.iter)),
+    )
+    with pytest.raises(RuntimeError, match="crash at 2"):
+        run.trainer.train(0, 10)
+    assert run.trainer.stop_reason == "preempted by SIGUSR1"
+    assert finished == [2]  # the hook after PreemptionHandler still closed up
+    # The handler itself saw the error and did not try to exit.
+    assert "PreemptionHandler.after_train failed" not in treadle_caplog.text
+    assert "Exiting with status" not in treadle_caplog.text
+    assert run.pointer() == "model_0000002.pth"
+    assert signal.getsignal(signal.SIGUSR1) == previous_handler

@@ -101,6 +101,20 @@ def test_hook_exception_names_the_hook_and_later_after_train_still_run():
     assert log[-1] == ("last", "after_train", 2)
 
 
+def test_system_exit_in_after_train_does_not_replace_the_error_nor_skip_later_hooks():
+    """A hook ending the process in after_train (as PreemptionHandler does) while an error propagates."""
+
+    class Exits(HookBase):
+        def after_train(self):
+            raise SystemExit(75)
+
+    log = []
+    trainer = make_trainer(log, [Failing("after_step"), Exits(), Recorder("last", log)])
+    with pytest.raises(RuntimeError, match="hook broke"):
+        trainer.train(0, 5)
+    assert log[-1] == ("last", "after_train", 2)
+
+
 def test_after_train_error_on_success_path_is_raised():
     trainer = make_trainer([], [Failing("after_train")])
     with pytest.raises(RuntimeError, match="after_train broke"):

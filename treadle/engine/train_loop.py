@@ -314,7 +314,7 @@ class TrainerBase:
         for _, method, key in self._hooks_by_stage["after_train"]:
             try:
                 method()
-            except Exception:
+            except BaseException:  # SystemExit too: the original error must win
                 logger.exception("%s failed while handling an earlier error:", key)
 
     def _log_timing_table(self) -> None:

@@ -37,8 +37,9 @@ class PreemptionHandler(HookBase):
     finished), a stop is requested, every hook's ``after_train`` runs, and
     then the process exits with :data:`PREEMPTED_EXIT_CODE` (``exit_code``;
     the trainer raises the ``SystemExit`` once the hooks registered after
-    this one have finished their ``after_train`` too). Resuming from that
-    checkpoint is exact. When the :class:`PeriodicCheckpointer` (same
+    this one have finished their ``after_train`` too). If a hook raises
+    after the stop was requested, that error propagates instead of the exit.
+    Resuming from that checkpoint is exact. When the :class:`PeriodicCheckpointer` (same
     checkpointer and prefix) has just saved that iteration, its file is the
     preemption checkpoint: the same state is not written twice.
 
@@ -126,7 +127,10 @@ class PreemptionHandler(HookBase):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
-        if self._preempted and self.exit_code is not None:
+        # After a crash the trainer re-raises the real error; exiting with
+        # "retry later" here would hide it and make the scheduler requeue a
+        # job that fails for a reason other than the preemption.
+        if self._preempted and self.exit_code is not None and self.trainer.training_error is None:
             logger.info("Exiting with status %d after preemption.", self.exit_code)
             sys.stdout.flush()
             sys.stderr.flush()
