@@ -338,3 +338,19 @@ def test_an_error_after_a_preemption_stop_propagates_and_every_after_train_runs(
     assert "Exiting with status" not in treadle_caplog.text
     assert run.pointer() == "model_0000002.pth"
     assert signal.getsignal(signal.SIGUSR1) == previous_handler
+
+
+def test_preemption_handler_reads_the_world_size_once_per_run_not_per_step(tmp_path, monkeypatch):
+    from treadle.utils import comm
+
+    calls = []
+    real = comm.get_world_size
+    monkeypatch.setattr(comm, "get_world_size", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def count(n_iter):
+        run = make_run(tmp_path / str(n_iter), lambda r: PreemptionHandler(r.checkpointer))
+        calls.clear()
+        run.trainer.train(0, n_iter)
+        return len(calls)
+
+    assert count(2) == count(12)

@@ -72,6 +72,7 @@ class PreemptionHandler(HookBase):
         self._received: Optional[int] = None
         self._preempted = False
         self._previous: Dict[int, Any] = {}
+        self._world_size = 1
 
     def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
         self._received = signum
@@ -80,6 +81,8 @@ class PreemptionHandler(HookBase):
         self._checkpointer = _trainer_checkpointer(self, self._checkpointer)
         self._received = None
         self._preempted = False
+        # Fixed for the whole run; after_step reads it every iteration.
+        self._world_size = comm.get_world_size()
         if threading.current_thread() is not threading.main_thread():
             logger.warning("PreemptionHandler: not on the main thread, so no signal handler is installed.")
             return
@@ -87,7 +90,7 @@ class PreemptionHandler(HookBase):
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def _should_stop(self) -> bool:
-        if comm.get_world_size() == 1:
+        if self._world_size == 1:
             return self._received is not None
         if (self.trainer.iter + 1) % self._sync_period != 0:
             return False
