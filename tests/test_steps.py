@@ -161,6 +161,40 @@ def test_grad_accumulation_equals_one_big_batch():
     assert h1["total_loss"] == pytest.approx(h2["total_loss"], rel=1e-5)
 
 
+def _fake_fsdp2(module, calls):
+    """``module`` recognised as FSDP2-sharded (as ``fully_shard`` does, by a class
+    swap), recording its ``set_requires_gradient_sync`` calls; no process group."""
+    from torch.distributed.fsdp import FSDPModule
+
+    class FakeFSDP(FSDPModule, type(module)):
+        def set_requires_gradient_sync(self, requires_gradient_sync, *, recurse=True):
+            calls.append(requires_gradient_sync)
+
+    module.__class__ = FakeFSDP
+    return module
+
+
+def test_grad_accumulation_with_fsdp2_syncs_only_the_last_micro_batch():
+    from treadle.checkpoint.fsdp import is_fsdp_model
+
+    calls = []
+    model = _fake_fsdp2(make_model(), calls)
+    assert is_fsdp_model(model) and not hasattr(model, "no_sync")
+    step = EagerStep(model, regression_data(), torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=nn.functional.mse_loss, grad_accum_steps=3)
+    train(step, 2)
+    assert calls == [False, False, True] * 2
+
+
+def test_fsdp2_gradient_sync_is_turned_back_on_when_a_micro_batch_fails():
+    calls = []
+    model = _fake_fsdp2(make_model(), calls)
+    data = regression_data(n_batches=1) + [(torch.zeros(8, 3), torch.zeros(8, 1))]  # wrong width
+    step = EagerStep(model, data, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=nn.functional.mse_loss, grad_accum_steps=3)
+    with pytest.raises(RuntimeError):
+        TrainerBase(step).train(0, 1)
+    assert calls == [False, False, True]
+
+
 def test_clip_grad_norm_clips_and_publishes_the_norm_before_clipping():
     model = make_model()
     data = [(torch.randn(8, 4) * 100, torch.randn(8, 1) * 100)]

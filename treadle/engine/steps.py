@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, Optio
 import torch
 from torch import nn
 
+from treadle.checkpoint.fsdp import is_fsdp_model
 from treadle.events import ScalarKind, get_event_storage
 from treadle.events.storage import _CURRENT_STORAGE_STACK, EventStorage
 from treadle.utils.device import to_device
@@ -197,6 +198,9 @@ class EagerStep(StepBase):
         self._data_iter: Optional[Iterator[Any]] = None
         self._batch_device: Optional[torch.device] = None
         self._warned_no_data_state = False
+        # Whether the model is sharded by FSDP2, found at the first accumulated
+        # step (fully_shard may be applied after the step is built).
+        self._fsdp2: Optional[bool] = None
 
     # ------------------------------------------------------------------ iteration
     @property
@@ -277,22 +281,38 @@ class EagerStep(StepBase):
         k = self.grad_accum_steps
         data_time = 0.0
         totals: Dict[str, torch.Tensor] = {}
-        for micro in range(k):
-            t0 = time.perf_counter()
-            batch = self._next_batch()
-            data_time += time.perf_counter() - t0
-            # Only the last micro-batch synchronizes gradients across ranks.
-            sync_ctx = self.model.no_sync() if micro < k - 1 and hasattr(self.model, "no_sync") else _NO_CONTEXT
-            with sync_ctx:
-                losses = self._forward(batch)
-                loss = losses["total_loss"] / k
-                if self.grad_scaler is None:
-                    loss.backward()
+        fsdp2 = self._fsdp2
+        if fsdp2 is None:
+            fsdp2 = self._fsdp2 = is_fsdp_model(self.model)
+        try:
+            for micro in range(k):
+                t0 = time.perf_counter()
+                batch = self._next_batch()
+                data_time += time.perf_counter() - t0
+                # Only the last micro-batch synchronizes gradients across ranks.
+                # FSDP2 has no no_sync(): it takes a flag, which the last
+                # micro-batch sets back to True for whatever runs next.
+                if fsdp2:
+                    self.model.set_requires_gradient_sync(micro == k - 1)
+                    sync_ctx = _NO_CONTEXT
                 else:
-                    self.grad_scaler.scale(loss).backward()
-            for name, value in losses.items():
-                value = self._published(value)
-                totals[name] = value if micro == 0 else totals[name] + value
+                    sync_ctx = self.model.no_sync() if micro < k - 1 and hasattr(self.model, "no_sync") else _NO_CONTEXT
+                with sync_ctx:
+                    losses = self._forward(batch)
+                    loss = losses["total_loss"] / k
+                    if self.grad_scaler is None:
+                        loss.backward()
+                    else:
+                        self.grad_scaler.scale(loss).backward()
+                for name, value in losses.items():
+                    value = self._published(value)
+                    totals[name] = value if micro == 0 else totals[name] + value
+        except BaseException:
+            if fsdp2:
+                # An error mid-accumulation must not leave gradient sync off
+                # for whatever backward runs after it, outside this loop.
+                self.model.set_requires_gradient_sync(True)
+            raise
         return {name: value / k for name, value in totals.items()}, data_time
 
     def _next_batch(self) -> Any:
