@@ -214,6 +214,23 @@ def test_clip_grad_norm_clips_and_publishes_the_norm_before_clipping():
     assert float(clipped) == pytest.approx(1.0, rel=1e-4)
 
 
+def test_clip_grad_norm_ignores_optimizer_parameters_without_a_gradient():
+    model = make_model()
+    unused = nn.Parameter(torch.ones(3))  # in the optimizer, never in the loss: its grad stays None
+    data = [(torch.randn(8, 4) * 100, torch.randn(8, 1) * 100)]
+    seen = []
+
+    class Probe(HookBase):
+        def after_backward(self):
+            seen.append(float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])))
+
+    opt = torch.optim.SGD([{"params": model.parameters()}, {"params": [unused]}], lr=0.01)
+    step = EagerStep(model, data, opt, loss_fn=nn.functional.mse_loss, clip_grad_norm=1.0)
+    history = train(step, 3, hooks=[Probe()])
+    assert history["grad_norm"] == pytest.approx(seen, rel=1e-5)
+    assert unused.grad is None and torch.equal(unused.detach(), torch.ones(3))
+
+
 def test_bf16_autocast_on_cpu_runs_matmuls_in_bf16():
     model = make_model()
     dtypes = []

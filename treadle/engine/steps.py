@@ -13,7 +13,7 @@ import logging
 import time
 import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -201,6 +201,9 @@ class EagerStep(StepBase):
         # Whether the model is sharded by FSDP2, found at the first accumulated
         # step (fully_shard may be applied after the step is built).
         self._fsdp2: Optional[bool] = None
+        # What clip_grad_norm clips, listed at the first clipped step rather
+        # than rebuilt every step (param groups added later are not seen).
+        self._clip_params: Optional[List[torch.Tensor]] = None
 
     # ------------------------------------------------------------------ iteration
     @property
@@ -256,7 +259,11 @@ class EagerStep(StepBase):
         if self.trainer is not None:
             self.trainer.after_backward()
         if self.clip_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self._parameters(), self.clip_grad_norm)
+            params = self._clip_params
+            if params is None:
+                params = self._clip_params = [p for group in optimizer.param_groups for p in group["params"]]
+            # clip_grad_norm_ skips parameters without a gradient itself.
+            norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm)
             storage.put_scalar("grad_norm", norm)
         if scaler is None:
             optimizer.step()
@@ -349,7 +356,9 @@ class EagerStep(StepBase):
     def _published(self, value: torch.Tensor) -> torch.Tensor:
         return value.detach()
 
-    def _parameters(self) -> list:
+    def _parameters(self) -> List[torch.Tensor]:
+        """The optimizer's parameters that have a gradient now (for subclasses
+        such as the SAM example, which stack the gradients)."""
         return [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
 
     # ------------------------------------------------------------------ state
