@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from typing import Callable, Optional, Sequence
 
 import torch
 
 from treadle.utils import comm
+from treadle.utils.atomic import is_local_path
 from treadle.utils.file_io import PathManager
 
 from .base import HookBase
@@ -69,8 +71,18 @@ class TorchProfiler(HookBase):
             name += f"-rank{comm.get_rank()}"
         PathManager.mkdirs(self._output_dir)
         out_file = os.path.join(self._output_dir, name + ".json")
-        local = PathManager.get_local_path(out_file) if "://" in out_file else out_file
-        self._profiler.export_chrome_trace(local)
+        if is_local_path(out_file):
+            self._profiler.export_chrome_trace(out_file)
+        else:
+            # The profiler writes only to local files, and get_local_path is
+            # for reading: what is written there is never uploaded.
+            fd, local = tempfile.mkstemp(prefix=name + ".", suffix=".json")
+            os.close(fd)
+            try:
+                self._profiler.export_chrome_trace(local)
+                PathManager.copy_from_local(local, out_file, overwrite=True)
+            finally:
+                os.remove(local)
         self.trace_files.append(out_file)
         self._profiler = None
         logger.info("Wrote profiler trace %s", out_file)
