@@ -166,3 +166,21 @@ def test_progress_bar_shows_smoothed_loss_and_advances_every_iteration():
     trainer.train()
     text = stream.getvalue()
     assert "8/8" in text and "total_loss=" in text
+
+
+def test_scheduler_factory_gets_max_iter_only_in_a_required_slot():
+    import functools
+
+    from torch.optim.lr_scheduler import CosineAnnealingLR, ExponentialLR
+
+    from treadle.engine import resolve_scheduler
+
+    def opt():
+        return torch.optim.SGD(model().parameters(), lr=0.1)
+
+    # Options bound by partial or given defaults are kept, not overwritten by max_iter.
+    assert resolve_scheduler(functools.partial(CosineAnnealingLR, T_max=100), opt(), 40).T_max == 100
+    assert resolve_scheduler(lambda o, gamma=0.9: ExponentialLR(o, gamma), opt(), 40).gamma == 0.9
+    # Two required parameters still receive (optimizer, max_iter).
+    assert resolve_scheduler(lambda o, n: CosineAnnealingLR(o, T_max=n), opt(), 40).T_max == 40
+    assert resolve_scheduler(CosineAnnealingLR, opt(), 40).T_max == 40

@@ -133,6 +133,9 @@ def resolve_scheduler(
     ``None``, an instance (torch scheduler or fvcore ``ParamScheduler``), a
     name (``"cosine"``, ``"linear"``, ``"step"``, ``"constant"``), or a
     factory called with ``(optimizer, max_iter)`` once the run length is known.
+    A factory with only one required positional parameter (``functools.partial``
+    with its options bound, or one whose other parameters have defaults) is
+    called with ``(optimizer)`` alone.
     """
     if scheduler is None:
         if warmup_iters:
@@ -145,14 +148,25 @@ def resolve_scheduler(
     if isinstance(scheduler, (ParamScheduler, torch.optim.lr_scheduler.LRScheduler)):
         return scheduler
     if callable(scheduler):
-        n_params = len(inspect.signature(scheduler).parameters)
-        built = scheduler(optimizer, max_iter) if n_params >= 2 else scheduler(optimizer)
+        built = scheduler(optimizer, max_iter) if _required_positional(scheduler) >= 2 else scheduler(optimizer)
         if not isinstance(built, (ParamScheduler, torch.optim.lr_scheduler.LRScheduler)):
             raise TypeError(
                 f"The scheduler factory returned {type(built).__name__}, not a torch LR scheduler or a ParamScheduler"
             )
         return built
     raise TypeError(f"scheduler must be a name, a scheduler or a factory, got {type(scheduler).__name__}")
+
+
+def _required_positional(fn: Callable[..., Any]) -> int:
+    # Parameters with defaults are options, not a slot for max_iter: passing it
+    # positionally would overwrite a default such as ``gamma=0.9``, or clash
+    # with a keyword already bound by functools.partial.
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(
+        1
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in positional and p.default is inspect.Parameter.empty
+    )
 
 
 def build_step(
