@@ -103,3 +103,14 @@ def test_argument_parser_defaults_and_intermixed_options():
     assert args.resume and args.opts == ["train.max_iter=5", "optimizer.lr=0.1"]
     assert args.config_file.endswith("configs/digits_mlp.py") and Path(args.config_file).exists()
     assert (args.num_gpus, args.num_machines, args.machine_rank, args.dist_url) == (1, 1, 0, "auto")
+
+
+def test_missing_or_null_ddp_section_means_defaults(tmp_path):
+    from omegaconf import open_dict
+
+    cfg = digits_cfg(tmp_path, "train.ddp=null")
+    assert isinstance(DefaultTrainer(cfg).model, nn.Module)
+    with open_dict(cfg.train):
+        del cfg.train["ddp"]
+    assert "ddp" not in cfg.train
+    assert isinstance(DefaultTrainer(cfg).model, nn.Module)

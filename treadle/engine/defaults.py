@@ -206,7 +206,9 @@ class DefaultTrainer(TrainerBase):
         is an error, as are EMA (its averaged copy is not sharded) and an
         unknown kind.
         """
-        options = OmegaConf.to_container(cfg.train.get("ddp", {}) or {}, resolve=True)
+        node = cfg.train.get("ddp")
+        # A missing or null train.ddp means the defaults; to_container takes only omegaconf nodes.
+        options = OmegaConf.to_container(node, resolve=True) if node else {}
         kind = options.pop("kind", "ddp")
         # Checked on any world size: a config means the same run on one process or many.
         if kind not in ("ddp", "fsdp"):
