@@ -114,3 +114,17 @@ def test_missing_or_null_ddp_section_means_defaults(tmp_path):
         del cfg.train["ddp"]
     assert "ddp" not in cfg.train
     assert isinstance(DefaultTrainer(cfg).model, nn.Module)
+
+
+def test_plain_dataloader_gives_the_epoch_length(tmp_path):
+    from treadle.data.datasets import DigitsDataset
+
+    class PlainLoaderTrainer(DefaultTrainer):
+        @classmethod
+        def build_train_loader(cls, cfg):
+            return torch.utils.data.DataLoader(DigitsDataset(split="train"), batch_size=64)
+
+    trainer = PlainLoaderTrainer(digits_cfg(tmp_path, "train.step.grad_accum_steps=2"))
+    batches = len(trainer.train_loader)
+    assert batches > 2
+    assert trainer.epoch_length == batches // 2  # optimizer steps per pass, as Trainer counts them

@@ -7,6 +7,7 @@ Shared by the plain :class:`~treadle.engine.Trainer` and the config-driven
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sized
 from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
 import torch
@@ -24,6 +25,7 @@ __all__ = [
     "trainable_parameters",
     "resolve_scheduler",
     "build_step",
+    "loader_epoch_length",
 ]
 
 OPTIMIZERS: Dict[str, type] = {
@@ -184,3 +186,23 @@ def build_step(
     if kind == "compiled":
         return CompiledStep(model, data_loader, optimizer, **(compile_options or {}), **step_kwargs)
     raise ValueError(f"Unknown step kind {kind!r}; choose 'eager' or 'compiled'")
+
+
+def loader_epoch_length(loader: Iterable[Any], grad_accum_steps: int = 1) -> Optional[int]:
+    """Optimizer steps per pass over ``loader``, or None when it has no length.
+
+    A :class:`~treadle.data.TrainLoader` is endless, so its ``epoch_length``
+    is the pass; any other loader counts with ``len``. With gradient
+    accumulation one step takes ``grad_accum_steps`` batches.
+    """
+    # Read by attribute rather than by type, so a user's own endless loader can
+    # declare its pass as TrainLoader does.
+    if hasattr(loader, "epoch_length"):
+        batches = loader.epoch_length
+    elif isinstance(loader, Sized):
+        batches = len(loader)
+    else:
+        return None
+    if not batches:
+        return None
+    return max(batches // grad_accum_steps, 1)

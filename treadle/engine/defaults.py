@@ -39,7 +39,7 @@ from treadle.utils.env import collect_env_info, seed_all_rng
 from treadle.utils.file_io import ensure_writable_dir
 from treadle.utils.logger import setup_logger
 
-from .build import build_step, trainable_parameters
+from .build import build_step, loader_epoch_length, trainable_parameters
 from .steps import StepBase
 from .train_loop import TrainerBase
 
@@ -170,9 +170,7 @@ class DefaultTrainer(TrainerBase):
         step = self.build_step(cfg, self.model, self.train_loader, self.optimizer)
         super().__init__(step, nonfinite_check=train.get("nonfinite_check", "flush"))
         self.max_iter = int(train.max_iter)
-        self.epoch_length = getattr(self.train_loader, "epoch_length", None)
-        if self.epoch_length:
-            self.epoch_length = max(self.epoch_length // int(train.step.get("grad_accum_steps", 1)), 1)
+        self.epoch_length = loader_epoch_length(self.train_loader, int(train.step.get("grad_accum_steps", 1)))
         self.start_iter = 0
         self.checkpointer = Checkpointer(
             unwrap_model(self.model), train.output_dir, optimizer=self.optimizer, trainer=self

@@ -11,7 +11,6 @@ import dataclasses
 import logging
 import math
 import os
-from collections.abc import Sized
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -19,7 +18,7 @@ from fvcore.common.param_scheduler import ConstantParamScheduler, ParamScheduler
 from torch import nn
 
 from treadle.checkpoint import Checkpointer
-from treadle.data import TrainLoader, build_train_loader
+from treadle.data import build_train_loader
 from treadle.evaluation import build_evaluator, inference_on_dataset
 from treadle.events import CommonMetricPrinter, JSONWriter, ScalarKind, TensorboardWriter
 from treadle.hooks import (
@@ -38,7 +37,7 @@ from treadle.utils.env import seed_all_rng
 from treadle.utils.file_io import ensure_writable_dir
 from treadle.utils.logger import setup_logger
 
-from .build import build_optimizer, build_step, resolve_scheduler
+from .build import build_optimizer, build_step, loader_epoch_length, resolve_scheduler
 from .train_loop import TrainerBase
 
 __all__ = ["Trainer", "TrainingHistory"]
@@ -169,7 +168,7 @@ class Trainer(TrainerBase):
 
         self.train_loader = _as_loader(train_loader, batch_size, num_workers, seed)
         self.eval_loader = eval_loader
-        epoch_length = _epoch_length(self.train_loader, grad_accum_steps)
+        epoch_length = loader_epoch_length(self.train_loader, grad_accum_steps)
         run_length = _run_length(max_iter, max_epochs, epoch_length)
 
         compile_options = compile if isinstance(compile, dict) else None
@@ -278,18 +277,6 @@ def _as_loader(data: Any, batch_size: Optional[int], num_workers: int, seed: Opt
     if not hasattr(data, "__iter__"):
         raise TypeError(f"train_loader must be an iterable of batches or a dataset, got {type(data).__name__}")
     return data
-
-
-def _epoch_length(loader: Iterable[Any], grad_accum_steps: int) -> Optional[int]:
-    if isinstance(loader, TrainLoader):
-        batches = loader.epoch_length
-    elif isinstance(loader, Sized):
-        batches = len(loader)
-    else:
-        return None
-    if not batches:
-        return None
-    return max(batches // grad_accum_steps, 1)
 
 
 def _run_length(max_iter: Optional[int], max_epochs: Optional[int], epoch_length: Optional[int]) -> int:
