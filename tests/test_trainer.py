@@ -184,3 +184,14 @@ def test_scheduler_factory_gets_max_iter_only_in_a_required_slot():
     # Two required parameters still receive (optimizer, max_iter).
     assert resolve_scheduler(lambda o, n: CosineAnnealingLR(o, T_max=n), opt(), 40).T_max == 40
     assert resolve_scheduler(CosineAnnealingLR, opt(), 40).T_max == 40
+
+
+def test_rmsnorm_scale_has_no_weight_decay():
+    from treadle.engine import get_param_groups
+
+    norm = nn.RMSNorm(16)
+    net = nn.Sequential(nn.Linear(6, 16, bias=False), norm)
+    groups = get_param_groups(net, weight_decay=0.1)
+    no_decay = [p for g in groups if g["weight_decay"] == 0.0 for p in g["params"]]
+    assert any(p is norm.weight for p in no_decay)
+    assert sorted(g["weight_decay"] for g in groups) == [0.0, 0.1]

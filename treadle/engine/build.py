@@ -45,6 +45,7 @@ _NORM_TYPES = (
     nn.InstanceNorm3d,
     nn.LayerNorm,
     nn.LocalResponseNorm,
+    nn.RMSNorm,
 )
 
 
