@@ -118,7 +118,7 @@ def build_optimizer(
         if no_decay_norm_and_bias and weight_decay:
             params = get_param_groups(params, weight_decay=weight_decay, weight_decay_norm=0.0, weight_decay_bias=0.0)
         else:
-            params = [p for p in params.parameters() if p.requires_grad]
+            params = trainable_parameters(params)
     if key == "sgd":
         kwargs.setdefault("momentum", 0.9)
     return OPTIMIZERS[key](params, lr=lr, weight_decay=weight_decay, **kwargs)
