@@ -18,7 +18,6 @@ model = L(CharTransformerLM)(vocab_size=98, seq_len=corpus["seq_len"], dim=128, 
 
 optimizer.lr = 3e-3
 optimizer.weight_decay = 0.01
-optimizer.params.weight_decay = 0.01
 
 train.output_dir = "./output/charlm_transformer"
 train.max_iter = 1000

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -128,3 +129,13 @@ def test_plain_dataloader_gives_the_epoch_length(tmp_path):
     batches = len(trainer.train_loader)
     assert batches > 2
     assert trainer.epoch_length == batches // 2  # optimizer steps per pass, as Trainer counts them
+
+
+def test_weight_decay_override_reaches_the_decayed_param_group():
+    small = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+    for name in ("digits_mlp.py", "charlm_transformer.py"):  # the SGD and AdamW presets
+        cfg = LazyConfig.load(str(ROOT / "configs" / name))
+        cfg = LazyConfig.apply_overrides(cfg, ["optimizer.weight_decay=0.5"])
+        optimizer = DefaultTrainer.build_optimizer(cfg, small)
+        decays = sorted(g["weight_decay"] for g in optimizer.param_groups)
+        assert decays == [0.0, pytest.approx(0.5)], name
