@@ -95,3 +95,18 @@ def test_named_schedules_with_warmup():
         build_lr_multiplier("poly", max_iter=10)
     with pytest.raises(ValueError, match="warmup_iters \\(10\\) must be smaller than max_iter"):
         build_lr_multiplier("cosine", max_iter=10, warmup_iters=10)
+
+
+def test_bad_multiplier_arguments_are_config_errors():
+    from treadle.config import ConfigError
+    from treadle.hooks.lr_scheduler import build_lr_multiplier
+
+    # ConfigError, so that tools/train_net.py reports a config's mistake in one line.
+    for kwargs in (
+        dict(name="cosine", max_iter=0),
+        dict(name="poly", max_iter=10),
+        dict(name="step", max_iter=10, steps=[12]),
+        dict(name="cosine", max_iter=10, warmup_iters=10),
+    ):
+        with pytest.raises(ConfigError):
+            build_lr_multiplier(**kwargs)

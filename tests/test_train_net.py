@@ -157,3 +157,8 @@ def test_research_loop_config_replaces_the_step(tmp_path):
     results = trainer.train()
     assert results["accuracy"] > 0.5
     assert {"total_loss", "loss_perturbed"} <= set(trainer.storage.latest())
+
+
+def test_run_shorter_than_the_warmup_is_a_one_line_error(capsys, tmp_path):
+    code, err = error_of([f"train.output_dir={tmp_path}", "train.max_iter=30"], capsys)
+    assert code == 2 and "warmup_iters (50) must be smaller than max_iter (30)" in err and len(err.splitlines()) == 1

@@ -15,6 +15,8 @@ from fvcore.common.param_scheduler import (
     ParamScheduler,
 )
 
+from treadle.config.errors import ConfigError
+
 from .base import HookBase
 
 __all__ = ["LRMultiplier", "LRScheduler", "WarmupParamScheduler", "build_lr_multiplier", "SCHEDULE_NAMES"]
@@ -113,9 +115,13 @@ def build_lr_multiplier(
     ``end_value``), ``"linear"`` (to ``end_value``) or ``"step"`` (times
     ``gamma`` at each of ``steps``, by default at 2/3 and 8/9 of training),
     with an optional linear warm-up over ``warmup_iters`` iterations.
+
+    Invalid arguments raise :class:`~treadle.config.ConfigError` (a
+    ``ValueError``): they come from a config or the command line, where
+    ``tools/train_net.py`` reports them in one line rather than a traceback.
     """
     if max_iter <= 0:
-        raise ValueError(f"max_iter must be positive, got {max_iter}")
+        raise ConfigError(f"max_iter must be positive, got {max_iter}")
     if name == "constant":
         schedule: ParamScheduler = ConstantParamScheduler(1.0)
     elif name == "cosine":
@@ -125,15 +131,15 @@ def build_lr_multiplier(
     elif name == "step":
         milestones = list(steps) or [int(max_iter * 2 / 3), int(max_iter * 8 / 9)]
         if any(not 0 < m < max_iter for m in milestones) or milestones != sorted(set(milestones)):
-            raise ValueError(f"step milestones must be increasing and within (0, {max_iter}), got {milestones}")
+            raise ConfigError(f"step milestones must be increasing and within (0, {max_iter}), got {milestones}")
         schedule = MultiStepParamScheduler(
             values=[gamma**i for i in range(len(milestones) + 1)], milestones=milestones, num_updates=max_iter
         )
     else:
-        raise ValueError(f"Unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
+        raise ConfigError(f"Unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
     if warmup_iters > 0:
         if warmup_iters >= max_iter:
-            raise ValueError(f"warmup_iters ({warmup_iters}) must be smaller than max_iter ({max_iter})")
+            raise ConfigError(f"warmup_iters ({warmup_iters}) must be smaller than max_iter ({max_iter})")
         schedule = WarmupParamScheduler(schedule, warmup_factor, warmup_iters / max_iter)
     return schedule
 
