@@ -96,9 +96,14 @@ def _flush_cost(repeats: int) -> Dict[str, float]:
     """Seconds per ``reduce_across_ranks`` call on one writer period's scalars."""
     # What EagerStep, IterationTimer and LRScheduler publish per iteration.
     names = [("total_loss", ScalarKind.LOSS), ("data_time", ScalarKind.TIME), ("time", ScalarKind.TIME), ("lr", None)]
-    entries = [(n, torch.tensor(float(i)), kind) for i in range(LOG_PERIOD) for n, kind in names]
+    # The loss is a tensor, the times and the rate Python numbers, as they are put.
+    entries = [
+        (n, torch.tensor(float(i)) if kind == ScalarKind.LOSS else float(i), kind)
+        for i in range(LOG_PERIOD)
+        for n, kind in names
+    ]
     # For scale: one all_gather_single of the same values (a one-collective flush).
-    values = torch.stack([value for _, value, _ in entries]).double()
+    values = torch.tensor([float(value) for _, value, _ in entries], dtype=torch.float64)
     gathered = torch.empty(comm.get_world_size() * values.numel(), dtype=values.dtype)
     times: Dict[str, List[float]] = {"reduce": [], "one all_gather": []}
     for _ in range(repeats):
