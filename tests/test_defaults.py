@@ -1,5 +1,6 @@
 """DefaultTrainer from a config, default_setup, and subclassing as in detectron2."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -41,15 +42,20 @@ def test_default_hooks_in_documented_order(tmp_path):
     assert decays == [0.0, 1e-4]  # biases without weight decay
 
 
-def test_default_setup_writes_config_logs_environment_and_seeds(tmp_path, treadle_caplog):
-    cfg = digits_cfg(tmp_path, "train.seed=-1")
+def test_default_setup_logs_and_seeds_but_writes_nothing_until_training_starts(tmp_path, treadle_caplog):
+    cfg = digits_cfg(tmp_path, "train.seed=-1", "train.max_iter=4", "train.eval_period=0")
     default_setup(cfg)
     assert cfg.train.seed >= 0  # the picked seed is written back
-    saved = LazyConfig.load(str(tmp_path / "config.yaml"))
-    assert saved.train.seed == cfg.train.seed and saved.train.max_iter == 30
     assert "Using a generated random seed" in treadle_caplog.text
     assert "PyTorch" in treadle_caplog.text  # the environment table
-    assert (tmp_path / "log.txt").read_text().count("Environment info") == 1
+    trainer = DefaultTrainer(cfg)
+    assert not tmp_path.exists() or os.listdir(tmp_path) == []  # built, checked: still nothing written
+    trainer.train()
+    saved = LazyConfig.load(str(tmp_path / "config.yaml"))
+    assert saved.train.seed == cfg.train.seed and saved.train.max_iter == 4
+    # The log starts with what was logged before the folder was claimed.
+    log = (tmp_path / "log.txt").read_text()
+    assert log.count("Environment info") == 1 and log.index("Environment info") < log.index("Starting training")
 
 
 def test_subclass_overrides_builders(tmp_path):

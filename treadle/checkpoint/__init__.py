@@ -18,6 +18,7 @@ from .key_matching import (
 from .serialization import (
     CheckpointError,
     UnsafeCheckpointError,
+    check_checkpoint_file,
     check_weights_only_loadable,
     load_checkpoint_file,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "model_state_for_saving",
     "canonical_keys",
     "check_weights_only_loadable",
+    "check_checkpoint_file",
     "load_checkpoint_file",
     "atomic_write",
     "is_local_path",

@@ -408,11 +408,14 @@ class Checkpointer:
         *,
         keep_last: int,
         protect: Sequence[str] = ("model_final", "model_best"),
+        only: Optional[Sequence[str]] = None,
     ) -> List[str]:
         """Deletes all but the newest ``keep_last`` files ``{prefix}{number}.pth``.
 
         Files are counted on disk, so the limit holds across restarts and
-        Checkpointer instances, and ordered by the number in their names. Never
+        Checkpointer instances, and ordered by the number in their names.
+        With ``only`` (file names), only those files are counted and may be
+        deleted: the others, another run's say, are left alone. Never
         deleted: the file ``last_checkpoint`` names, and names in ``protect``
         (with or without ``.pth``). Also removes temporary files left in
         ``save_dir`` by other processes' unfinished saves. Does nothing on
@@ -430,8 +433,11 @@ class Checkpointer:
         pattern = re.compile(re.escape(prefix) + r"(\d+)\.pth")
         kept = {self._pointer_target()} | {p if p.endswith(".pth") else f"{p}.pth" for p in protect}
         names = self._list_dir()
+        eligible = set(only) if only is not None else None
         numbered = sorted(
-            (int(m.group(1)), n) for n in names if (m := pattern.fullmatch(n)) is not None
+            (int(m.group(1)), n)
+            for n in names
+            if (m := pattern.fullmatch(n)) is not None and (eligible is None or n in eligible)
         )
         doomed = [n for _, n in numbered[:-keep_last] if n not in kept]
         doomed += self._stale_temporary_files(names)
@@ -443,6 +449,17 @@ class Checkpointer:
         if deleted:
             logger.info("Removed old checkpoint files: %s", ", ".join(os.path.basename(p) for p in deleted))
         return deleted
+
+    def numbered_files(self, prefix: str = "model_", *, up_to: Optional[int] = None) -> List[str]:
+        """Names of the files ``{prefix}{number}.pth`` in ``save_dir`` (numbers up
+        to ``up_to`` when given), in the order of their numbers."""
+        pattern = re.compile(re.escape(prefix) + r"(\d+)\.pth")
+        found = sorted(
+            (int(m.group(1)), n)
+            for n in self._list_dir()
+            if (m := pattern.fullmatch(n)) is not None and (up_to is None or int(m.group(1)) <= up_to)
+        )
+        return [n for _, n in found]
 
     @staticmethod
     def _stale_temporary_files(names: Iterable[str]) -> List[str]:

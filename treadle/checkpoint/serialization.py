@@ -30,6 +30,7 @@ from treadle.utils.logger import strip_ansi
 __all__ = [
     "CheckpointError",
     "UnsafeCheckpointError",
+    "check_checkpoint_file",
     "check_weights_only_loadable",
     "load_checkpoint_file",
 ]
@@ -241,3 +242,15 @@ def load_checkpoint_file(path: str) -> Dict[str, Any]:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else "(no message)"
+
+
+def check_checkpoint_file(path: str) -> None:
+    """Raises :class:`CheckpointError` when ``path`` is not a readable file,
+    without reading it: a job checks its initial weights before it writes
+    anything, and loads them later."""
+    try:
+        exists = PathManager.isfile(path)
+    except OSError as e:
+        raise CheckpointError(f"Checkpoint file '{path}' cannot be reached: {e}") from None
+    if not exists:
+        raise CheckpointError(f"Checkpoint file '{path}' does not exist.")

@@ -11,13 +11,13 @@ import argparse
 import logging
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NoReturn, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from treadle.checkpoint import Checkpointer, unwrap_model
+from treadle.checkpoint import Checkpointer, check_checkpoint_file, unwrap_model
 from treadle.config import LazyCall, LazyConfig, instantiate
 from treadle.evaluation import inference_on_dataset
 from treadle.events import CommonMetricPrinter, JSONWriter, TensorboardWriter
@@ -36,14 +36,24 @@ from treadle.hooks import (
 from treadle.utils import comm
 from treadle.utils.device import resolve_device
 from treadle.utils.env import collect_env_info, seed_all_rng
-from treadle.utils.file_io import ensure_writable_dir
-from treadle.utils.logger import setup_logger
+from treadle.utils.atomic import atomic_write
+from treadle.utils.logger import setup_logger, start_log_files
+from treadle.utils.run_folder import RunFolder, check_output_dir, claim_on_main_process
 
 from .build import build_step, loader_epoch_length, trainable_parameters
+from .resume import restore_hyperparameters, take_hyperparameters
+from .validation import check_watched_metric
 from .steps import StepBase
 from .train_loop import TrainerBase
 
-__all__ = ["default_argument_parser", "default_setup", "default_config_file", "DefaultTrainer"]
+__all__ = [
+    "ArgumentParser",
+    "default_argument_parser",
+    "default_setup",
+    "default_config_file",
+    "save_run_config",
+    "DefaultTrainer",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -53,13 +63,28 @@ def default_config_file() -> str:
     return str(Path(__file__).resolve().parents[2] / "configs" / "digits_mlp.py")
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose usage errors are one line on stderr
+    (``prog: error: ...; see --help``, exit status 2) instead of the usage
+    block and the error, and which takes no abbreviated options: ``--resum``
+    is an error, not ``--resume``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}; see --help\n")
+
+
 def default_argument_parser(epilog: Optional[str] = None) -> argparse.ArgumentParser:
     """The command line of treadle jobs, detectron2's: options and ``key=value`` overrides.
 
     Parse with ``parser.parse_intermixed_args()`` to accept options after
-    overrides too (``train.max_iter=500 --resume``).
+    overrides too (``train.max_iter=500 --resume``). Options are never
+    abbreviated, and a usage error is one line.
     """
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         epilog=epilog
         or (
             "Examples:\n"
@@ -77,7 +102,18 @@ def default_argument_parser(epilog: Optional[str] = None) -> argparse.ArgumentPa
         action="store_true",
         help="continue from the last checkpoint in train.output_dir (a fresh start, with a warning, if there is none)",
     )
-    parser.add_argument("--eval-only", action="store_true", help="evaluate train.init_checkpoint and exit")
+    parser.add_argument(
+        "--move-aside",
+        action="store_true",
+        help="start fresh in a train.output_dir that holds an earlier run, after renaming that run's folder "
+        "to OUTPUT_DIR.old-DATE-TIME (nothing is deleted)",
+    )
+    parser.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="evaluate train.init_checkpoint (or, with --resume, the last checkpoint) and exit; results go to "
+        "OUTPUT_DIR/eval/DATE-TIME/",
+    )
     parser.add_argument("--num-gpus", type=int, default=1, help="processes per machine (one per GPU; gloo on CPU)")
     parser.add_argument("--num-machines", type=int, default=1, help="total number of machines")
     parser.add_argument("--machine-rank", type=int, default=0, help="the rank of this machine (unique per machine)")
@@ -97,25 +133,31 @@ def default_argument_parser(epilog: Optional[str] = None) -> argparse.ArgumentPa
 
 
 def default_setup(cfg: DictConfig, args: Optional[argparse.Namespace] = None) -> None:
-    """What every job does first: output directory, logging, environment
-    report, ``config.yaml``, seeding.
+    """What every job does first: logging, environment report, seeding.
 
-    - ``cfg.train.output_dir`` is created (a clear error if it cannot be written);
-    - logging: a colored console on the main process, ``log.txt`` (and
-      ``log.txt.rank{N}`` on other ranks) in the output directory;
+    Nothing is written to ``cfg.train.output_dir`` here: a job writes into its
+    folder only once its inputs are checked and the folder is claimed (see
+    ``docs/checkpoints.md``), which ``DefaultTrainer`` does when training
+    starts (``resume_or_load`` or ``train``).
+
+    - ``cfg.train.output_dir`` is checked to be writable (a one-line
+      :class:`~treadle.utils.run_folder.RunFolderError` if not);
+    - logging: a colored console on the main process; ``log.txt`` (and
+      ``log.txt.rank{N}`` on other ranks) in the output directory, kept in
+      memory until the folder is claimed, then written from the first line;
     - an environment table (python, torch, CUDA, devices) and the command line are logged;
-    - the resolved config is saved to ``config.yaml`` by the main process;
     - python, numpy and torch are seeded with ``train.seed + rank``; a
       negative seed picks one, logs it, and writes it back to ``cfg.train.seed``.
+
+    ``config.yaml`` is written by ``DefaultTrainer.train`` when training starts.
     """
     train = cfg.train
     rank = comm.get_rank()
     output_dir = train.output_dir
-    if comm.is_main_process() and output_dir:
-        ensure_writable_dir(output_dir)
-    comm.synchronize()
-    setup_logger(output_dir or None, distributed_rank=rank)
-    setup_logger(output_dir or None, distributed_rank=rank, name="fvcore")
+    if output_dir:
+        check_output_dir(output_dir)
+    setup_logger(output_dir or None, distributed_rank=rank, defer_file=True)
+    setup_logger(output_dir or None, distributed_rank=rank, name="fvcore", defer_file=True)
     logger.info("Rank of current process: %d. World size: %d", rank, comm.get_world_size())
     logger.info("Environment info:\n%s", collect_env_info())
     if args is not None:
@@ -126,12 +168,21 @@ def default_setup(cfg: DictConfig, args: Optional[argparse.Namespace] = None) ->
     # Each rank draws its own dropout masks and augmentations.
     seed_all_rng(int(seed) + rank)
     OmegaConf.update(cfg, "train.seed", int(seed), force_add=True)
-    if comm.is_main_process() and output_dir:
-        path = os.path.join(output_dir, "config.yaml")
-        LazyConfig.save(cfg, path)
-        logger.info("Full config saved to %s", path)
     if torch.cuda.is_available():
         torch.backends.cudnn.benchmark = bool(train.get("cudnn_benchmark", False))
+
+
+def save_run_config(cfg: DictConfig, output_dir: str) -> Optional[str]:
+    """Writes the resolved config to ``output_dir/config.yaml`` (atomically, main
+    process only) and returns its path."""
+    if not comm.is_main_process() or not output_dir:
+        return None
+    path = os.path.join(output_dir, "config.yaml")
+    text = LazyConfig.to_yaml(cfg)
+    # Atomic: a resume rewrites the config of a run that has files to lose.
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+    logger.info("Full config saved to %s", path)
+    return path
 
 
 class DefaultTrainer(TrainerBase):
@@ -175,6 +226,9 @@ class DefaultTrainer(TrainerBase):
         self.checkpointer = Checkpointer(
             unwrap_model(self.model), train.output_dir, optimizer=self.optimizer, trainer=self
         )
+        self.run_folder = RunFolder(train.output_dir)
+        self._claimed = False
+        self._check_evaluation(cfg)
         self.register_hooks(self.build_hooks())
 
     # ------------------------------------------------------------------ builders
@@ -319,7 +373,7 @@ class DefaultTrainer(TrainerBase):
         has_eval = "test" in cfg.dataloader and cfg.dataloader.test is not None
 
         def test_and_save_results() -> Dict[str, Any]:
-            self._last_eval_results = self.test(self.cfg, self.model)
+            self._last_eval_results = self.test(self.cfg, self.model, loader=self._test_loader)
             return self._last_eval_results
 
         return [
@@ -343,29 +397,94 @@ class DefaultTrainer(TrainerBase):
             PeriodicWriter(self.build_writers(), period=int(train.get("log_period", 20))),
         ]
 
+    def _check_evaluation(self, cfg: DictConfig) -> None:
+        """Builds the evaluator once, so that a bad metric name fails now, and
+        checks the metrics that the best checkpointer and early stopping
+        watch against its result names (when it knows them)."""
+        self._test_loader: Any = None
+        if "test" not in cfg.dataloader or cfg.dataloader.test is None:
+            return
+        # Built now so that a bad test loader fails before training, and kept
+        # for the evaluations (one build per run, not per evaluation).
+        self._test_loader = self.build_test_loader(cfg)
+        evaluator = self.build_evaluator(cfg)
+        known = getattr(evaluator, "result_names", None)
+        for section in ("best_checkpointer", "early_stopping"):
+            node = cfg.train.get(section) or {}
+            if node.get("metric"):
+                check_watched_metric(f"train.{section}.metric", node.metric, known)
+
     # ------------------------------------------------------------------ running
-    def resume_or_load(self, resume: bool = True) -> None:
+    def resume_or_load(self, resume: bool = True, *, move_aside: bool = False) -> None:
         """With ``resume`` and a checkpoint in ``output_dir``: restore everything
         from the newest readable one and continue after its iteration.
         Otherwise load the weights of ``train.init_checkpoint`` (if any) and
         start at iteration 0. ``--resume`` with nothing to resume warns and
-        starts fresh."""
-        extra = self.checkpointer.resume_or_load(self.cfg.train.get("init_checkpoint", "") or "", resume=resume)
-        if resume and self.checkpointer.has_checkpoint() and "iteration" in extra:
+        starts fresh.
+
+        The output directory is claimed first (see
+        :class:`~treadle.utils.run_folder.RunFolder`): a job already running
+        there, or a fresh start in a folder holding an earlier run, is refused
+        in one line, unless ``move_aside`` renames the earlier run's folder.
+        Values the config sets for the optimizer and the scheduler are kept
+        over the checkpoint's, with a warning for each (see
+        :mod:`treadle.engine.resume`).
+
+        Raises:
+            RunFolderError: the folder is busy, or used and neither resumed nor moved aside.
+            CheckpointError: ``train.init_checkpoint`` is missing or unreadable,
+                or no checkpoint of the run can be read.
+        """
+        init = self.cfg.train.get("init_checkpoint", "") or ""
+        resuming = resume and self.checkpointer.has_checkpoint()
+        if init and not resuming:
+            check_checkpoint_file(init)
+        self._claim(resume=resume, move_aside=move_aside)
+        snapshot = take_hyperparameters(self.optimizer, self.hooks) if resuming else None
+        try:
+            extra = self.checkpointer.resume_or_load(init, resume=resume)
+        except BaseException:
+            self._release()
+            raise
+        if resuming and "iteration" in extra:
             self.start_iter = int(extra["iteration"]) + 1
+            if snapshot is not None:
+                restore_hyperparameters(snapshot, self.optimizer, self.hooks)
         else:
             self.start_iter = 0
 
+    def _claim(self, *, resume: bool, move_aside: bool = False) -> None:
+        if self._claimed:
+            return
+        claim_on_main_process(self.run_folder, resume=resume, move_aside=move_aside)
+        self._claimed = True
+
+    def _release(self) -> None:
+        self.run_folder.release()
+        self._claimed = False
+
     def train(self) -> Optional[Dict[str, Any]]:  # type: ignore[override]
-        """Trains from ``start_iter`` to ``train.max_iter``; returns the last evaluation results."""
+        """Trains from ``start_iter`` to ``train.max_iter``; returns the last evaluation results.
+
+        Claims the output directory if :meth:`resume_or_load` has not (a
+        fresh start), then writes ``config.yaml`` and starts ``log.txt``; the
+        folder's lock is released when training ends.
+        """
         self._last_eval_results: Optional[Dict[str, Any]] = None
-        super().train(self.start_iter, self.max_iter)
+        self._claim(resume=self.start_iter > 0)
+        try:
+            save_run_config(self.cfg, self.cfg.train.output_dir)
+            start_log_files()
+            start_log_files("fvcore")
+            super().train(self.start_iter, self.max_iter)
+        finally:
+            self._release()
         return self._last_eval_results
 
     @classmethod
-    def test(cls, cfg: DictConfig, model: nn.Module, evaluator: Any = None) -> Dict[str, Any]:
-        """Evaluates ``model`` on ``cfg.dataloader.test`` with ``cfg.dataloader.evaluator``."""
-        loader = cls.build_test_loader(cfg)
+    def test(cls, cfg: DictConfig, model: nn.Module, evaluator: Any = None, *, loader: Any = None) -> Dict[str, Any]:
+        """Evaluates ``model`` on ``cfg.dataloader.test`` (or ``loader``) with ``cfg.dataloader.evaluator``."""
+        loader = loader if loader is not None else cls.build_test_loader(cfg)
         evaluator = evaluator if evaluator is not None else cls.build_evaluator(cfg)
         device = next(iter(model.parameters())).device
         return inference_on_dataset(model, loader, evaluator, device=device)

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
@@ -161,8 +162,14 @@ def _wait_for_workers(context: Any) -> None:
         if e.exit_code is not None and e.exit_code > 0:
             # A worker called sys.exit (75 after a preemption): not a crash
             # to show a traceback for, but the job's exit status.
-            logger.warning("Process %d exited with status %d.", e.error_index, e.exit_code)
+            logger.info("Process %d exited with status %d.", e.error_index, e.exit_code)
             raise SystemExit(e.exit_code) from None
+        if e.exit_code is not None and e.exit_code < 0:
+            # Killed by a signal (the OOM killer's SIGKILL, say): one line, and
+            # the shell's status for it, 128 + the signal number.
+            name = e.signal_name or f"signal {-e.exit_code}"
+            print(f"error: process {e.error_index} of the job was killed by {name}", file=sys.stderr, flush=True)
+            raise SystemExit(128 - e.exit_code) from None
         raise
     finally:
         for sig, handler in previous.items():

@@ -64,8 +64,23 @@ def _stage_caller(stage: str, doc: str) -> Callable[["TrainerBase"], None]:
 
 
 def _note_failing_hook(error: BaseException, key: str, iteration: int) -> None:
+    _note_origin(error, f"hook {key} at iteration {iteration}")
+
+
+def _note_origin(error: BaseException, where: str) -> None:
+    """Records where in the loop ``error`` was raised, once (the innermost place wins).
+
+    Kept as ``error.treadle_origin`` for one-line reports (``tools/train_net.py``
+    prints it), and as a note that Python shows under the traceback.
+    """
+    if getattr(error, "treadle_origin", None):
+        return
+    try:
+        error.treadle_origin = where  # type: ignore[attr-defined]
+    except AttributeError:  # an exception type without a __dict__
+        return
     if hasattr(error, "add_note"):  # Python >= 3.11
-        error.add_note(f"treadle: raised by hook {key} at iteration {iteration}")
+        error.add_note(f"treadle: raised by {where}")
 
 
 class TrainerBase:
@@ -96,6 +111,13 @@ class TrainerBase:
             the hook's own (see :class:`~treadle.hooks.IterationTimer`).
         training_error: during ``after_train``, the exception that ended
             training, or ``None`` when it ended normally or by a stop request.
+        finished: whether the run is complete: set when training ended
+            without an error or an interruption, before the ``after_train``
+            hooks run, so that the final checkpoint records it. A resumed
+            run at ``max_iter`` whose checkpoint is not finished (a
+            preemption at the last iteration) runs ``before_train`` and
+            ``after_train`` without iterations: the final evaluation and
+            checkpoint happen then.
         interrupted: during ``after_train``, whether a stop request said the
             run was cut short to be resumed later (see :meth:`request_stop`).
     """
@@ -118,6 +140,10 @@ class TrainerBase:
         self.epoch_length: Optional[int] = None
         self.training_error: Optional[BaseException] = None
         self.interrupted = False
+        self.finished = False
+        # Whether the checkpoint loaded into this trainer was of a finished
+        # run; None when nothing was loaded or the checkpoint predates the flag.
+        self._loaded_finished: Optional[bool] = None
         self.iter_start_time = 0.0
         self.step_end_time = 0.0
         self._timings: Dict[str, float] = defaultdict(float)
@@ -196,22 +222,35 @@ class TrainerBase:
         An exception is logged with the iteration it happened at, ``after_train``
         runs, and the exception is re-raised.
         """
+        finishing = False
         if start_iter >= max_iter:
-            logger.warning(
-                "Nothing to train: the run starts at iteration %d and max_iter is %d, so it has "
-                "finished already. Raise max_iter to train further.",
-                start_iter,
-                max_iter,
-            )
-            self.iter = self.start_iter = start_iter
-            self.max_iter = max_iter
-            return
-        logger.info("Starting training from iteration %d", start_iter)
+            if start_iter == max_iter and self._loaded_finished is False:
+                # Stopped after its last iteration but before its end (a
+                # preemption): what after_train does is still to be done.
+                finishing = True
+                logger.info(
+                    "The run stopped after its last iteration (%d) before it finished: running the end of "
+                    "training (final evaluation and checkpoint).",
+                    max_iter - 1,
+                )
+            else:
+                logger.warning(
+                    "Nothing to train: the run starts at iteration %d and max_iter is %d, so it has "
+                    "finished already. Raise max_iter to train further.",
+                    start_iter,
+                    max_iter,
+                )
+                self.iter = self.start_iter = start_iter
+                self.max_iter = max_iter
+                return
+        else:
+            logger.info("Starting training from iteration %d", start_iter)
         self.iter = self.start_iter = start_iter
         self._last_run_iter = start_iter - 1
         self.max_iter = max_iter
         self._stop_reason = None
         self.interrupted = False
+        self.finished = False
         self.training_error = None
         self._timings = defaultdict(float)
         self._loop_seconds = None
@@ -223,10 +262,15 @@ class TrainerBase:
                 self.storage.reducer = reduce_across_ranks
             try:
                 self.before_train()
-                self._run_iterations(start_iter, max_iter)
-                # Like detectron2: after_train sees the first iteration not run.
-                self.iter += 1
+                if finishing:
+                    self.iter = max_iter
+                else:
+                    self._run_iterations(start_iter, max_iter)
+                    # Like detectron2: after_train sees the first iteration not run.
+                    self.iter += 1
             except Exception as e:
+                _note_origin(e, f"iteration {self.iter}")
+                # One line on the console, the traceback in log.txt (see setup_logger).
                 logger.exception("Exception during training at iteration %d:", self.iter)
                 self.training_error = e
                 # Other ranks may be inside a collective this rank will never
@@ -235,6 +279,7 @@ class TrainerBase:
                 self._after_train_after_error()
                 raise
             else:
+                self.finished = not self.interrupted
                 self.after_train()
             finally:
                 self._log_timing_table()
@@ -367,7 +412,7 @@ class TrainerBase:
         every rank must call this at the same point). Resuming continues at
         ``iteration + 1``."""
         rng = get_rng_state()
-        state: Dict[str, Any] = {"iteration": self._last_run_iter, "rng": rng}
+        state: Dict[str, Any] = {"iteration": self._last_run_iter, "rng": rng, "finished": self.finished}
         if comm.get_world_size() > 1:
             # Each rank draws its own dropout masks: all of them are needed for
             # an exact resume. A collective: every rank calls this together.
@@ -387,6 +432,8 @@ class TrainerBase:
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.iter = self._last_run_iter = int(state["iteration"])
+        finished = state.get("finished")
+        self._loaded_finished = bool(finished) if finished is not None else None
         keyed = self.hook_state_keys()
         for key, hook_state in state.get("hooks", {}).items():
             if key in keyed:

@@ -34,10 +34,11 @@ from treadle.hooks import (
 from treadle.utils import comm
 from treadle.utils.device import resolve_device
 from treadle.utils.env import seed_all_rng
-from treadle.utils.file_io import ensure_writable_dir
-from treadle.utils.logger import setup_logger
+from treadle.utils.logger import setup_logger, start_log_files
+from treadle.utils.run_folder import RunFolder, check_output_dir, claim_on_main_process
 
 from .build import build_optimizer, build_step, loader_epoch_length, resolve_scheduler
+from .resume import restore_hyperparameters, take_hyperparameters
 from .train_loop import TrainerBase
 
 __all__ = ["Trainer", "TrainingHistory"]
@@ -151,8 +152,10 @@ class Trainer(TrainerBase):
         progress_bar: Optional[bool] = None,
     ) -> None:
         if output_dir is not None:
-            ensure_writable_dir(output_dir)
-        setup_logger(output=output_dir, distributed_rank=comm.get_rank())
+            check_output_dir(output_dir)
+        # log.txt starts when train() has claimed the folder: nothing is
+        # written into it before (see docs/checkpoints.md).
+        setup_logger(output=output_dir, distributed_rank=comm.get_rank(), defer_file=True)
         if seed is not None:
             seed_all_rng(seed)
         self.device = resolve_device(device)
@@ -190,8 +193,10 @@ class Trainer(TrainerBase):
         self.metrics = list(metrics) or (["loss"] if loss_fn is not None and eval_loader is not None else [])
         self.history = TrainingHistory()
         self.checkpointer: Optional[Checkpointer] = None
+        self.run_folder: Optional[RunFolder] = None
         if output_dir is not None:
             self.checkpointer = Checkpointer(self.model, output_dir, optimizer=self.optimizer, trainer=self)
+            self.run_folder = RunFolder(output_dir)
 
         # A constant schedule when none is given: the history always has lr.
         sched = resolve_scheduler(scheduler, self.optimizer, self.max_iter, warmup_iters=warmup_iters) or ConstantParamScheduler(1.0)
@@ -233,20 +238,38 @@ class Trainer(TrainerBase):
         ]
 
     # ------------------------------------------------------------------ running
-    def train(self, resume: bool = False) -> TrainingHistory:  # type: ignore[override]
+    def train(self, resume: bool = False, *, move_aside: bool = False) -> TrainingHistory:  # type: ignore[override]
         """Trains to ``max_iter`` and returns the :class:`TrainingHistory`.
 
         With ``resume=True`` and an ``output_dir`` holding checkpoints, training
-        continues exactly from the last one.
+        continues exactly from the last one; learning rate and other optimizer
+        settings given to this ``Trainer`` are kept over the checkpoint's (a
+        warning names each).
+
+        The ``output_dir`` is claimed first: another job running there, or a
+        fresh start (``resume=False``) in a folder holding an earlier run
+        (a second ``train()`` too), is refused with a
+        :class:`~treadle.utils.run_folder.RunFolderError`, unless
+        ``move_aside=True`` renames the earlier run's folder to
+        ``{output_dir}.old-{date}-{time}``. Nothing is deleted.
         """
-        start_iter = 0
-        if resume:
-            if self.checkpointer is None:
-                raise ValueError("resume=True needs an output_dir with checkpoints")
-            extra = self.checkpointer.resume_or_load("", resume=True)
-            if "iteration" in extra:
-                start_iter = int(extra["iteration"]) + 1
-        super().train(start_iter, self.max_iter)
+        if resume and self.checkpointer is None:
+            raise ValueError("resume=True needs an output_dir with checkpoints")
+        if self.run_folder is not None:
+            claim_on_main_process(self.run_folder, resume=resume, move_aside=move_aside)
+        try:
+            start_iter = 0
+            if resume and self.checkpointer is not None:
+                snapshot = take_hyperparameters(self.optimizer, self.hooks)
+                extra = self.checkpointer.resume_or_load("", resume=True)
+                if "iteration" in extra:
+                    start_iter = int(extra["iteration"]) + 1
+                    restore_hyperparameters(snapshot, self.optimizer, self.hooks)
+            start_log_files()
+            super().train(start_iter, self.max_iter)
+        finally:
+            if self.run_folder is not None:
+                self.run_folder.release()
         if hasattr(self, "storage"):
             self.history = _collect_history(self)
         return self.history

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .results import Results
 
@@ -29,7 +29,16 @@ class DatasetEvaluator(abc.ABC):
     Subclasses that keep tensor statistics should derive from
     :class:`~treadle.evaluation.StatisticsEvaluator`, which does the
     cross-rank reduction.
+
+    Attributes:
+        result_names: the top-level keys ``evaluate()`` returns, when known
+            before any evaluation (``build_evaluator`` sets them), else
+            ``None``. Trainers check the metric a best checkpointer or early
+            stopping watches against them when the run is built, not at the
+            first evaluation.
     """
+
+    result_names: Optional[Tuple[str, ...]] = None
 
     def reset(self) -> None:
         """Prepares for a new evaluation pass."""
@@ -73,6 +82,17 @@ class DatasetEvaluators(DatasetEvaluator):
 
     def __len__(self) -> int:
         return len(self._evaluators)
+
+    @property  # type: ignore[override]
+    def result_names(self) -> Optional[Tuple[str, ...]]:
+        """Every evaluator's result names, or None when one of them does not say."""
+        names: List[str] = []
+        for e in self._evaluators:
+            own = getattr(e, "result_names", None)
+            if own is None:
+                return None
+            names.extend(own)
+        return tuple(names)
 
     def reset(self) -> None:
         for e in self._evaluators:

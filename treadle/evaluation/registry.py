@@ -200,5 +200,8 @@ def build_evaluator(metrics: Union[str, Sequence[str]], **options: Any) -> Datas
             kwargs = {k: v for k, v in options.items() if k in entry.options}
         if entry.takes_metrics:
             kwargs["metrics"] = list(groups[key])
-        evaluators.append(entry.factory(**kwargs))
+        evaluator = entry.factory(**kwargs)
+        # Results are keyed by the names asked for: known before any evaluation.
+        evaluator.result_names = tuple(groups[key])
+        evaluators.append(evaluator)
     return evaluators[0] if len(evaluators) == 1 else DatasetEvaluators(evaluators)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from .base import HookBase
 from .early_stopping import EarlyStopping, _better, _latest_metric
@@ -126,8 +126,12 @@ class BestCheckpointer(HookBase):
 class PeriodicCheckpointer(HookBase):
     """Saves ``model_{iter:07d}`` every ``period`` and ``model_final`` at the end.
 
-    Keeps the last ``max_to_keep`` periodic files, counted from the files on
-    disk, so the limit holds across restarts. The final checkpoint is written
+    Keeps the last ``max_to_keep`` periodic files of this run's lineage: the
+    files this run and the runs it resumed from wrote, whose names are kept
+    in the hook's state (so the limit holds across restarts). Any other file
+    in the folder (copied in, left by another run) is neither counted nor
+    deleted. A checkpoint saved before treadle kept the lineage adopts the
+    periodic files on disk when resumed. The final checkpoint is written
     after the last iteration and after a stop request (early stopping), not
     after an exception, nor after a preemption that left iterations to run
     (the :class:`PreemptionHandler`'s checkpoint is then the resume point, and
@@ -148,6 +152,7 @@ class PeriodicCheckpointer(HookBase):
     """
 
     runs_after = (EMA, EvalHook, BestCheckpointer, EarlyStopping)
+    state_attributes = ("lineage",)
 
     def __init__(
         self,
@@ -166,6 +171,10 @@ class PeriodicCheckpointer(HookBase):
         # The iteration of the last periodic save of this training, for
         # PreemptionHandler (which does not save the same state twice).
         self.last_saved_iter: Optional[int] = None
+        # File names of this run's lineage's periodic checkpoints, oldest first.
+        self.lineage: List[str] = []
+        self._lineage_known = True
+        self._state_loaded = False
 
     @property
     def checkpointer(self) -> "Checkpointer":
@@ -175,13 +184,34 @@ class PeriodicCheckpointer(HookBase):
         self._checkpointer = self.checkpointer
         self._period.resolve(self.trainer, "PeriodicCheckpointer")
         self.last_saved_iter = None
+        if self.trainer.start_iter > 0 and not self._state_loaded:
+            self._lineage_known = False  # resumed from a checkpoint without this hook's state
+        self._state_loaded = False
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"lineage": list(self.lineage)}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.lineage = list(state.get("lineage", []))
+        self._lineage_known = "lineage" in state
+        self._state_loaded = True
 
     def save(self, iteration: int) -> None:
-        """Writes the checkpoint of ``iteration`` and prunes old ones."""
-        self.checkpointer.save(f"{self.file_prefix}_{iteration:07d}", iteration=iteration)
+        """Writes the checkpoint of ``iteration`` and prunes old ones of the lineage."""
+        name = f"{self.file_prefix}_{iteration:07d}"
+        if not self._lineage_known:
+            # Resumed from a checkpoint that predates the lineage: the periodic
+            # files on disk up to it are taken as this run's, as they were counted before.
+            self.lineage = self.checkpointer.numbered_files(f"{self.file_prefix}_", up_to=iteration)
+            self._lineage_known = True
+        # Listed before saving: the state inside the file includes the file itself.
+        self.lineage = [n for n in self.lineage if n != f"{name}.pth"] + [f"{name}.pth"]
+        self.checkpointer.save(name, iteration=iteration)
         self.last_saved_iter = iteration
         if self.max_to_keep is not None:
-            self.checkpointer.prune(prefix=f"{self.file_prefix}_", keep_last=self.max_to_keep)
+            self.checkpointer.prune(prefix=f"{self.file_prefix}_", keep_last=self.max_to_keep, only=self.lineage)
+            self.lineage = self.lineage[-self.max_to_keep :]
 
     def after_step(self) -> None:
         it = self.trainer.iter

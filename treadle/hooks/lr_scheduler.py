@@ -216,11 +216,50 @@ class LRScheduler(HookBase):
             return self._pending_state or {}
         return self.scheduler.state_dict()
 
+    # Base rates and settings, for a resume that keeps the config's values
+    # (see treadle.engine.resume): they live in the scheduler once built, in
+    # the state waiting for before_train otherwise.
+    def base_lrs(self) -> Optional[List[float]]:
+        """Each param group's base rate, which the schedule multiplies; None before one is known."""
+        if self._pending_state is not None and "base_lrs" in self._pending_state:
+            return list(self._pending_state["base_lrs"])
+        if self.scheduler is not None:
+            return list(self.scheduler.base_lrs)
+        return None
+
+    def set_base_lrs(self, base_lrs: Sequence[float]) -> None:
+        """Replaces the base rates (a loaded state's or the scheduler's)."""
+        if self._pending_state is not None:
+            self._pending_state["base_lrs"] = list(base_lrs)
+        if self.scheduler is not None:
+            self.scheduler.base_lrs = list(base_lrs)
+
+    def settings(self) -> Dict[str, Any]:
+        """The scheduler's settings (``step_size``, ``gamma``...): its state less
+        its position and base rates. Empty for an fvcore schedule, which is
+        rebuilt from its config and keeps no settings in its state."""
+        if isinstance(self._scheduler_arg, ParamScheduler) or self.scheduler is None:
+            return {}
+        return {k: v for k, v in self.scheduler.state_dict().items() if k not in _SCHEDULER_PROGRESS}
+
+    def set_settings(self, settings: Dict[str, Any]) -> None:
+        """Sets scheduler attributes named by :meth:`settings`."""
+        if self.scheduler is None:
+            return
+        for key, value in settings.items():
+            setattr(self.scheduler, key, value)
+
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         if self.scheduler is not None and not isinstance(self._scheduler_arg, ParamScheduler):
             self.scheduler.load_state_dict(state)
         else:
             self._pending_state = dict(state)
+
+
+# Entries of a torch scheduler's state that record where it is, not how it is set.
+_SCHEDULER_PROGRESS = frozenset(
+    {"base_lrs", "last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial", "verbose", "_initial_step"}
+)
 
 
 def _largest_group(optimizer: torch.optim.Optimizer) -> int:

@@ -48,9 +48,17 @@ class PreemptionHandler(HookBase):
     stop at the same iteration even when the signal reaches them at
     different times. In a single process the flag is read every iteration.
 
+    A second signal after the checkpoint is written ends the process at
+    once with ``exit_code`` (the other hooks' ``after_train`` still run, as
+    after any exception in one of them). With several processes the ranks
+    also agree at the last iteration, so that a signal in the last partial
+    ``sync_period`` stops the run there; the resumed run then only does what
+    the end of training does (see :attr:`TrainerBase.finished`).
+
     Register it after :class:`PeriodicCheckpointer` and before the writers.
     Handlers are installed in ``before_train`` (main thread only) and the
-    previous ones restored in ``after_train``.
+    previous ones restored in ``after_train`` (``tools/train_net.py``'s own
+    handler then exits with status 75 on a further signal).
     """
 
     runs_after = (PeriodicCheckpointer,)
@@ -75,6 +83,12 @@ class PreemptionHandler(HookBase):
         self._world_size = 1
 
     def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
+        if self._preempted and self.exit_code is not None:
+            # The checkpoint is written: a second signal (the scheduler's
+            # grace period running out, an impatient user) ends the process
+            # now, still as a preemption. Raised inside whatever after_train
+            # runs; the trainer still runs the other hooks' after_train.
+            raise SystemExit(self.exit_code)
         self._received = signum
 
     def before_train(self) -> None:
@@ -92,7 +106,10 @@ class PreemptionHandler(HookBase):
     def _should_stop(self) -> bool:
         if self._world_size == 1:
             return self._received is not None
-        if (self.trainer.iter + 1) % self._sync_period != 0:
+        it = self.trainer.iter
+        # The last iteration is a sync point too: a signal in the last
+        # partial period must stop the run before its (long) end, not be lost.
+        if (it + 1) % self._sync_period != 0 and it + 1 != self.trainer.max_iter:
             return False
         import torch
 
@@ -108,23 +125,29 @@ class PreemptionHandler(HookBase):
         it = self.trainer.iter
         name = signal.Signals(self._received).name if self._received else "a signal on another rank"
         logger.warning("Received %s: saving a checkpoint at iteration %d and stopping.", name, it)
-        if self._saved_periodically(it):
+        periodic = self._periodic_checkpointer()
+        if periodic is not None and periodic.last_saved_iter == it:
             # Same file, same state: in a grace period a second write is time lost.
             logger.info("The periodic checkpoint of iteration %d was just written; not writing it again.", it)
         else:
             _flush_writers(self)
-            self._checkpointer.save(f"{self.file_prefix}_{it:07d}", iteration=it)
+            if periodic is not None:
+                periodic.save(it)  # one of the run's periodic files: counted by its max_to_keep
+            else:
+                self._checkpointer.save(f"{self.file_prefix}_{it:07d}", iteration=it)
         self._preempted = True
         self.trainer.request_stop(f"preempted by {name}", interrupted=True)
 
-    def _saved_periodically(self, it: int) -> bool:
-        return any(
-            isinstance(h, PeriodicCheckpointer)
-            and h.last_saved_iter == it
-            and h.checkpointer is self._checkpointer
-            and h.file_prefix == self.file_prefix
-            for h in self.trainer.hooks
-        )
+    def _periodic_checkpointer(self) -> Optional[PeriodicCheckpointer]:
+        """The PeriodicCheckpointer writing the same files (checkpointer and prefix), if any."""
+        for h in self.trainer.hooks:
+            if (
+                isinstance(h, PeriodicCheckpointer)
+                and h.checkpointer is self._checkpointer
+                and h.file_prefix == self.file_prefix
+            ):
+                return h
+        return None
 
     def after_train(self) -> None:
         for sig, handler in self._previous.items():

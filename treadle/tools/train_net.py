@@ -1,30 +1,56 @@
 """Train or evaluate a model described by a lazy config.
 
-    python tools/train_net.py [--config-file FILE] [--resume] [--eval-only]
+    python tools/train_net.py [--config-file FILE] [--resume | --move-aside] [--eval-only]
                               [--num-gpus N] [key=value ...]
 
 Also installed as the ``treadle-train`` command. Without ``--config-file``
 it trains the handwritten digits example (``configs/digits_mlp.py``).
+
+A job checks everything it can before it writes a byte into
+``train.output_dir``: the config (keys, types, ranges, interpolations, metric
+names, device, precision, world size), then the objects it builds, then the
+folder (one job at a time; a fresh start does not overwrite an earlier run).
+A failure is one line on stderr, ``train_net.py: error: ...``. Exit status:
+
+- 0: trained (or evaluated); also a resumed run that had finished already;
+- 1: the run failed while training (a NaN loss, an I/O error, an exception
+  in a hook or the step); the traceback is in ``log.txt``;
+- 2: the job was asked for wrongly (a bad config or command line, a folder
+  in use or holding another run, a missing or unreadable checkpoint); nothing
+  was written;
+- 75: stopped by SIGTERM/SIGUSR1 after a checkpoint; ``--resume`` continues.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import logging
+import os
+import signal
 import sys
+import tempfile
+import threading
+import traceback
 from typing import Any, Dict, List, Optional
 
 from omegaconf import DictConfig
 from torch import nn
 
-from treadle.checkpoint import CheckpointError, Checkpointer
+from treadle.checkpoint import CheckpointError, Checkpointer, check_checkpoint_file
 from treadle.config import ConfigError, LazyConfig
-from treadle.engine.defaults import DefaultTrainer, default_argument_parser, default_setup
+from treadle.engine.defaults import DefaultTrainer, default_argument_parser, default_setup, save_run_config
 from treadle.engine.launch import launch
+from treadle.engine.validation import check_run_config, check_world_size
 from treadle.events import NonFiniteLossError
+from treadle.hooks import PREEMPTED_EXIT_CODE
 from treadle.utils import comm
+from treadle.utils.atomic import atomic_write
+from treadle.utils.logger import one_line_error, start_log_files
+from treadle.utils.run_folder import RunFolderError, check_output_dir
 
-__all__ = ["JobError", "load_config", "main", "cli"]
+__all__ = ["JobError", "load_config", "check_job", "main", "cli"]
 
 logger = logging.getLogger("treadle.train_net")
 
@@ -33,8 +59,14 @@ class JobError(RuntimeError):
     """A problem with how the job was asked for (printed without a traceback)."""
 
 
-# Errors that are the user's input, reported in one line.
-_USER_ERRORS = (ConfigError, CheckpointError, JobError, PermissionError, FileNotFoundError, NonFiniteLossError)
+class _BuildError(JobError):
+    """An object of the config could not be built; the message names it."""
+
+
+# Errors that are the user's input, reported in one line with exit status 2.
+_USER_ERRORS = (ConfigError, CheckpointError, JobError, RunFolderError, PermissionError, FileNotFoundError)
+_EXIT_USER_ERROR = 2
+_EXIT_RUN_FAILED = 1
 
 
 def load_config(args: argparse.Namespace) -> DictConfig:
@@ -43,6 +75,26 @@ def load_config(args: argparse.Namespace) -> DictConfig:
     if not isinstance(cfg, DictConfig) or "train" not in cfg:
         raise ConfigError(f"{args.config_file} has no 'train' section; is it a runnable config?")
     return LazyConfig.apply_overrides(cfg, args.opts)
+
+
+def check_job(cfg: DictConfig, args: argparse.Namespace) -> Optional[str]:
+    """Everything that can be checked before any process starts or any file is
+    written: the command line, the config, the output directory, and the
+    weights of ``--eval-only``; returns those weights (``None`` when training).
+
+    Raises:
+        ConfigError, JobError, RunFolderError, CheckpointError: one line each.
+    """
+    if args.resume and args.move_aside:
+        raise JobError("--resume continues the run in train.output_dir and --move-aside starts a new one; give one")
+    world_size = check_world_size(args.num_gpus, args.num_machines, args.machine_rank)
+    check_run_config(cfg, world_size=world_size, eval_only=args.eval_only)
+    check_output_dir(cfg.train.output_dir)
+    if args.eval_only:
+        weights = _eval_weights(cfg, args.resume)
+        check_checkpoint_file(weights)
+        return weights
+    return None
 
 
 def _eval_weights(cfg: DictConfig, resume: bool) -> str:
@@ -55,7 +107,7 @@ def _eval_weights(cfg: DictConfig, resume: bool) -> str:
     # Finding the file needs no model: the checkpointer only reads its pointer file.
     finder = Checkpointer(nn.Module(), cfg.train.output_dir)
     if resume and finder.has_checkpoint():
-        return finder.get_checkpoint_file()
+        return finder.get_checkpoint_file() or finder._resume_candidates()[0]
     if cfg.train.get("init_checkpoint"):
         return cfg.train.init_checkpoint
     raise JobError(
@@ -64,55 +116,185 @@ def _eval_weights(cfg: DictConfig, resume: bool) -> str:
     )
 
 
+def _build(what: str, build: Any) -> Any:
+    """``build()``; an error other than a config error becomes a one-line
+    :class:`_BuildError` naming ``what`` and, when instantiating a config node
+    raised it, the node (its traceback goes to a temporary file named in the line)."""
+    try:
+        return build()
+    except _USER_ERRORS:
+        raise
+    except Exception as e:
+        notes = [n for n in getattr(e, "__notes__", []) if n.startswith("while instantiating")]
+        where = f" ({notes[0]})" if notes else ""
+        trace = _save_traceback(e)
+        raise _BuildError(f"Cannot build {what}: {one_line_error(e)}{where}; traceback in {trace}") from e
+
+
+def _save_traceback(error: BaseException) -> str:
+    """Writes ``error``'s traceback to a new temporary file (not the run's
+    folder: nothing is written there before the job is accepted); returns its path."""
+    fd, path = tempfile.mkstemp(prefix="treadle-error-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(traceback.format_exception(error)))
+    return path
+
+
+def _evaluate(cfg: DictConfig, args: argparse.Namespace, weights: str) -> Dict[str, Any]:
+    """``--eval-only``: evaluates ``weights``; the results, the config and the
+    log go to a new ``OUTPUT_DIR/eval/DATE-TIME/``, never over the run's files."""
+    model = _build("the model", lambda: DefaultTrainer.build_model(cfg))
+    Checkpointer(model, cfg.train.output_dir).load(weights, checkpointables=[])
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    eval_dir = comm.broadcast_object(_new_dir(os.path.join(cfg.train.output_dir, "eval", stamp)))
+    start_log_files(output=eval_dir)
+    start_log_files("fvcore", output=eval_dir)
+    save_run_config(cfg, eval_dir)
+    results = DefaultTrainer.test(cfg, model)
+    logger.info("Evaluation of %s: %s", weights, results)
+    if comm.is_main_process():
+        record = {"weights": weights, "results": results}
+        text = json.dumps(record, indent=2, default=float) + "\n"
+        atomic_write(os.path.join(eval_dir, "results.json"), lambda f: f.write(text.encode("utf-8")))
+        logger.info("Evaluation results saved to %s", os.path.join(eval_dir, "results.json"))
+    return results
+
+
+def _new_dir(path: str) -> str:
+    """Creates ``path`` (or ``path-2``, ``-3``... when taken) on the main process."""
+    if not comm.is_main_process():
+        return path
+    candidate, n = path, 1
+    while True:
+        try:
+            os.makedirs(candidate)
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = f"{path}-{n}"
+
+
 def main(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
-    """The job of one process: set up, then train (or evaluate)."""
+    """The job of one process: set up, build, claim the folder, then train (or evaluate)."""
     cfg = load_config(args)
-    # Before default_setup, which writes config.yaml into the run's directory:
-    # an evaluation that cannot start must not replace the training run's config.
-    weights = _eval_weights(cfg, args.resume) if args.eval_only else None
+    weights = check_job(cfg, args)
     default_setup(cfg, args)
     if weights is not None:
-        model = DefaultTrainer.build_model(cfg)
-        Checkpointer(model, cfg.train.output_dir).load(weights, checkpointables=[])
-        results = DefaultTrainer.test(cfg, model)
-        logger.info("Evaluation of %s: %s", weights, results)
-        return results
-    trainer = DefaultTrainer(cfg)
-    trainer.resume_or_load(resume=args.resume)
-    return trainer.train()
+        return _evaluate(cfg, args, weights)
+    trainer = _build("the run", lambda: DefaultTrainer(cfg))
+    trainer.resume_or_load(resume=args.resume, move_aside=args.move_aside)
+    results = trainer.train()
+    _JobSignals.training_over()
+    return results
 
 
 def _exit_status(error: BaseException) -> int:
-    return 1 if isinstance(error, NonFiniteLossError) else 2
+    return _EXIT_USER_ERROR if isinstance(error, _USER_ERRORS) else _EXIT_RUN_FAILED
+
+
+def _error_line(error: BaseException) -> str:
+    """The one line that reports ``error``."""
+    if isinstance(error, _USER_ERRORS) and not (isinstance(error, OSError) and error.filename):
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        return "; ".join(lines) or type(error).__name__
+    if isinstance(error, NonFiniteLossError):
+        text = one_line_error(error).split(": ", 1)[-1]
+    elif isinstance(error, OSError) and error.filename:
+        text = f"cannot write '{error.filename}': {error.strerror or error}"
+    else:
+        text = one_line_error(error)
+    origin = getattr(error, "treadle_origin", None)
+    where = f"raised by {origin}" if origin else ""
+    log = _log_file()
+    if log:
+        where = f"{where}; traceback in {log}" if where else f"traceback in {log}"
+    return f"{text} ({where})" if where else text
+
+
+def _log_file() -> Optional[str]:
+    for handler in logging.getLogger("treadle").handlers:
+        filename = getattr(handler, "filename", None) or getattr(getattr(handler, "stream", None), "name", None)
+        started = getattr(handler, "started", True)
+        if isinstance(filename, str) and started and os.path.exists(filename):
+            return filename
+    return None
+
+
+class _JobSignals:
+    """SIGTERM/SIGUSR1 outside training.
+
+    During training the :class:`~treadle.hooks.PreemptionHandler` owns these
+    signals (checkpoint, then exit 75). Before training starts nothing is
+    saved and nothing needs to be: the job exits at once with status 75 (retry
+    later). After training ended the work is done: the signal is noted and
+    the job ends normally. No traceback in either case.
+    """
+
+    _over = False
+
+    @classmethod
+    def install(cls) -> Dict[int, Any]:
+        """Installs the handlers; returns the previous ones."""
+        cls._over = False
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {sig: signal.signal(sig, cls._handle) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+
+    @staticmethod
+    def restore(previous: Dict[int, Any]) -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    @classmethod
+    def training_over(cls) -> None:
+        cls._over = True
+
+    @classmethod
+    def _handle(cls, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if cls._over:
+            logger.info("Received %s after training ended; finishing.", name)
+            return
+        logger.warning("Received %s before training started; exiting.", name)
+        raise SystemExit(PREEMPTED_EXIT_CODE)
 
 
 def _job(args: argparse.Namespace, prog: str) -> Optional[Dict[str, Any]]:
-    """:func:`main` in a process of a multi-process job.
+    """:func:`main` in one process of the job, its failures as one line.
 
-    A user error raised in a worker would reach the launcher as a worker's
-    traceback; here it becomes the same one-line message (printed once, by
-    rank 0) and exit status as in a single process.
+    A user error is the same on every rank and printed once, by rank 0. A
+    failure while training is printed by each rank that has it (with its
+    rank), since a rank failing alone leaves the others waiting. The exit
+    status is raised as ``SystemExit`` (the launcher passes it on).
     """
+    previous = _JobSignals.install()
+    single = comm.get_world_size() == 1
     try:
         return main(args)
-    except _USER_ERRORS as e:
-        if comm.get_world_size() == 1:
-            raise  # cli prints it
-        if comm.is_main_process():
-            print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+    except Exception as e:
+        user_error = isinstance(e, _USER_ERRORS)
+        if comm.is_main_process() or not user_error:
+            rank = "" if single or user_error else f" (rank {comm.get_rank()})"
+            print(f"{prog}: error{rank}: {_error_line(e)}", file=sys.stderr, flush=True)
         raise SystemExit(_exit_status(e)) from None
+    finally:
+        if single:
+            # In the caller's process (cli() called from Python): give the
+            # signals back. A spawned worker keeps them until it exits.
+            _JobSignals.restore(previous)
 
 
 def cli(argv: Optional[List[str]] = None) -> int:
     """Parses the command line, checks the config, launches the job; returns the exit status."""
     parser = default_argument_parser()
-    args = parser.parse_intermixed_args(argv)
+    try:
+        args = parser.parse_intermixed_args(argv)
+    except SystemExit as e:  # a usage error, already printed in one line, or --help
+        return int(e.code or 0)
     try:
         # Checked once here, so that a bad file, override or missing weights
-        # fail before any process starts.
-        cfg = load_config(args)
-        if args.eval_only:
-            _eval_weights(cfg, args.resume)
+        # fail before any process starts; each process checks again.
+        check_job(load_config(args), args)
         launch(
             _job,
             args.num_gpus,
@@ -121,9 +303,11 @@ def cli(argv: Optional[List[str]] = None) -> int:
             dist_url=args.dist_url,
             args=(args, parser.prog),
         )
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except _USER_ERRORS as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return _exit_status(e)
+        print(f"{parser.prog}: error: {_error_line(e)}", file=sys.stderr)
+        return _EXIT_USER_ERROR
     return 0
 
 

@@ -6,13 +6,13 @@ import logging
 import os
 import re
 import sys
-from typing import Optional
+from typing import IO, List, Optional
 
 from termcolor import colored
 
 from .file_io import PathManager
 
-__all__ = ["setup_logger", "log_once", "strip_ansi"]
+__all__ = ["setup_logger", "start_log_files", "log_once", "strip_ansi", "one_line_error"]
 
 _LOGGED_ONCE: set = set()
 
@@ -32,7 +32,37 @@ class _PlainFormatter(logging.Formatter):
         return strip_ansi(super().format(record))
 
 
-class _ColorfulFormatter(logging.Formatter):
+def one_line_error(error: BaseException) -> str:
+    """``Type: first line of the message``, for a console that shows one line per error."""
+    lines = [line.strip() for line in strip_ansi(str(error)).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+class _OneLineConsoleMixin:
+    """Console formatting: an exception shows as ``(Type: message)`` after the
+    record's message; its traceback is left to the log file.
+
+    ``logging.Formatter`` caches the formatted traceback on the record for the
+    next handler; this formatter neither reads nor writes that cache, so the
+    file handler still writes the whole traceback.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.exc_info, record.exc_text, record.stack_info
+        error = record.exc_info[1] if record.exc_info else None
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        try:
+            text = super().format(record)  # type: ignore[misc]
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+        return f"{text} ({one_line_error(error)})" if error is not None else text
+
+
+class _PlainConsoleFormatter(_OneLineConsoleMixin, _PlainFormatter):
+    pass
+
+
+class _ColorfulFormatter(_OneLineConsoleMixin, logging.Formatter):
     def formatMessage(self, record: logging.LogRecord) -> str:
         log = super().formatMessage(record)
         if record.levelno == logging.WARNING:
@@ -78,6 +108,81 @@ class _FileHandler(logging.StreamHandler):
             super().close()
 
 
+class _DeferredFileHandler(logging.Handler):
+    """A file handler that keeps its records in memory until :meth:`start`.
+
+    A job logs from its first line (environment, model, config errors), but
+    must not write into its output directory before its inputs are checked
+    and the directory is claimed: an invalid job leaves an earlier run's
+    ``log.txt`` as it was. :func:`start_log_files` opens the file and writes
+    what was kept, in order and with the original times.
+    """
+
+    # Records kept before the start; a job that logs more before training
+    # starts keeps the last ones and says how many were dropped.
+    MAX_PENDING = 50_000
+
+    def __init__(self, filename: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.filename = filename
+        self._pending: List[logging.LogRecord] = []
+        self._dropped = 0
+        self._stream: Optional[IO[str]] = None
+
+    @property
+    def started(self) -> bool:
+        return self._stream is not None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._stream is None:
+            if len(self._pending) >= self.MAX_PENDING:
+                self._pending.pop(0)
+                self._dropped += 1
+            self._pending.append(record)
+            return
+        try:
+            self._stream.write(self.format(record) + "\n")
+            self._stream.flush()
+        except Exception:
+            self.handleError(record)
+
+    def start(self, output: Optional[str] = None) -> None:
+        """Opens the file (appending) and writes the records kept so far;
+        ``output`` moves the file to another directory (same file name)."""
+        if self._stream is not None:
+            return
+        if output is not None:
+            self.filename = os.path.join(output, os.path.basename(self.filename))
+        PathManager.mkdirs(os.path.dirname(self.filename) or ".")
+        stream = PathManager.open(self.filename, "a")
+        if self._dropped:
+            stream.write(f"[{self._dropped} earlier log records were not kept]\n")
+        for record in self._pending:
+            stream.write(self.format(record) + "\n")
+        stream.flush()
+        self._pending, self._dropped = [], 0
+        self._stream = stream
+
+    def close(self) -> None:
+        try:
+            if self._stream is not None and not self._stream.closed:
+                self._stream.flush()
+                self._stream.close()
+        finally:
+            self._pending = []
+            super().close()
+
+
+def start_log_files(name: str = "treadle", *, output: Optional[str] = None) -> None:
+    """Starts the log files that :func:`setup_logger` deferred (``defer_file=True``)
+    on the ``name`` logger: they are written from now on, beginning with every
+    record logged so far. ``output`` puts them in that directory instead of
+    the one given to ``setup_logger``."""
+    for handler in logging.getLogger(name).handlers:
+        if isinstance(handler, _DeferredFileHandler):
+            handler.start(output)
+
+
 def setup_logger(
     output: Optional[str] = None,
     distributed_rank: int = 0,
@@ -85,17 +190,25 @@ def setup_logger(
     color: bool = True,
     name: str = "treadle",
     abbrev_name: Optional[str] = None,
+    defer_file: bool = False,
 ) -> logging.Logger:
     """Configures the ``name`` logger.
 
     Calling it again (a second job in one process) replaces the handlers the
     previous call installed, so that a run never logs into another run's file.
 
+    The console shows one line per record: an exception logged with its
+    traceback shows there as ``Type: message``; the traceback goes to the log
+    file only.
+
     Args:
         output: a file name ending in ``.txt``/``.log``, or a directory in which
             ``log.txt`` is written. Ranks other than 0 write ``log.txt.rank{N}``.
         distributed_rank: only rank 0 logs to the console.
         color: color the console output (only when it is a terminal).
+        defer_file: keep the file's records in memory until
+            :func:`start_log_files` is called, so that nothing is written
+            before the job has checked its inputs and claimed its folder.
     """
     logger = logging.getLogger(name)
     logger.setLevel(logging.DEBUG)
@@ -117,7 +230,9 @@ def setup_logger(
                 )
             )
         else:
-            handler.setFormatter(plain)
+            handler.setFormatter(
+                _PlainConsoleFormatter("[%(asctime)s] %(name)s %(levelname)s: %(message)s", datefmt="%m/%d %H:%M:%S")
+            )
         handlers.append(handler)
     if output is not None:
         if output.endswith((".txt", ".log")):
@@ -126,9 +241,12 @@ def setup_logger(
             filename = os.path.join(output, "log.txt")
         if distributed_rank > 0:
             filename = f"{filename}.rank{distributed_rank}"
-        PathManager.mkdirs(os.path.dirname(filename) or ".")
-        stream = PathManager.open(filename, "a")
-        file_handler = _FileHandler(stream)
+        file_handler: logging.Handler
+        if defer_file:
+            file_handler = _DeferredFileHandler(filename)
+        else:
+            PathManager.mkdirs(os.path.dirname(filename) or ".")
+            file_handler = _FileHandler(PathManager.open(filename, "a"))
         file_handler.setLevel(logging.DEBUG)
         file_handler.setFormatter(plain)
         handlers.append(file_handler)

@@ -1,0 +1,400 @@
+"""Checking a runnable config before anything is built or written.
+
+``tools/train_net.py`` calls :func:`check_run_config` in the launching
+process, before any worker starts and before a byte goes to
+``train.output_dir``. Every problem found here is a
+:class:`~treadle.config.ConfigError` whose one-line message names the key,
+the bad value and, where there are few, the valid choices.
+
+What is checked: the top-level keys a runnable config needs; that every value
+can be read (no unresolvable ``${...}`` interpolation, no ``???``); the type
+and range of every key of ``train`` that :class:`DefaultTrainer` reads; the
+device, the precision, the world size and the batch size against it; the
+metric names of a ``build_evaluator`` node and the metrics that the best
+checkpointer and early stopping watch. What needs the built objects (the
+evaluator's result names of a custom evaluator, a model that cannot be built)
+is checked by ``DefaultTrainer`` when it builds them, still before writing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import math
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+import torch
+from omegaconf import DictConfig, ListConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from treadle.config import ConfigError
+from treadle.config.errors import first_line
+from treadle.config.locate import target_name
+
+from .steps import PRECISIONS
+
+__all__ = ["check_run_config", "check_world_size", "check_watched_metric", "TRAIN_KEYS", "STEP_KINDS"]
+
+logger = logging.getLogger(__name__)
+
+STEP_KINDS = ("eager", "compiled")
+_COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_NONFINITE = ("flush", "step", "off")
+_MODES = ("max", "min")
+
+_MISSING = object()
+
+
+def _shown(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _is_int(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, float) and value.is_integer()
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# ---------------------------------------------------------------------- rules
+# A rule takes (key, value) and raises ConfigError; each says what it accepts.
+Rule = Callable[[str, Any], None]
+
+
+def _integer(minimum: int, *, none: bool = False) -> Rule:
+    def rule(key: str, value: Any) -> None:
+        if value is None and none:
+            return
+        if not _is_int(value) or value < minimum:
+            what = f"an integer >= {minimum}" + (" or None" if none else "")
+            raise ConfigError(f"{key} must be {what}, got {_shown(value)}")
+
+    return rule
+
+
+def _positive_number(*, none: bool = False, below_one: bool = False) -> Rule:
+    def rule(key: str, value: Any) -> None:
+        if value is None and none:
+            return
+        if not _is_number(value) or value <= 0 or (below_one and value >= 1):
+            what = "a number in (0, 1)" if below_one else "a positive number"
+            raise ConfigError(f"{key} must be {what}{' or None' if none else ''}, got {_shown(value)}")
+
+    return rule
+
+
+def _non_negative_number(key: str, value: Any) -> None:
+    if not _is_number(value) or value < 0:
+        raise ConfigError(f"{key} must be a number >= 0, got {_shown(value)}")
+
+
+def _choice(choices: Sequence[Any]) -> Rule:
+    def rule(key: str, value: Any) -> None:
+        if value not in choices:
+            shown = ", ".join("None" if c is None else repr(c) for c in choices)
+            raise ConfigError(f"{key} must be one of {shown}; got {_shown(value)}")
+
+    return rule
+
+
+def _boolean(key: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key} must be true or false, got {_shown(value)}")
+
+
+def _text(*, empty: bool = True, none: bool = False) -> Rule:
+    def rule(key: str, value: Any) -> None:
+        if value is None and none:
+            return
+        if not isinstance(value, str) or (not empty and not value):
+            what = "a non-empty string" if not empty else "a string"
+            raise ConfigError(f"{key} must be {what}{' or None' if none else ''}, got {_shown(value)}")
+
+    return rule
+
+
+def _seed(key: str, value: Any) -> None:
+    if value is not None and not _is_int(value):
+        raise ConfigError(f"{key} must be an integer (negative: pick one at random) or None, got {_shown(value)}")
+
+
+def _device(key: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise ConfigError(f"{key} must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {_shown(value)}")
+    if value == "auto":
+        return
+    try:
+        device = torch.device(value)
+    except RuntimeError:
+        raise ConfigError(
+            f"{key}={value!r} is not a device; use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"
+        ) from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{key}={value!r}, but CUDA is not available on this machine; use 'cpu' or 'auto'")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"{key}={value!r}, but this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+    elif device.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ConfigError(f"{key}={value!r}, but MPS is not available on this machine; use 'cpu' or 'auto'")
+    elif device.type != "cpu":
+        raise ConfigError(f"{key}={value!r} is not supported; use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
+
+
+def _anything(key: str, value: Any) -> None:
+    pass
+
+
+#: Every key of ``train`` that DefaultTrainer reads, with its rule. A dict is a
+#: sub-node. Keys not listed are allowed (a subclass may read them), with a
+#: warning that suggests the closest listed key.
+TRAIN_KEYS: Dict[str, Any] = {
+    "output_dir": _text(empty=False),
+    "init_checkpoint": _text(none=True),
+    "max_iter": _integer(1),
+    "device": _device,
+    "seed": _seed,
+    "log_period": _integer(1),
+    "eval_period": _integer(0),
+    "checkpointer": {"period": _integer(0), "max_to_keep": _integer(1, none=True)},
+    "step": {
+        "kind": _choice(STEP_KINDS),
+        "precision": _choice(PRECISIONS),
+        "grad_accum_steps": _integer(1),
+        "clip_grad_norm": _positive_number(none=True),
+        "loss_fn": _anything,
+        "compile": {
+            "mode": _choice(_COMPILE_MODES),
+            "backend": _text(empty=False),
+            "fullgraph": _boolean,
+            "dynamic": _choice((None, True, False)),
+        },
+    },
+    "ddp": {
+        "kind": _choice(("ddp", "fsdp")),
+        "broadcast_buffers": _boolean,
+        "find_unused_parameters": _boolean,
+        "fp16_compression": _boolean,
+        "gradient_as_bucket_view": _boolean,
+        "static_graph": _boolean,
+        "bucket_cap_mb": _positive_number(none=True),
+        "reshard_after_forward": _boolean,
+        "param_dtype": _choice((None, *PRECISIONS)),
+        "reduce_dtype": _choice((None, *PRECISIONS)),
+        "sync_module_states": _boolean,
+    },
+    "ema": {"enabled": _boolean, "decay": _positive_number(below_one=True)},
+    "best_checkpointer": {"metric": _text(empty=False, none=True), "mode": _choice(_MODES)},
+    "early_stopping": {
+        "metric": _text(empty=False, none=True),
+        "patience": _integer(1),
+        "min_delta": _non_negative_number,
+        "mode": _choice(_MODES),
+    },
+    "handle_preemption": _boolean,
+    "nonfinite_check": _choice(_NONFINITE),
+    "cudnn_benchmark": _boolean,
+}
+
+# Optimizer arguments that torch requires to be >= 0, checked by name in any
+# ``optimizer`` node (torch's own message names neither the key nor the node).
+_NON_NEGATIVE_OPTIMIZER_KEYS = ("lr", "weight_decay", "momentum", "eps", "dampening")
+
+
+# ---------------------------------------------------------------------- walking
+def _read(node: Any, key: Any, path: str) -> Any:
+    """``node[key]`` with interpolations resolved, or a ConfigError naming ``path``."""
+    try:
+        return node[key]
+    except OmegaConfBaseException as e:
+        raw = node._get_node(key)._value() if hasattr(node, "_get_node") and node._get_node(key) is not None else None
+        if isinstance(raw, str) and raw == "???":
+            raise ConfigError(f"{path} has no value (it is '???'); set it, e.g. {path}=VALUE") from None
+        shown = f" = {raw!r}" if isinstance(raw, str) else ""
+        raise ConfigError(f"{path}{shown} cannot be resolved: {first_line(e)}") from None
+
+
+def _check_readable(node: Any, path: str = "") -> None:
+    """Reads every value of ``node`` once, so that a broken interpolation or a
+    ``???`` anywhere is reported with its key before anything is built."""
+    if isinstance(node, DictConfig):
+        if node._is_none() or node._is_missing():
+            return
+        for key in node.keys():
+            child_path = f"{path}.{key}" if path else str(key)
+            _check_readable(_read(node, key, child_path), child_path)
+    elif isinstance(node, ListConfig):
+        if node._is_none() or node._is_missing():
+            return
+        for i in range(len(node)):
+            _check_readable(_read(node, i, f"{path}.{i}"), f"{path}.{i}")
+
+
+def _check_schema(node: Any, schema: Dict[str, Any], path: str) -> None:
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"{path} must be a config node with keys, got {_shown(node)}")
+    if path == "train.step" and "_target_" in node:
+        return  # a user's step class: its arguments are its own
+    for key in node.keys():
+        key_path = f"{path}.{key}"
+        rule = schema.get(str(key), _MISSING)
+        value = node[key]
+        if rule is _MISSING:
+            close = difflib.get_close_matches(str(key), list(schema), n=1, cutoff=0.75)
+            hint = f"; did you mean '{path}.{close[0]}'?" if close else ""
+            logger.warning("%s is not a key that DefaultTrainer reads%s", key_path, hint)
+            continue
+        if isinstance(rule, dict):
+            if value is None:
+                continue  # a missing or null sub-node means its defaults
+            _check_schema(value, rule, key_path)
+        else:
+            rule(key_path, value)
+
+
+def check_world_size(num_gpus: int, num_machines: int = 1, machine_rank: int = 0) -> int:
+    """The world size of ``--num-gpus``/``--num-machines``, checked against this machine.
+
+    Raises:
+        ConfigError: a count below 1, a machine rank out of range, or more
+            processes per machine than GPUs when CUDA is used.
+    """
+    if not _is_int(num_gpus) or num_gpus < 1:
+        raise ConfigError(f"--num-gpus must be an integer >= 1, got {num_gpus}")
+    if not _is_int(num_machines) or num_machines < 1:
+        raise ConfigError(f"--num-machines must be an integer >= 1, got {num_machines}")
+    if not 0 <= machine_rank < num_machines:
+        raise ConfigError(f"--machine-rank must be in [0, {num_machines}), got {machine_rank}")
+    if torch.cuda.is_available() and num_gpus > torch.cuda.device_count():
+        raise ConfigError(
+            f"--num-gpus {num_gpus} asks for {num_gpus} processes, one per GPU, but this machine has "
+            f"{torch.cuda.device_count()} GPU(s)"
+        )
+    return num_gpus * num_machines
+
+
+def _node_target(node: Any) -> Optional[str]:
+    if isinstance(node, DictConfig) and "_target_" in node:
+        return target_name(node._target_)
+    return None
+
+
+def _evaluator_metric_names(cfg: DictConfig) -> Optional[List[str]]:
+    """The metric names of a ``dataloader.evaluator`` built by ``build_evaluator``, checked."""
+    node = cfg.dataloader.get("evaluator") if isinstance(cfg.dataloader, DictConfig) else None
+    if _node_target(node) not in ("treadle.evaluation.build_evaluator", "treadle.evaluation.registry.build_evaluator"):
+        return None
+    metrics = node.get("metrics")
+    names = [metrics] if isinstance(metrics, str) else list(metrics or [])
+    from treadle.evaluation import available_metrics
+    from treadle.evaluation.registry import _lookup
+
+    for name in names:
+        if not isinstance(name, str):
+            raise ConfigError(f"dataloader.evaluator.metrics holds {_shown(name)}, not a metric name")
+        try:
+            _lookup(name)
+        except KeyError:
+            close = difflib.get_close_matches(name, available_metrics(), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(
+                f"dataloader.evaluator.metrics: unknown metric {name!r}; {hint}valid metrics: "
+                f"{', '.join(available_metrics())}"
+            ) from None
+    return names
+
+
+def check_watched_metric(key: str, metric: str, known: Optional[Iterable[str]]) -> None:
+    """Raises a ConfigError when ``metric`` (watched by ``key``) is not among the
+    evaluation's result names ``known`` (``None``: unknown, not checked).
+
+    A name may address a nested result (``"val/accuracy"`` for
+    ``{"val": {"accuracy": ...}}``)."""
+    if known is None:
+        return
+    names = sorted(known)
+    if metric in names or metric.split("/")[0] in names:
+        return
+    close = difflib.get_close_matches(metric, names, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ConfigError(f"{key}={metric!r} is not a result of the evaluation; {hint}it computes: {', '.join(names)}")
+
+
+def check_run_config(cfg: DictConfig, *, world_size: int = 1, eval_only: bool = False) -> None:
+    """Checks a runnable config before anything is built or written.
+
+    Raises:
+        ConfigError: naming the first problem found (see the module docstring).
+    """
+    required = ("model", "dataloader", "train") if eval_only else ("model", "optimizer", "dataloader", "train")
+    missing = [k for k in required if k not in cfg]
+    if missing:
+        raise ConfigError(
+            f"The config has no {', '.join(repr(m) for m in missing)}: a runnable config defines model, "
+            "optimizer, lr_multiplier, dataloader (train, test, evaluator) and train"
+        )
+    # train first: other sections interpolate its values (``${train.max_iter}``),
+    # and the error should name the key whose own value is broken.
+    _check_readable(cfg.train, "train")
+    _check_readable(cfg)
+    if not isinstance(cfg.dataloader, DictConfig):
+        raise ConfigError(f"dataloader must be a config node (train, test, evaluator), got {_shown(cfg.dataloader)}")
+    if not eval_only and cfg.dataloader.get("train") is None:
+        raise ConfigError("The config has no dataloader.train: training needs a train loader")
+    if eval_only and cfg.dataloader.get("test") is None:
+        raise ConfigError("--eval-only needs dataloader.test, and the config has none")
+    _check_schema(cfg.train, TRAIN_KEYS, "train")
+    train = cfg.train
+    step = train.get("step")
+    if isinstance(step, DictConfig) and "_target_" not in step and step.get("precision") == "fp16":
+        device = train.get("device", "auto")
+        if not torch.cuda.is_available() or (isinstance(device, str) and device.startswith(("cpu", "mps"))):
+            raise ConfigError(
+                "train.step.precision='fp16' needs a CUDA device (it trains with a GradScaler); "
+                "use 'bf16' on this machine"
+            )
+    if not eval_only:
+        _check_train_loader(cfg.dataloader.train, world_size)
+        _check_optimizer(cfg.optimizer)
+    known = _evaluator_metric_names(cfg)
+    has_test = cfg.dataloader.get("test") is not None
+    for section in ("best_checkpointer", "early_stopping"):
+        node = train.get(section)
+        metric = node.get("metric") if isinstance(node, DictConfig) else None
+        if metric and has_test:
+            check_watched_metric(f"train.{section}.metric", metric, known)
+
+
+def _check_train_loader(node: Any, world_size: int) -> None:
+    if not isinstance(node, DictConfig):
+        return
+    batch = node.get("total_batch_size", _MISSING)
+    if batch is not _MISSING:
+        if not _is_int(batch) or batch < 1:
+            raise ConfigError(f"dataloader.train.total_batch_size must be an integer >= 1, got {_shown(batch)}")
+        if batch % world_size:
+            raise ConfigError(
+                f"dataloader.train.total_batch_size={batch} is not divisible by the world size {world_size} "
+                "(it is the batch over all processes)"
+            )
+    workers = node.get("num_workers", _MISSING)
+    if workers is not _MISSING:
+        _integer(0)("dataloader.train.num_workers", workers)
+
+
+def _check_optimizer(node: Any) -> None:
+    if not isinstance(node, DictConfig):
+        return
+    for key in _NON_NEGATIVE_OPTIMIZER_KEYS:
+        if key in node:
+            value = node[key]
+            if value is not None and not (_is_number(value) and value >= 0):
+                raise ConfigError(f"optimizer.{key} must be a number >= 0, got {_shown(value)}")

@@ -1,0 +1,349 @@
+"""One owner per run folder, and a used folder never silently overwritten.
+
+A training job writes into its ``output_dir``: checkpoints, ``last_checkpoint``,
+``metrics.json``, TensorBoard events, ``config.yaml``, ``log.txt``. Two rules
+keep what is already there safe:
+
+- **One owner.** A running job holds an OS file lock on
+  ``{output_dir}/.treadle.lock`` (``flock``: the kernel releases it when the
+  process dies, ``kill -9`` included). A second job on the same folder is
+  refused at once, in one line naming the holder's PID and host. A lock file
+  left by a dead process is taken over with a warning.
+- **No silent overwrite.** A fresh start (not a resume) in a folder that holds
+  another run's checkpoints or metrics is refused, unless the caller asks to
+  move the earlier run aside, which renames the folder to
+  ``{output_dir}.old-{YYYYmmdd-HHMMSS}`` (nothing is deleted).
+
+:class:`RunFolder` implements both; ``DefaultTrainer`` and ``Trainer`` claim
+their folder when training starts. See ``docs/checkpoints.md``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import fnmatch
+import json
+import logging
+import os
+import socket
+from typing import Dict, List, Optional
+
+from . import comm
+from .atomic import is_local_path
+from .file_io import PathManager
+
+__all__ = [
+    "RunFolder",
+    "check_output_dir",
+    "claim_on_main_process",
+    "RunFolderError",
+    "RunFolderBusyError",
+    "RunFolderUsedError",
+    "LOCK_FILE",
+    "RUN_FILE_PATTERNS",
+]
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = ".treadle.lock"
+
+#: Names (glob patterns) in an output directory that show a run has trained
+#: there: what a fresh start would overwrite, truncate or mix with its own.
+#: ``config.yaml`` and ``log.txt`` alone are not a run: a job that failed
+#: before its first step leaves them, and nothing of value.
+RUN_FILE_PATTERNS = (
+    "last_checkpoint",
+    "*.pth",
+    "*.safetensors",
+    "metrics.json",
+    "metrics.csv",
+    "events.out.tfevents.*",
+)
+
+try:  # POSIX; elsewhere the folder is not locked (noted once)
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+
+class RunFolderError(RuntimeError):
+    """The run folder cannot be used as asked; the message is one line naming it."""
+
+
+class RunFolderBusyError(RunFolderError):
+    """Another live job holds the folder's lock."""
+
+
+class RunFolderUsedError(RunFolderError):
+    """A fresh start was asked for in a folder holding an earlier run."""
+
+
+def _holder_text(info: Dict[str, object]) -> str:
+    pid, host, started = info.get("pid"), info.get("host"), info.get("started")
+    if pid is None:
+        return "another process"
+    text = f"PID {pid} on host {host or '?'}"
+    return f"{text} (since {started})" if started else text
+
+
+def _read_info(fd: int) -> Dict[str, object]:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        raw = os.read(fd, 4096).decode("utf-8", "replace").strip()
+        info = json.loads(raw) if raw else {}
+        return info if isinstance(info, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+class RunFolder:
+    """The output directory of one job: its lock and its earlier contents.
+
+    ::
+
+        folder = RunFolder("output/run1")
+        folder.claim(resume=False, move_aside=False)   # lock, then refuse a used folder
+        ...                                             # train
+        folder.release()
+
+    ``claim`` creates the directory if needed. Non-local paths (``s3://``...)
+    cannot be locked or renamed: they are checked for earlier runs only, with
+    a note that no lock is held.
+    """
+
+    def __init__(self, path: str) -> None:
+        if not path:
+            raise ValueError("RunFolder needs a path")
+        self.path = path
+        self._fd: Optional[int] = None
+        self.moved_to: Optional[str] = None
+
+    # ------------------------------------------------------------------ lock
+    @property
+    def lock_path(self) -> str:
+        return os.path.join(self.path, LOCK_FILE)
+
+    @property
+    def locked(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        """Takes the folder's lock, creating the folder if needed.
+
+        Raises:
+            RunFolderBusyError: another live process holds it.
+            RunFolderError: the folder or its lock file cannot be created.
+        """
+        if self._fd is not None:
+            return
+        if fcntl is None or not is_local_path(self.path):
+            logger.warning(
+                "'%s' cannot be locked here (%s): nothing stops a second job from writing into it.",
+                self.path,
+                "no fcntl on this platform" if fcntl is None else "not a local path",
+            )
+            return
+        try:
+            os.makedirs(self.path, exist_ok=True)
+        except OSError as e:
+            raise RunFolderError(f"Cannot create the output directory '{self.path}': {e.strerror or e}") from None
+        while True:
+            try:
+                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise RunFolderError(f"Cannot create the lock file '{self.lock_path}': {e.strerror or e}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                holder = _read_info(fd)
+                os.close(fd)
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise RunFolderError(f"Cannot lock '{self.lock_path}': {e.strerror or e}") from None
+                raise RunFolderBusyError(
+                    f"The output directory '{self.path}' is in use by another job: {_holder_text(holder)}. "
+                    "Wait for it to end, or choose another train.output_dir."
+                ) from None
+            # The file may have been removed (a release) between our open and
+            # our lock: then we hold a lock on a name nobody sees. Start over.
+            if self._same_file(fd):
+                break
+            os.close(fd)
+        previous = _read_info(fd)
+        if previous:
+            logger.warning(
+                "Taking over the lock of '%s' left by %s, which is no longer running (it did not end cleanly).",
+                self.path,
+                _holder_text(previous),
+            )
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": datetime.datetime.now().isoformat(timespec="seconds"),
+        }
+        try:
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.write(fd, (json.dumps(info) + "\n").encode("utf-8"))
+        except OSError as e:
+            os.close(fd)
+            raise RunFolderError(f"Cannot write the lock file '{self.lock_path}': {e.strerror or e}") from None
+        self._fd = fd
+
+    def _same_file(self, fd: int) -> bool:
+        try:
+            on_disk = os.stat(self.lock_path)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(fd)
+        return (held.st_dev, held.st_ino) == (on_disk.st_dev, on_disk.st_ino)
+
+    def release(self) -> None:
+        """Removes the lock file and releases the lock; a no-op when not held."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            # Removed while still locked, so a waiting job that opened the old
+            # file notices (its inode is gone from the name) and starts over.
+            os.unlink(self.lock_path)
+        except OSError:
+            pass
+        os.close(fd)
+
+    def __enter__(self) -> "RunFolder":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    # ------------------------------------------------------------------ contents
+    def earlier_run_files(self) -> List[str]:
+        """Names in the folder that show a run trained there (see :data:`RUN_FILE_PATTERNS`), sorted."""
+        try:
+            if not PathManager.isdir(self.path):
+                return []
+            names = PathManager.ls(self.path)
+        except OSError:
+            return []
+        return sorted(n for n in names if any(fnmatch.fnmatch(n, p) for p in RUN_FILE_PATTERNS))
+
+    def claim(self, *, resume: bool, move_aside: bool = False) -> None:
+        """Locks the folder for this job and checks that it may write there.
+
+        A resume continues the run in the folder. A fresh start in a folder
+        holding an earlier run is refused, or, with ``move_aside``, the earlier
+        run's folder is renamed first (see :meth:`move_aside`).
+
+        Raises:
+            RunFolderBusyError: another job holds the folder.
+            RunFolderUsedError: a fresh start in a used folder, without ``move_aside``.
+            RunFolderError: the folder cannot be created, locked or moved.
+        """
+        self.acquire()
+        try:
+            if resume:
+                return
+            found = self.earlier_run_files()
+            if not found:
+                return
+            if move_aside:
+                self.move_aside()
+                return
+            shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+            raise RunFolderUsedError(
+                f"The output directory '{self.path}' holds an earlier run ({shown}); a fresh start would "
+                "overwrite it. Add --resume to continue it, choose another train.output_dir, or add "
+                "--move-aside to rename the earlier run's folder and start fresh."
+            )
+        except BaseException:
+            self.release()
+            raise
+
+    def move_aside(self) -> str:
+        """Renames the folder to ``{path}.old-{YYYYmmdd-HHMMSS}``, creates it
+        anew and moves the lock into it; returns the new name of the old folder.
+
+        Raises:
+            RunFolderError: the rename failed (a mount point, no permission in
+                the parent directory, a non-local path). Nothing was moved.
+        """
+        if not is_local_path(self.path):
+            raise RunFolderError(
+                f"Cannot move '{self.path}' aside: it is not a local path. Choose another train.output_dir."
+            )
+        path = os.path.normpath(os.path.abspath(self.path))
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        target, n = f"{path}.old-{stamp}", 1
+        while os.path.exists(target):
+            n += 1
+            target = f"{path}.old-{stamp}-{n}"
+        old_fd, self._fd = self._fd, None
+        try:
+            os.rename(path, target)
+        except OSError as e:
+            self._fd = old_fd
+            raise RunFolderError(
+                f"Cannot move the earlier run in '{self.path}' aside to '{target}': {e.strerror or e}. "
+                "Move it yourself, or choose another train.output_dir."
+            ) from None
+        try:
+            self.acquire()  # a fresh folder, and its own lock
+        finally:
+            if old_fd is not None:
+                # The old lock file went with the old folder: it is no part of that run.
+                try:
+                    os.unlink(os.path.join(target, LOCK_FILE))
+                except OSError:
+                    pass
+                os.close(old_fd)
+        self.moved_to = target
+        logger.warning("Moved the earlier run in '%s' to '%s'; starting fresh.", self.path, target)
+        return target
+
+
+def check_output_dir(path: str) -> None:
+    """Checks, without writing anything, that ``path`` can be a run's folder:
+    it is a directory or can be created, and this process may write there.
+
+    Raises:
+        PermissionError: naming the path and the reason (as writing there would).
+    """
+    if not path:
+        raise PermissionError("The output directory is empty: set train.output_dir=PATH")
+    if not is_local_path(path):
+        return  # other backends say what they allow when written to
+    target = os.path.abspath(path)
+    if os.path.exists(target):
+        if not os.path.isdir(target):
+            raise PermissionError(f"The output directory '{path}' cannot be written: it is a file, not a directory")
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise PermissionError(f"The output directory '{path}' cannot be written: permission denied")
+        return
+    parent = target
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise PermissionError(
+            f"The output directory '{path}' cannot be written: '{parent}' is a file, not a directory"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"The output directory '{path}' cannot be written: no permission to create it in '{parent}'")
+
+
+def claim_on_main_process(folder: RunFolder, *, resume: bool, move_aside: bool = False) -> None:
+    """:meth:`RunFolder.claim` on the main process; every rank raises its error.
+
+    With several processes, every rank must call it at the same point (one
+    broadcast): a refused claim stops every rank with the same one-line error.
+    """
+    error: Optional[BaseException] = None
+    if comm.is_main_process():
+        try:
+            folder.claim(resume=resume, move_aside=move_aside)
+        except RunFolderError as e:
+            error = e
+    error = comm.broadcast_object(error)
+    if error is not None:
+        raise error
