@@ -282,6 +282,23 @@ def test_preemption_of_a_two_rank_job(two_processes, tmp_path):
     _assert_equal(_weights(run / "model_final.pth", strip="model."), _weights(two_processes / "model_final.pth"))
 
 
+@pytest.mark.slow
+def test_preemption_in_the_last_partial_sync_period_finishes_on_resume(two_processes, tmp_path):
+    """SIGTERM on rank 1 at iteration 25 of 40 (the ranks agree every 20
+    iterations): they stop at the last iteration, the job exits 75 without
+    model_final, and --resume does only the end of training: final
+    evaluation and model_final, equal to the uninterrupted run's."""
+    run = tmp_path / "run"
+    _train_net(run, "--num-gpus", "2", *FAULTS, "model.signal_at_iter=25", expect_rc=75)
+    assert (run / "last_checkpoint").read_text() == f"model_{MAX_ITER - 1:07d}.pth"
+    assert not (run / "model_final.pth").exists()
+    result = _train_net(run, "--num-gpus", "2", "--resume", *FAULTS)
+    assert "running the end of training" in result.stdout
+    _assert_equal(_weights(run / "model_final.pth", strip="model."), _weights(two_processes / "model_final.pth"))
+    final = [json.loads(line) for line in (run / "metrics.json").read_text().splitlines() if "accuracy" in line]
+    assert [line["iteration"] for line in final] == [MAX_ITER]
+
+
 def test_nan_on_one_rank_stops_every_rank(tmp_path):
     """NaN logits on rank 1 from iteration 13: the losses are reduced at the
     flush of iteration 19, where every rank raises the same error."""

@@ -9,13 +9,16 @@ after a resume), can:
 - ``model.raise_at_iter=K``: raise a RuntimeError at iteration K;
 - ``model.pause_at_iter=K``: create the file ``model.pause_marker`` and wait
   while it exists (at most 10 minutes): the test kills the job there, or
-  signals it and removes the file to let it go on.
+  signals it and removes the file to let it go on;
+- ``model.signal_at_iter=K``: send SIGTERM to its own process at iteration K
+  (a scheduler's preemption arriving on that rank then).
 
 Negative values switch a fault off; with all off, training is that of the
 digits example (the weights are under ``model.``).
 """
 
 import os
+import signal
 import time
 
 from torch import nn
@@ -29,8 +32,11 @@ _base = LazyConfig.load(os.path.join(os.path.dirname(__file__), os.pardir, os.pa
 
 
 class _FaultyModel(nn.Module):
-    def __init__(self, model, rank=1, nan_from_iter=-1, raise_at_iter=-1, pause_at_iter=-1, pause_marker=""):
+    def __init__(
+        self, model, rank=1, nan_from_iter=-1, raise_at_iter=-1, pause_at_iter=-1, pause_marker="", signal_at_iter=-1
+    ):
         super().__init__()
+        self.signal_at_iter = signal_at_iter
         self.model = model
         self.rank = rank
         self.nan_from_iter = nan_from_iter
@@ -43,6 +49,8 @@ class _FaultyModel(nn.Module):
         if not (self.training and has_event_storage() and comm.get_rank() == self.rank):
             return out
         it = get_event_storage().iter
+        if it == self.signal_at_iter:
+            os.kill(os.getpid(), signal.SIGTERM)
         if it == self.raise_at_iter:
             raise RuntimeError(f"injected failure on rank {self.rank} at iteration {it}")
         if it == self.pause_at_iter:
@@ -56,7 +64,9 @@ class _FaultyModel(nn.Module):
         return out
 
 
-model = L(_FaultyModel)(model=_base.model, rank=1, nan_from_iter=-1, raise_at_iter=-1, pause_at_iter=-1, pause_marker="")
+model = L(_FaultyModel)(
+    model=_base.model, rank=1, nan_from_iter=-1, raise_at_iter=-1, pause_at_iter=-1, pause_marker="", signal_at_iter=-1
+)
 optimizer = _base.optimizer
 lr_multiplier = _base.lr_multiplier
 dataloader = _base.dataloader

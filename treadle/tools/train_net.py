@@ -189,26 +189,34 @@ def main(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
 
 
 def _exit_status(error: BaseException) -> int:
+    # A failure inside the training loop (it carries where it was raised) is a
+    # run that failed, whatever its type: a full disk at a checkpoint, a NaN.
+    if getattr(error, "treadle_origin", None):
+        return _EXIT_RUN_FAILED
     return _EXIT_USER_ERROR if isinstance(error, _USER_ERRORS) else _EXIT_RUN_FAILED
 
 
 def _error_line(error: BaseException) -> str:
-    """The one line that reports ``error``."""
-    if isinstance(error, _USER_ERRORS) and not (isinstance(error, OSError) and error.filename):
+    """The one line that reports ``error``: the message of an error treadle
+    words for users; otherwise the exception's type and first line, where
+    it was raised and where its traceback is."""
+    if isinstance(error, NonFiniteLossError) or (
+        isinstance(error, _USER_ERRORS) and not (isinstance(error, OSError) and error.filename)
+    ):
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
         return "; ".join(lines) or type(error).__name__
-    if isinstance(error, NonFiniteLossError):
-        text = one_line_error(error).split(": ", 1)[-1]
-    elif isinstance(error, OSError) and error.filename:
-        text = f"cannot write '{error.filename}': {error.strerror or error}"
+    if isinstance(error, OSError) and error.filename:
+        text = f"cannot use '{error.filename}': {error.strerror or error}"
     else:
         text = one_line_error(error)
+    details = []
     origin = getattr(error, "treadle_origin", None)
-    where = f"raised by {origin}" if origin else ""
+    if origin:
+        details.append(f"raised by {origin}")
     log = _log_file()
     if log:
-        where = f"{where}; traceback in {log}" if where else f"traceback in {log}"
-    return f"{text} ({where})" if where else text
+        details.append(f"traceback in {log}")
+    return f"{text} ({'; '.join(details)})" if details else text
 
 
 def _log_file() -> Optional[str]:
