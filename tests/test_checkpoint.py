@@ -1,5 +1,6 @@
 import collections
 import enum
+import errno
 import io
 import logging
 import os
@@ -7,6 +8,8 @@ import re
 import subprocess
 import sys
 import textwrap
+import zipfile
+import zlib
 
 import numpy as np
 import pytest
@@ -23,9 +26,11 @@ from treadle.checkpoint import (
     check_weights_only_loadable,
     init_weights_from,
     is_local_path,
+    load_checkpoint_file,
     unwrap_model,
 )
 from treadle.utils.file_io import PathManager
+from zip_records import flip_bit, record_span, tensor_record
 
 
 # ---------------------------------------------------------------- helpers
@@ -459,6 +464,131 @@ def test_load_corrupt_and_missing_files_name_them(tmp_path):
     torch.save([1, 2], tmp_path / "list.pth")
     with pytest.raises(CheckpointError, match="holds a list, not the dict"):
         ckpt.load(str(tmp_path / "list.pth"))
+
+
+# ---------------------------------------------------------------- checksums
+def test_flipped_bit_in_tensor_data_is_a_checksum_error_and_resume_falls_back(tmp_path, treadle_caplog):
+    first, _ = trained(0)
+    Checkpointer(first, str(tmp_path)).save("model_0000001", iteration=1)
+    second, _ = trained(1)
+    Checkpointer(second, str(tmp_path)).save("model_0000002", iteration=2)
+    newest = tmp_path / "model_0000002.pth"
+    offset, size = record_span(newest, tensor_record(newest, second.head.weight))
+    flip_bit(newest, offset + size // 2, bit=3)
+
+    # What torch alone does: loads the damaged weight without a word.
+    raw = torch.load(newest, weights_only=True)
+    assert not torch.equal(raw["model"]["head.weight"], second.head.weight)
+
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint_file(str(newest))
+    message = str(info.value)
+    assert len(message.splitlines()) == 1
+    assert f"'{newest}' is corrupt" in message and "checksum" in message and "/data/" in message
+
+    fresh = Net()
+    assert Checkpointer(fresh, str(tmp_path)).resume_or_load() == {"iteration": 1}
+    assert_same_weights(fresh, first)
+    warnings = messages(treadle_caplog, logging.WARNING)
+    assert any(f"Cannot resume from {newest}" in w and "checksum" in w for w in warnings), warnings
+    assert any("model_0000001.pth, an older checkpoint" in w for w in warnings), warnings
+
+
+def test_flipped_bit_in_the_pickle_is_a_checksum_error(tmp_path):
+    Checkpointer(Net(), str(tmp_path)).save("model_0000003", iteration=3)
+    path = tmp_path / "model_0000003.pth"
+    offset, size = record_span(path, "/data.pkl")
+    with open(path, "rb") as f:
+        f.seek(offset)
+        pickle_bytes = f.read(size)
+    # The last letter of the key "iteration": 'n' becomes 'o', still a valid pickle.
+    flip_bit(path, offset + pickle_bytes.index(b"iteration") + len("iteratio"), bit=0)
+    assert "iteratioo" in torch.load(path, weights_only=True)  # torch alone does not notice
+
+    with pytest.raises(CheckpointError, match=r"is corrupt: the checksum \(CRC-32\) of its record '[^']*/data\.pkl'"):
+        load_checkpoint_file(str(path))
+
+
+def test_checksums_are_written_even_when_turned_off_globally(tmp_path, monkeypatch):
+    torch.serialization.set_crc32_options(False)
+    try:
+        Checkpointer(Net(), str(tmp_path)).save("model_0000001")
+        assert torch.serialization.get_crc32_options() is False  # the user's setting is back
+
+        def failing_save(obj, f):
+            assert torch.serialization.get_crc32_options() is True
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(torch, "save", failing_save)
+        with pytest.raises(CheckpointError):
+            Checkpointer(Net(), str(tmp_path)).save("model_0000002")
+        assert torch.serialization.get_crc32_options() is False  # also after a failed save
+    finally:
+        torch.serialization.set_crc32_options(True)
+    with zipfile.ZipFile(tmp_path / "model_0000001.pth") as archive:
+        records = archive.infolist()
+        assert all(r.CRC == zlib.crc32(archive.read(r)) for r in records)
+        assert any(r.CRC for r in records)
+
+
+@pytest.mark.parametrize("kind", ["crc32_off", "legacy"])
+def test_files_without_checksums_load_unverified_with_a_note(tmp_path, kind, treadle_caplog):
+    """Weights from other tools: a zip saved with CRC-32 off, or torch's legacy (non-zip) format."""
+    source, _ = trained(2)
+    path = tmp_path / "elsewhere.pth"
+    if kind == "crc32_off":
+        torch.serialization.set_crc32_options(False)
+        try:
+            torch.save({"model": source.state_dict()}, path)
+        finally:
+            torch.serialization.set_crc32_options(True)
+        with zipfile.ZipFile(path) as archive:
+            assert {r.CRC for r in archive.infolist()} == {0}
+    else:
+        torch.save({"model": source.state_dict()}, path, _use_new_zipfile_serialization=False)
+        assert not zipfile.is_zipfile(path)
+
+    target = Net()
+    init_weights_from(target, str(path))
+    assert_same_weights(target, source)
+    assert any(
+        f"'{path}' carries no checksums" in m and "without checking its content" in m for m in messages(treadle_caplog)
+    )
+
+
+def test_checksum_verification_reads_through_handlers_without_readinto(tmp_path, remote_like):
+    """iopath file objects of other backends may lack readinto; a damaged file is still caught."""
+    source, _ = trained(4)
+    ckpt = Checkpointer(source, remote_like + "run")
+    ckpt.save("model_0000001", iteration=1)
+    path = tmp_path / "run" / "model_0000001.pth"
+    offset, size = record_span(path, tensor_record(path, source.head.weight))
+
+    class NoReadinto:
+        def __init__(self, f):
+            self._f = f
+
+        def __getattr__(self, name):
+            if name == "readinto":
+                raise AttributeError(name)
+            return getattr(self._f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._f.close()
+
+    handler = PathManager._path_handlers[remote_like]
+    real_open = handler._open
+    handler._open = lambda p, mode="r", **kw: NoReadinto(real_open(p, mode, **kw))
+    try:
+        assert load_checkpoint_file(remote_like + "run/model_0000001.pth")["iteration"] == 1
+        flip_bit(path, offset + size - 1, bit=7)
+        with pytest.raises(CheckpointError, match="checksum"):
+            load_checkpoint_file(remote_like + "run/model_0000001.pth")
+    finally:
+        handler._open = real_open
 
 
 # ---------------------------------------------------------------- model key matching

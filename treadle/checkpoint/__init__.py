@@ -20,6 +20,7 @@ from .serialization import (
     UnsafeCheckpointError,
     check_weights_only_loadable,
     load_checkpoint_file,
+    save_with_checksums,
 )
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "canonical_keys",
     "check_weights_only_loadable",
     "load_checkpoint_file",
+    "save_with_checksums",
     "atomic_write",
     "is_local_path",
 ]

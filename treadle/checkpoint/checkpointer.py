@@ -21,6 +21,7 @@ from .serialization import (
     UnsafeCheckpointError,
     check_weights_only_loadable,
     load_checkpoint_file,
+    save_with_checksums,
 )
 
 __all__ = ["Checkpointer"]
@@ -50,6 +51,9 @@ class Checkpointer:
     - Safe: everything saved loads with ``torch.load(weights_only=True)``,
       checked before writing; every file is read that way, so loading a
       checkpoint never runs code from it.
+    - Verified: every record of a saved file carries a CRC-32, checked when
+      it is loaded; a damaged file is reported like a truncated one (see
+      :func:`~treadle.checkpoint.load_checkpoint_file`).
     - Only the main process writes (``save_to_disk`` defaults to
       :func:`~treadle.utils.comm.is_main_process`, checked at each call); every
       process can read.
@@ -236,7 +240,7 @@ class Checkpointer:
                 self.save_dir,
             )
         try:
-            atomic_write(path, lambda f: torch.save(data, f))
+            atomic_write(path, lambda f: save_with_checksums(data, f))
         except OSError as e:
             raise CheckpointError(
                 f"Cannot write checkpoint '{path}' in directory '{self.save_dir}': {e.strerror or e}. "
