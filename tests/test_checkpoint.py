@@ -965,10 +965,154 @@ def test_permission_denied_is_named(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError) as info:
         ckpt.save("model_0000002")
     monkeypatch.undo()
-    assert str(info.value).startswith(
-        f"Cannot write checkpoint '{tmp_path / 'model_0000002.pth'}' in directory '{tmp_path}': Permission denied."
+    assert str(info.value) == (
+        f"Cannot write checkpoint '{tmp_path / 'model_0000002.pth'}' in directory '{tmp_path}': Permission denied "
+        "(EACCES). The previous checkpoints and last_checkpoint are untouched."
     )
     assert visible_and_hidden(tmp_path) == ["last_checkpoint", "model_0000001.pth"]
+
+
+class _FillsUp:
+    """A file whose writes fail with ENOSPC once ``room`` bytes were written, like a disk filling up."""
+
+    def __init__(self, f, room: int):
+        self._f, self._room = f, room
+
+    def write(self, data):
+        n = len(memoryview(data))
+        if n > self._room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self._room -= n
+        return self._f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
+
+
+def assert_previous_checkpoint_intact(d, name="model_0000001.pth", iteration=1):
+    assert visible_and_hidden(d) == ["last_checkpoint", name]  # no partial file, no temporary file
+    assert read_pointer(d) == name
+    assert load_checkpoint_file(str(d / name))["iteration"] == iteration
+
+
+# Room for: nothing (the first write fails, an OSError from Python), part of
+# the pickle, and most of the tensor data (torch's zip writer then raises a
+# RuntimeError with the OSError as its context).
+@pytest.mark.parametrize("room", [0, 100, 3000], ids=["first_write", "in_the_pickle", "in_tensor_data"])
+def test_disk_full_during_a_save_is_one_line_naming_the_file_and_the_os_error(tmp_path, monkeypatch, room):
+    model = nn.Linear(32, 32)
+    ckpt = Checkpointer(model, str(tmp_path))
+    ckpt.save("model_0000001", iteration=1)
+    real_open = PathManager.open
+
+    def open_filling_up(path, mode="r", **kwargs):
+        f = real_open(path, mode, **kwargs)
+        return _FillsUp(f, room) if "x" in mode else f
+
+    monkeypatch.setattr(PathManager, "open", open_filling_up)
+    with pytest.raises(CheckpointError) as info:
+        ckpt.save("model_0000002", iteration=2)
+    monkeypatch.undo()
+
+    assert str(info.value) == (
+        f"Cannot write checkpoint '{tmp_path / 'model_0000002.pth'}' in directory '{tmp_path}': No space left on "
+        "device (ENOSPC). The previous checkpoints and last_checkpoint are untouched."
+    )
+    assert_previous_checkpoint_intact(tmp_path)
+
+
+def test_torch_write_failure_without_an_os_error_is_one_line(tmp_path, monkeypatch):
+    """torch.save to a path raises only its own message (errno is lost in C++): it is named, with the free space."""
+    ckpt = Checkpointer(nn.Linear(2, 2), str(tmp_path))
+    ckpt.save("model_0000001", iteration=1)
+
+    def torch_fails(obj, f):
+        f.write(b"PK\x03\x04")
+        raise RuntimeError(
+            "[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file data/0: "
+            "file write failed\nException raised from ... (most recent call first):\nframe #0: ..."
+        )
+
+    monkeypatch.setattr(torch, "save", torch_fails)
+    with pytest.raises(CheckpointError) as info:
+        ckpt.save("model_0000002", iteration=2)
+    monkeypatch.undo()
+    message = str(info.value)
+    assert len(message.splitlines()) == 1
+    assert message.startswith(
+        f"Cannot write checkpoint '{tmp_path / 'model_0000002.pth'}' in directory '{tmp_path}': torch.save failed "
+        "([enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file data/0: file write "
+        "failed); "
+    )
+    assert re.search(r"; \d+\.\d MiB free on its filesystem\. The previous checkpoints and last_checkpoint are untouched\.$", message)
+    assert_previous_checkpoint_intact(tmp_path)
+
+
+def test_other_runtime_errors_of_torch_save_are_not_disguised(tmp_path, monkeypatch):
+    ckpt = Checkpointer(nn.Linear(2, 2), str(tmp_path))
+    ckpt.save("model_0000001", iteration=1)
+
+    def device_fails(obj, f):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch, "save", device_fails)
+    with pytest.raises(RuntimeError, match="illegal memory access") as info:
+        ckpt.save("model_0000002", iteration=2)
+    monkeypatch.undo()
+    assert not isinstance(info.value, CheckpointError)
+    assert_previous_checkpoint_intact(tmp_path)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A real 192 KiB tmpfs (needs root and a container that allows mounts; skipped otherwise)."""
+    mount_point = tmp_path / "tmpfs"
+    mount_point.mkdir()
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=192k", "treadle-test", str(mount_point)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        pytest.skip(f"cannot mount a tmpfs: {e}")
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=30)
+
+
+def test_real_full_filesystem_keeps_the_previous_checkpoint(small_tmpfs):
+    model = nn.Linear(64, 128)  # ~33 KiB a checkpoint: a few fit, then the disk is full
+    ckpt = Checkpointer(model, str(small_tmpfs))
+    saved = []
+    with pytest.raises(CheckpointError) as info:
+        for it in range(1, 20):
+            with torch.no_grad():
+                model.weight.add_(1.0)
+            ckpt.save(f"model_{it:07d}", iteration=it)
+            saved.append(it)
+    message = str(info.value)
+    failed = f"model_{saved[-1] + 1:07d}.pth"
+    assert len(saved) >= 1 and len(message.splitlines()) == 1
+    assert message.startswith(f"Cannot write checkpoint '{small_tmpfs / failed}' in directory '{small_tmpfs}': ")
+    assert "No space left on device (ENOSPC)" in message or "MiB free on its filesystem" in message
+    last = f"model_{saved[-1]:07d}.pth"
+    assert read_pointer(small_tmpfs) == last
+    assert not [n for n in os.listdir(small_tmpfs) if n.startswith(".")]  # the partial file was removed
+    state = load_checkpoint_file(str(small_tmpfs / last))
+    assert state["iteration"] == saved[-1] and torch.equal(state["model"]["weight"], model.weight.detach() - 1.0)
 
 
 def test_save_without_save_dir_is_an_error():

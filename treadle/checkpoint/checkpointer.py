@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
+import shutil
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
@@ -19,6 +21,7 @@ from .key_matching import extract_model_state, load_model_state, model_state_for
 from .serialization import (
     CheckpointError,
     UnsafeCheckpointError,
+    _first_line,
     check_weights_only_loadable,
     load_checkpoint_file,
     save_with_checksums,
@@ -223,7 +226,12 @@ class Checkpointer:
                 checkpointable; there is no ``save_dir``.
             TypeError: a value would not load with ``weights_only=True``; the
                 message names its key path. Nothing is written.
-            CheckpointError: ``save_dir`` cannot be created or written.
+            CheckpointError: ``save_dir`` cannot be created or written (a full
+                disk included, also when torch's zip writer reports it as a
+                RuntimeError): one line naming the file and the OS error, e.g.
+                ``No space left on device (ENOSPC)``. The temporary file is
+                removed; the previous checkpoints and ``last_checkpoint`` are
+                untouched.
         """
         sharded = is_fsdp_model(unwrap_model(self.model))
         # With several processes every rank takes part: states may gather
@@ -266,22 +274,40 @@ class Checkpointer:
             )
         try:
             atomic_write(path, lambda f: save_with_checksums(data, f))
-        except OSError as e:
+        except (OSError, RuntimeError) as e:
+            # torch's zip writer turns a failed write (a full disk) into a
+            # RuntimeError whose context holds the OSError, when there is one.
+            os_error = _os_error_in(e)
+            if os_error is None and not _is_torch_write_failure(e):
+                raise  # a RuntimeError of torch.save that is not about writing
+            reason = _describe_os_error(os_error) if os_error else self._torch_write_failure(e)
             raise CheckpointError(
-                f"Cannot write checkpoint '{path}' in directory '{self.save_dir}': {e.strerror or e}. "
-                f"The previous checkpoints are untouched."
+                f"Cannot write checkpoint '{path}' in directory '{self.save_dir}': {reason}. "
+                f"The previous checkpoints and {self.POINTER_FILE} are untouched."
             ) from e
         logger.info("Saved checkpoint to %s", path)
         if tag_last_checkpoint:
             self.tag_last_checkpoint(filename)
         return path
 
+    def _torch_write_failure(self, error: BaseException) -> str:
+        """What a failed ``torch.save`` without an OS error to show says, and the free space left."""
+        said = f"torch.save failed ({_first_line(error)})"
+        if is_local_path(self.save_dir):
+            try:
+                free = shutil.disk_usage(PathManager.get_local_path(self.save_dir)).free
+            except OSError:
+                return said
+            # A full disk is the usual cause; the free space says whether it is this one.
+            said += f"; {free / 2**20:.1f} MiB free on its filesystem"
+        return said
+
     def _make_save_dir(self) -> None:
         try:
             PathManager.mkdirs(self.save_dir)
         except OSError as e:
             raise CheckpointError(
-                f"Cannot create the checkpoint directory '{self.save_dir}': {e.strerror or e}."
+                f"Cannot create the checkpoint directory '{self.save_dir}': {_describe_os_error(e)}."
             ) from e
 
     def tag_last_checkpoint(self, filename: str) -> None:
@@ -294,7 +320,7 @@ class Checkpointer:
             atomic_write(pointer, lambda f: f.write(filename.encode("utf-8")))
         except OSError as e:
             raise CheckpointError(
-                f"Cannot update '{pointer}' in directory '{self.save_dir}': {e.strerror or e}. "
+                f"Cannot update '{pointer}' in directory '{self.save_dir}': {_describe_os_error(e)}. "
                 f"It still names the previous checkpoint."
             ) from e
 
@@ -551,3 +577,33 @@ def _is_newer(a: str, b: str, order: Sequence[str]) -> bool:
     if na and nb:
         return int(na.group(1)) > int(nb.group(1))
     return order.index(a) < order.index(b)
+
+
+# What torch's zip writer says when a write fails (messages of torch 2.x's
+# inline_container.cc): it raises RuntimeError, not OSError.
+_TORCH_WRITE_FAILURES = ("PytorchStreamWriter failed", "file write failed", "inline_container.cc", "iostream error")
+
+
+def _os_error_in(error: BaseException) -> Optional[OSError]:
+    """``error`` if it is an OSError, else the first one in its cause/context chain."""
+    seen = set()
+    current: Optional[BaseException] = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _is_torch_write_failure(error: BaseException) -> bool:
+    text = str(error)
+    return any(marker in text for marker in _TORCH_WRITE_FAILURES)
+
+
+def _describe_os_error(error: OSError) -> str:
+    """One line: ``No space left on device (ENOSPC)``."""
+    name = errno.errorcode.get(error.errno) if error.errno is not None else None
+    if error.strerror:
+        return f"{error.strerror} ({name})" if name else error.strerror
+    return _first_line(error)
