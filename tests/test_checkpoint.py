@@ -1059,7 +1059,10 @@ def test_other_runtime_errors_of_torch_save_are_not_disguised(tmp_path, monkeypa
     ckpt.save("model_0000001", iteration=1)
 
     def device_fails(obj, f):
-        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        try:
+            open(os.path.join(str(tmp_path), "no-such-cache"))  # an OSError handled on the way...
+        except OSError:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")  # ...is not the cause
 
     monkeypatch.setattr(torch, "save", device_fails)
     with pytest.raises(RuntimeError, match="illegal memory access") as info:

@@ -275,11 +275,11 @@ class Checkpointer:
         try:
             atomic_write(path, lambda f: save_with_checksums(data, f))
         except (OSError, RuntimeError) as e:
+            if not isinstance(e, OSError) and not _is_torch_write_failure(e):
+                raise  # a RuntimeError of torch.save that is not about writing (a device error)
             # torch's zip writer turns a failed write (a full disk) into a
             # RuntimeError whose context holds the OSError, when there is one.
             os_error = _os_error_in(e)
-            if os_error is None and not _is_torch_write_failure(e):
-                raise  # a RuntimeError of torch.save that is not about writing
             reason = _describe_os_error(os_error) if os_error else self._torch_write_failure(e)
             raise CheckpointError(
                 f"Cannot write checkpoint '{path}' in directory '{self.save_dir}': {reason}. "
