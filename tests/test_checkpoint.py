@@ -5,6 +5,7 @@ import io
 import logging
 import os
 import re
+import struct
 import subprocess
 import sys
 import textwrap
@@ -651,6 +652,26 @@ def test_files_without_checksums_load_unverified_with_a_note(tmp_path, kind, tre
     assert any(
         f"'{path}' carries no checksums" in m and "without checking its content" in m for m in messages(treadle_caplog)
     )
+
+
+def test_recompressed_archive_is_verified_too(tmp_path):
+    """torch.load reads a zip whose records were deflated (re-zipped by some tool); its checksums still count."""
+    source, _ = trained(3)
+    Checkpointer(source, str(tmp_path)).save("model_0000001", iteration=1)
+    deflated = tmp_path / "deflated.pth"
+    with zipfile.ZipFile(tmp_path / "model_0000001.pth") as src, zipfile.ZipFile(deflated, "w", zipfile.ZIP_DEFLATED) as dst:
+        for record in src.infolist():
+            dst.writestr(record.filename, src.read(record))
+    assert load_checkpoint_file(str(deflated))["iteration"] == 1
+
+    with zipfile.ZipFile(deflated) as archive:
+        (info,) = [i for i in archive.infolist() if i.filename.endswith("/data.pkl")]
+    with open(deflated, "rb") as f:
+        f.seek(info.header_offset + 26)
+        name_length, extra_length = struct.unpack("<HH", f.read(4))
+    flip_bit(deflated, info.header_offset + 30 + name_length + extra_length + info.compress_size // 2)
+    with pytest.raises(CheckpointError, match=r"is corrupt: the checksum \(CRC-32\) of its record '[^']*/data\.pkl'"):
+        load_checkpoint_file(str(deflated))
 
 
 def test_checksum_verification_reads_through_handlers_without_readinto(tmp_path, remote_like):
