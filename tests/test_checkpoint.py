@@ -1,12 +1,16 @@
 import collections
 import enum
+import errno
 import io
 import logging
 import os
 import re
+import struct
 import subprocess
 import sys
 import textwrap
+import zipfile
+import zlib
 
 import numpy as np
 import pytest
@@ -23,9 +27,11 @@ from treadle.checkpoint import (
     check_weights_only_loadable,
     init_weights_from,
     is_local_path,
+    load_checkpoint_file,
     unwrap_model,
 )
 from treadle.utils.file_io import PathManager
+from zip_records import flip_bit, record_span, tensor_record
 
 
 # ---------------------------------------------------------------- helpers
@@ -429,13 +435,110 @@ def test_truncated_newest_falls_back_to_previous_with_warning(tmp_path, treadle_
     assert any("older checkpoint" in w and "model_0000001.pth" in w for w in warnings), warnings
 
 
-def test_pointer_to_missing_file_falls_back_by_iteration_number(tmp_path):
+def test_pointer_to_missing_file_falls_back_by_iteration_number(tmp_path, treadle_caplog):
     ckpt = Checkpointer(Net(), str(tmp_path))
     for it in (3, 10, 7):  # saved out of order: the number in the name decides, not the save order
         ckpt.save(f"model_{it:07d}", iteration=it)
     ckpt.save("model_best", tag_last_checkpoint=False, iteration=5)
     (tmp_path / "last_checkpoint").write_text("model_0000099.pth")
+    treadle_caplog.clear()
     assert Checkpointer(Net(), str(tmp_path)).resume_or_load() == {"iteration": 10}
+    assert messages(treadle_caplog, logging.WARNING) == [
+        f"The checkpoint pointer '{tmp_path / 'last_checkpoint'}' is unusable: it names model_0000099.pth, which "
+        f"does not exist in '{tmp_path}'. Resuming from {tmp_path / 'model_0000010.pth'}, the newest checkpoint "
+        "file, instead."
+    ]
+
+
+_GARBAGE_POINTERS = {
+    "binary": (b"\x00\x9f\x92\x96PK\x03\x04\xff", repr(b"\x00\x9f\x92\x96PK\x03\x04\xff")),
+    "absolute_path": (b"/etc/passwd\n", "'/etc/passwd'"),
+    "relative_path": (b"../other_run/model_0000010.pth", "'../other_run/model_0000010.pth'"),
+    "two_lines": (b"model_0000003.pth\nmodel_0000010.pth\n", "'model_0000003.pth\\nmodel_0000010.pth'"),
+    "hidden_file": (b".model_0000011.pth.tmp.4242.0badf00d", "'.model_0000011.pth.tmp.4242.0badf00d'"),
+    "huge": (b"model_" * 1000, "'model_model_model_model_model_model_mode'..."),
+    "empty": (b"  \n", None),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_GARBAGE_POINTERS))
+def test_garbage_pointer_says_so_and_resumes_from_the_newest_file(tmp_path, treadle_caplog, kind):
+    content, shown = _GARBAGE_POINTERS[kind]
+    ckpt = Checkpointer(Net(), str(tmp_path))
+    for it in (3, 10, 7):
+        ckpt.save(f"model_{it:07d}", iteration=it)
+    (tmp_path / "last_checkpoint").write_bytes(content)
+    treadle_caplog.clear()
+
+    assert Checkpointer(Net(), str(tmp_path)).resume_or_load() == {"iteration": 10}
+
+    (warning,) = messages(treadle_caplog, logging.WARNING)
+    problem = "it is empty" if shown is None else f"it holds {shown}, not the name of a file in '{tmp_path}'"
+    assert warning == (
+        f"The checkpoint pointer '{tmp_path / 'last_checkpoint'}' is unusable: {problem}. "
+        f"Resuming from {tmp_path / 'model_0000010.pth'}, the newest checkpoint file, instead."
+    )
+    assert "older" not in warning and len(warning.splitlines()) == 1
+    # Nothing else trusts it either.
+    assert Checkpointer(Net(), str(tmp_path)).get_checkpoint_file() == ""
+
+
+def test_garbage_pointer_and_unreadable_newest_file_resume_from_an_older_one(tmp_path, treadle_caplog):
+    ckpt = Checkpointer(Net(), str(tmp_path))
+    for it in (3, 7, 10):
+        ckpt.save(f"model_{it:07d}", iteration=it)
+    (tmp_path / "model_0000010.pth").write_bytes(b"")
+    (tmp_path / "last_checkpoint").write_bytes(b"\xff\xfe")
+    treadle_caplog.clear()
+    assert Checkpointer(Net(), str(tmp_path)).resume_or_load() == {"iteration": 7}
+    warnings = messages(treadle_caplog, logging.WARNING)
+    assert warnings[0].startswith(f"Cannot resume from {tmp_path / 'model_0000010.pth'} (")
+    assert warnings[0].endswith("; trying model_0000007.pth.")
+    assert warnings[1] == (
+        f"The checkpoint pointer '{tmp_path / 'last_checkpoint'}' is unusable: it holds b'\\xff\\xfe', not the name "
+        f"of a file in '{tmp_path}'. Resuming from {tmp_path / 'model_0000007.pth'}, an older checkpoint than the "
+        "newest one: model_0000010.pth could not be read."
+    )
+
+
+def test_unreadable_pointed_file_with_a_newer_one_beside_it_is_not_called_older(tmp_path, treadle_caplog):
+    """The pointer lags behind (a crash between a file's rename and the pointer's): model_10 is newer than model_5."""
+    ckpt = Checkpointer(Net(), str(tmp_path))
+    ckpt.save("model_0000005", iteration=5)
+    ckpt.save("model_0000010", iteration=10, tag_last_checkpoint=False)
+    (tmp_path / "model_0000005.pth").write_bytes(b"PK\x03\x04 damaged")
+    treadle_caplog.clear()
+    assert Checkpointer(Net(), str(tmp_path)).resume_or_load() == {"iteration": 10}
+    assert messages(treadle_caplog, logging.WARNING)[-1] == (
+        f"Resuming from {tmp_path / 'model_0000010.pth'} instead of model_0000005.pth, which last_checkpoint names "
+        "and could not be read."
+    )
+
+
+def test_unreadable_final_checkpoint_falls_back_to_an_older_numbered_one(tmp_path, treadle_caplog):
+    ckpt = Checkpointer(Net(), str(tmp_path))
+    ckpt.save("model_0000019", iteration=19)
+    ckpt.save("model_final", iteration=29)
+    (tmp_path / "model_final.pth").write_bytes(b"")
+    treadle_caplog.clear()
+    assert Checkpointer(Net(), str(tmp_path)).resume_or_load() == {"iteration": 19}
+    assert messages(treadle_caplog, logging.WARNING)[-1] == (
+        f"Resuming from {tmp_path / 'model_0000019.pth'}, an older checkpoint than the newest one: "
+        "model_final.pth could not be read."
+    )
+
+
+@pytest.mark.parametrize("content", [b"model_0000004.pth", b"\x00\x01"], ids=["missing_file", "binary"])
+def test_unusable_pointer_without_checkpoint_files_is_an_error(tmp_path, content):
+    """The run saved checkpoints here: starting over silently could throw its progress away."""
+    (tmp_path / "last_checkpoint").write_bytes(content)
+    with pytest.raises(CheckpointError) as info:
+        Checkpointer(Net(), str(tmp_path)).resume_or_load()
+    message = str(info.value)
+    assert message.startswith(f"Cannot resume: the checkpoint pointer '{tmp_path / 'last_checkpoint'}' is unusable (")
+    assert "no model_*.pth file to resume from instead" in message and len(message.splitlines()) == 1
+    # Without resume, the pointer does not matter.
+    assert Checkpointer(Net(), str(tmp_path)).resume_or_load(resume=False) == {}
 
 
 def test_no_readable_checkpoint_lists_what_was_tried(tmp_path):
@@ -459,6 +562,151 @@ def test_load_corrupt_and_missing_files_name_them(tmp_path):
     torch.save([1, 2], tmp_path / "list.pth")
     with pytest.raises(CheckpointError, match="holds a list, not the dict"):
         ckpt.load(str(tmp_path / "list.pth"))
+
+
+# ---------------------------------------------------------------- checksums
+def test_flipped_bit_in_tensor_data_is_a_checksum_error_and_resume_falls_back(tmp_path, treadle_caplog):
+    first, _ = trained(0)
+    Checkpointer(first, str(tmp_path)).save("model_0000001", iteration=1)
+    second, _ = trained(1)
+    Checkpointer(second, str(tmp_path)).save("model_0000002", iteration=2)
+    newest = tmp_path / "model_0000002.pth"
+    offset, size = record_span(newest, tensor_record(newest, second.head.weight))
+    flip_bit(newest, offset + size // 2, bit=3)
+
+    # What torch alone does: loads the damaged weight without a word.
+    raw = torch.load(newest, weights_only=True)
+    assert not torch.equal(raw["model"]["head.weight"], second.head.weight)
+
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint_file(str(newest))
+    message = str(info.value)
+    assert len(message.splitlines()) == 1
+    assert f"'{newest}' is corrupt" in message and "checksum" in message and "/data/" in message
+
+    fresh = Net()
+    assert Checkpointer(fresh, str(tmp_path)).resume_or_load() == {"iteration": 1}
+    assert_same_weights(fresh, first)
+    warnings = messages(treadle_caplog, logging.WARNING)
+    assert any(f"Cannot resume from {newest}" in w and "checksum" in w for w in warnings), warnings
+    assert any("model_0000001.pth, an older checkpoint" in w for w in warnings), warnings
+
+
+def test_flipped_bit_in_the_pickle_is_a_checksum_error(tmp_path):
+    Checkpointer(Net(), str(tmp_path)).save("model_0000003", iteration=3)
+    path = tmp_path / "model_0000003.pth"
+    offset, size = record_span(path, "/data.pkl")
+    with open(path, "rb") as f:
+        f.seek(offset)
+        pickle_bytes = f.read(size)
+    # The last letter of the key "iteration": 'n' becomes 'o', still a valid pickle.
+    flip_bit(path, offset + pickle_bytes.index(b"iteration") + len("iteratio"), bit=0)
+    assert "iteratioo" in torch.load(path, weights_only=True)  # torch alone does not notice
+
+    with pytest.raises(CheckpointError, match=r"is corrupt: the checksum \(CRC-32\) of its record '[^']*/data\.pkl'"):
+        load_checkpoint_file(str(path))
+
+
+def test_checksums_are_written_even_when_turned_off_globally(tmp_path, monkeypatch):
+    torch.serialization.set_crc32_options(False)
+    try:
+        Checkpointer(Net(), str(tmp_path)).save("model_0000001")
+        assert torch.serialization.get_crc32_options() is False  # the user's setting is back
+
+        def failing_save(obj, f):
+            assert torch.serialization.get_crc32_options() is True
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(torch, "save", failing_save)
+        with pytest.raises(CheckpointError):
+            Checkpointer(Net(), str(tmp_path)).save("model_0000002")
+        assert torch.serialization.get_crc32_options() is False  # also after a failed save
+    finally:
+        torch.serialization.set_crc32_options(True)
+    with zipfile.ZipFile(tmp_path / "model_0000001.pth") as archive:
+        records = archive.infolist()
+        assert all(r.CRC == zlib.crc32(archive.read(r)) for r in records)
+        assert any(r.CRC for r in records)
+
+
+@pytest.mark.parametrize("kind", ["crc32_off", "legacy"])
+def test_files_without_checksums_load_unverified_with_a_note(tmp_path, kind, treadle_caplog):
+    """Weights from other tools: a zip saved with CRC-32 off, or torch's legacy (non-zip) format."""
+    source, _ = trained(2)
+    path = tmp_path / "elsewhere.pth"
+    if kind == "crc32_off":
+        torch.serialization.set_crc32_options(False)
+        try:
+            torch.save({"model": source.state_dict()}, path)
+        finally:
+            torch.serialization.set_crc32_options(True)
+        with zipfile.ZipFile(path) as archive:
+            assert {r.CRC for r in archive.infolist()} == {0}
+    else:
+        torch.save({"model": source.state_dict()}, path, _use_new_zipfile_serialization=False)
+        assert not zipfile.is_zipfile(path)
+
+    target = Net()
+    init_weights_from(target, str(path))
+    assert_same_weights(target, source)
+    assert any(
+        f"'{path}' carries no checksums" in m and "without checking its content" in m for m in messages(treadle_caplog)
+    )
+
+
+def test_recompressed_archive_is_verified_too(tmp_path):
+    """torch.load reads a zip whose records were deflated (re-zipped by some tool); its checksums still count."""
+    source, _ = trained(3)
+    Checkpointer(source, str(tmp_path)).save("model_0000001", iteration=1)
+    deflated = tmp_path / "deflated.pth"
+    with zipfile.ZipFile(tmp_path / "model_0000001.pth") as src, zipfile.ZipFile(deflated, "w", zipfile.ZIP_DEFLATED) as dst:
+        for record in src.infolist():
+            dst.writestr(record.filename, src.read(record))
+    assert load_checkpoint_file(str(deflated))["iteration"] == 1
+
+    with zipfile.ZipFile(deflated) as archive:
+        (info,) = [i for i in archive.infolist() if i.filename.endswith("/data.pkl")]
+    with open(deflated, "rb") as f:
+        f.seek(info.header_offset + 26)
+        name_length, extra_length = struct.unpack("<HH", f.read(4))
+    flip_bit(deflated, info.header_offset + 30 + name_length + extra_length + info.compress_size // 2)
+    with pytest.raises(CheckpointError, match=r"is corrupt: the checksum \(CRC-32\) of its record '[^']*/data\.pkl'"):
+        load_checkpoint_file(str(deflated))
+
+
+def test_checksum_verification_reads_through_handlers_without_readinto(tmp_path, remote_like):
+    """iopath file objects of other backends may lack readinto; a damaged file is still caught."""
+    source, _ = trained(4)
+    ckpt = Checkpointer(source, remote_like + "run")
+    ckpt.save("model_0000001", iteration=1)
+    path = tmp_path / "run" / "model_0000001.pth"
+    offset, size = record_span(path, tensor_record(path, source.head.weight))
+
+    class NoReadinto:
+        def __init__(self, f):
+            self._f = f
+
+        def __getattr__(self, name):
+            if name == "readinto":
+                raise AttributeError(name)
+            return getattr(self._f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._f.close()
+
+    handler = PathManager._path_handlers[remote_like]
+    real_open = handler._open
+    handler._open = lambda p, mode="r", **kw: NoReadinto(real_open(p, mode, **kw))
+    try:
+        assert load_checkpoint_file(remote_like + "run/model_0000001.pth")["iteration"] == 1
+        flip_bit(path, offset + size - 1, bit=7)
+        with pytest.raises(CheckpointError, match="checksum"):
+            load_checkpoint_file(remote_like + "run/model_0000001.pth")
+    finally:
+        handler._open = real_open
 
 
 # ---------------------------------------------------------------- model key matching
@@ -738,10 +986,157 @@ def test_permission_denied_is_named(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError) as info:
         ckpt.save("model_0000002")
     monkeypatch.undo()
-    assert str(info.value).startswith(
-        f"Cannot write checkpoint '{tmp_path / 'model_0000002.pth'}' in directory '{tmp_path}': Permission denied."
+    assert str(info.value) == (
+        f"Cannot write checkpoint '{tmp_path / 'model_0000002.pth'}' in directory '{tmp_path}': Permission denied "
+        "(EACCES). The previous checkpoints and last_checkpoint are untouched."
     )
     assert visible_and_hidden(tmp_path) == ["last_checkpoint", "model_0000001.pth"]
+
+
+class _FillsUp:
+    """A file whose writes fail with ENOSPC once ``room`` bytes were written, like a disk filling up."""
+
+    def __init__(self, f, room: int):
+        self._f, self._room = f, room
+
+    def write(self, data):
+        n = len(memoryview(data))
+        if n > self._room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self._room -= n
+        return self._f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
+
+
+def assert_previous_checkpoint_intact(d, name="model_0000001.pth", iteration=1):
+    assert visible_and_hidden(d) == ["last_checkpoint", name]  # no partial file, no temporary file
+    assert read_pointer(d) == name
+    assert load_checkpoint_file(str(d / name))["iteration"] == iteration
+
+
+# Room for: nothing (the first write fails, an OSError from Python), part of
+# the pickle, and most of the tensor data (torch's zip writer then raises a
+# RuntimeError with the OSError as its context).
+@pytest.mark.parametrize("room", [0, 100, 3000], ids=["first_write", "in_the_pickle", "in_tensor_data"])
+def test_disk_full_during_a_save_is_one_line_naming_the_file_and_the_os_error(tmp_path, monkeypatch, room):
+    model = nn.Linear(32, 32)
+    ckpt = Checkpointer(model, str(tmp_path))
+    ckpt.save("model_0000001", iteration=1)
+    real_open = PathManager.open
+
+    def open_filling_up(path, mode="r", **kwargs):
+        f = real_open(path, mode, **kwargs)
+        return _FillsUp(f, room) if "x" in mode else f
+
+    monkeypatch.setattr(PathManager, "open", open_filling_up)
+    with pytest.raises(CheckpointError) as info:
+        ckpt.save("model_0000002", iteration=2)
+    monkeypatch.undo()
+
+    assert str(info.value) == (
+        f"Cannot write checkpoint '{tmp_path / 'model_0000002.pth'}' in directory '{tmp_path}': No space left on "
+        "device (ENOSPC). The previous checkpoints and last_checkpoint are untouched."
+    )
+    assert_previous_checkpoint_intact(tmp_path)
+
+
+def test_torch_write_failure_without_an_os_error_is_one_line(tmp_path, monkeypatch):
+    """torch.save to a path raises only its own message (errno is lost in C++): it is named, with the free space."""
+    ckpt = Checkpointer(nn.Linear(2, 2), str(tmp_path))
+    ckpt.save("model_0000001", iteration=1)
+
+    def torch_fails(obj, f):
+        f.write(b"PK\x03\x04")
+        raise RuntimeError(
+            "[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file data/0: "
+            "file write failed\nException raised from ... (most recent call first):\nframe #0: ..."
+        )
+
+    monkeypatch.setattr(torch, "save", torch_fails)
+    with pytest.raises(CheckpointError) as info:
+        ckpt.save("model_0000002", iteration=2)
+    monkeypatch.undo()
+    message = str(info.value)
+    assert len(message.splitlines()) == 1
+    assert message.startswith(
+        f"Cannot write checkpoint '{tmp_path / 'model_0000002.pth'}' in directory '{tmp_path}': torch.save failed "
+        "([enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file data/0: file write "
+        "failed); "
+    )
+    assert re.search(r"; \d+\.\d MiB free on its filesystem\. The previous checkpoints and last_checkpoint are untouched\.$", message)
+    assert_previous_checkpoint_intact(tmp_path)
+
+
+def test_other_runtime_errors_of_torch_save_are_not_disguised(tmp_path, monkeypatch):
+    ckpt = Checkpointer(nn.Linear(2, 2), str(tmp_path))
+    ckpt.save("model_0000001", iteration=1)
+
+    def device_fails(obj, f):
+        try:
+            open(os.path.join(str(tmp_path), "no-such-cache"))  # an OSError handled on the way...
+        except OSError:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")  # ...is not the cause
+
+    monkeypatch.setattr(torch, "save", device_fails)
+    with pytest.raises(RuntimeError, match="illegal memory access") as info:
+        ckpt.save("model_0000002", iteration=2)
+    monkeypatch.undo()
+    assert not isinstance(info.value, CheckpointError)
+    assert_previous_checkpoint_intact(tmp_path)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A real 192 KiB tmpfs (needs root and a container that allows mounts; skipped otherwise)."""
+    mount_point = tmp_path / "tmpfs"
+    mount_point.mkdir()
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=192k", "treadle-test", str(mount_point)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        pytest.skip(f"cannot mount a tmpfs: {e}")
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=30)
+
+
+def test_real_full_filesystem_keeps_the_previous_checkpoint(small_tmpfs):
+    model = nn.Linear(64, 128)  # ~33 KiB a checkpoint: a few fit, then the disk is full
+    ckpt = Checkpointer(model, str(small_tmpfs))
+    saved = []
+    with pytest.raises(CheckpointError) as info:
+        for it in range(1, 20):
+            with torch.no_grad():
+                model.weight.add_(1.0)
+            ckpt.save(f"model_{it:07d}", iteration=it)
+            saved.append(it)
+    message = str(info.value)
+    failed = f"model_{saved[-1] + 1:07d}.pth"
+    assert len(saved) >= 1 and len(message.splitlines()) == 1
+    assert message.startswith(f"Cannot write checkpoint '{small_tmpfs / failed}' in directory '{small_tmpfs}': ")
+    assert "No space left on device (ENOSPC)" in message or "MiB free on its filesystem" in message
+    last = f"model_{saved[-1]:07d}.pth"
+    assert read_pointer(small_tmpfs) == last
+    assert not [n for n in os.listdir(small_tmpfs) if n.startswith(".")]  # the partial file was removed
+    state = load_checkpoint_file(str(small_tmpfs / last))
+    assert state["iteration"] == saved[-1] and torch.equal(state["model"]["weight"], model.weight.detach() - 1.0)
 
 
 def test_save_without_save_dir_is_an_error():

@@ -1,3 +1,5 @@
+import logging
+
 import pytest
 import torch
 from fvcore.common.param_scheduler import CosineParamScheduler, MultiStepParamScheduler
@@ -93,8 +95,6 @@ def test_named_schedules_with_warmup():
     assert build_lr_multiplier("constant", max_iter=10)(0.9) == 1.0
     with pytest.raises(ValueError, match="Unknown schedule 'poly'; choose one of constant, cosine, linear, step"):
         build_lr_multiplier("poly", max_iter=10)
-    with pytest.raises(ValueError, match="warmup_iters \\(10\\) must be smaller than max_iter"):
-        build_lr_multiplier("cosine", max_iter=10, warmup_iters=10)
 
 
 def test_bad_multiplier_arguments_are_config_errors():
@@ -106,7 +106,53 @@ def test_bad_multiplier_arguments_are_config_errors():
         dict(name="cosine", max_iter=0),
         dict(name="poly", max_iter=10),
         dict(name="step", max_iter=10, steps=[12]),
-        dict(name="cosine", max_iter=10, warmup_iters=10),
     ):
         with pytest.raises(ConfigError):
             build_lr_multiplier(**kwargs)
+
+
+def warnings_of(caplog):
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+@pytest.mark.parametrize("requested", [30, 50])
+def test_warmup_not_shorter_than_the_run_is_clipped_to_half_of_it_with_one_warning(treadle_caplog, requested):
+    from treadle.hooks.lr_scheduler import build_lr_multiplier
+
+    clipped = build_lr_multiplier("cosine", max_iter=30, warmup_iters=requested, warmup_factor=0.1)
+    half = build_lr_multiplier("cosine", max_iter=30, warmup_iters=15, warmup_factor=0.1)
+    assert warnings_of(treadle_caplog) == [
+        f"lr_multiplier.warmup_iters={requested} is not shorter than the run (max_iter=30): warming up over 15 "
+        "iterations, half the run, instead."
+    ]
+    points = [i / 30 for i in range(30)]
+    assert [clipped(w) for w in points] == [half(w) for w in points]
+    assert clipped(0.0) == pytest.approx(0.1) and clipped(0.5) == pytest.approx(0.5)  # the peak, then cosine decay
+
+    treadle_caplog.clear()
+    build_lr_multiplier("cosine", max_iter=30, warmup_iters=29)  # shorter than the run: kept, no warning
+    assert warnings_of(treadle_caplog) == []
+
+
+def test_one_iteration_run_gets_no_warmup(treadle_caplog):
+    from treadle.hooks.lr_scheduler import build_lr_multiplier
+
+    constant = build_lr_multiplier("constant", max_iter=1, warmup_iters=5)
+    assert constant(0.0) == 1.0  # not 0.001 times the rate for the only iteration
+    assert warnings_of(treadle_caplog) == [
+        "lr_multiplier.warmup_iters=5 is not shorter than the run (max_iter=1): no warm-up instead."
+    ]
+
+
+def test_resolve_scheduler_names_its_own_argument(treadle_caplog):
+    from treadle.engine import resolve_scheduler
+
+    opt = torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=1.0)
+    for scheduler in ("linear", None):
+        treadle_caplog.clear()
+        multiplier = resolve_scheduler(scheduler, opt, 8, warmup_iters=100)
+        assert multiplier(0.0) == pytest.approx(0.001) and multiplier(0.5) == pytest.approx(1.0 if scheduler is None else 0.5)
+        assert warnings_of(treadle_caplog) == [
+            "warmup_iters=100 is not shorter than the run (max_iter=8): warming up over 4 iterations, half the run, "
+            "instead."
+        ]

@@ -25,6 +25,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import resume_job
 from treadle.checkpoint import UnsafeCheckpointError
+from zip_records import flip_bit, record_span, tensor_record
 from treadle.hooks import PREEMPTED_EXIT_CODE, CallbackHook
 
 JOB = Path(__file__).with_name("resume_job.py")
@@ -337,20 +338,38 @@ def test_preemption_at_a_periodic_save_does_not_write_it_twice(tmp_path):
 
 
 # ---------------------------------------------------------------- damaged and hostile checkpoints
-def test_truncated_newest_checkpoint_falls_back_to_the_previous_one(small_reference, tmp_path, treadle_caplog):
+def truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def flip_a_weight_bit(path: Path) -> None:
+    """One bit inside the stored bytes of the first layer's weights: torch.load alone would not notice."""
+    weight = torch.load(path, weights_only=True)["model"]["net.0.weight"]
+    offset, size = record_span(path, tensor_record(path, weight))
+    flip_bit(path, offset + size // 3, bit=5)
+
+
+@pytest.mark.parametrize(
+    "damage, reported",
+    [(truncate, "truncated or corrupt"), (flip_a_weight_bit, "is corrupt: the checksum")],
+    ids=["truncated", "flipped_bit"],
+)
+def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(
+    small_reference, tmp_path, treadle_caplog, damage, reported
+):
     with pytest.raises(RuntimeError, match="simulated crash at iteration 8"):
         run_here(tmp_path, N_SMALL, fail_at=8)
     # Checkpoints at 2 and 5 (period 3); the crash at 8 came before the save of 8.
     newest = tmp_path / "model_0000005.pth"
     assert checkpoint_files(tmp_path) == ["last_checkpoint", "metrics.json", "model_0000002.pth", "model_0000005.pth"]
-    data = newest.read_bytes()
-    newest.write_bytes(data[: len(data) // 2])
+    damage(newest)
 
     treadle_caplog.clear()
     run_here(tmp_path, N_SMALL, resume=True)
 
     warnings = messages(treadle_caplog, logging.WARNING)
-    assert any(f"Cannot resume from {newest}" in w and "truncated or corrupt" in w for w in warnings), warnings
+    assert any(f"Cannot resume from {newest}" in w and reported in w for w in warnings), warnings
     assert any("model_0000002.pth, an older checkpoint" in w for w in warnings), warnings
     assert "Starting training from iteration 3" in messages(treadle_caplog)
     assert_bit_identical(final_state(tmp_path), final_state(small_reference))

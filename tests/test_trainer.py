@@ -77,6 +77,23 @@ def test_scheduler_forms(scheduler, expected_last):
     assert history["lr"][-1] == pytest.approx(expected_last)
 
 
+def test_warmup_longer_than_the_run_is_clipped_with_one_warning_naming_the_argument(treadle_caplog):
+    m = model()
+    trainer = Trainer(
+        m, torch.optim.SGD(m.parameters(), lr=0.1), loader(problem()), loss_fn=nn.functional.cross_entropy,
+        max_epochs=1, scheduler="cosine", warmup_iters=100, progress_bar=False,
+    )
+    history = trainer.train()
+    assert trainer.max_iter == 8
+    warnings = [r.getMessage() for r in treadle_caplog.records if "warmup_iters" in r.getMessage()]
+    assert warnings == [
+        "warmup_iters=100 is not shorter than the run (max_iter=8): warming up over 4 iterations, half the run, instead."
+    ]
+    # A ramp over iterations 0-3 from 0.001x, the full rate at 4, then the cosine's second half.
+    assert history["lr"][0] == pytest.approx(1e-4)
+    assert max(history["lr"]) == pytest.approx(history["lr"][4]) == pytest.approx(0.05)
+
+
 def test_bad_run_lengths_and_inputs():
     ds = problem()
     with pytest.raises(ValueError, match="exactly one of max_iter and max_epochs"):

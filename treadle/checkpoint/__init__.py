@@ -21,6 +21,7 @@ from .serialization import (
     check_checkpoint_file,
     check_weights_only_loadable,
     load_checkpoint_file,
+    save_with_checksums,
 )
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "check_weights_only_loadable",
     "check_checkpoint_file",
     "load_checkpoint_file",
+    "save_with_checksums",
     "atomic_write",
     "is_local_path",
 ]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
+import shutil
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
@@ -19,8 +21,10 @@ from .key_matching import extract_model_state, load_model_state, model_state_for
 from .serialization import (
     CheckpointError,
     UnsafeCheckpointError,
+    _first_line,
     check_weights_only_loadable,
     load_checkpoint_file,
+    save_with_checksums,
 )
 
 __all__ = ["Checkpointer"]
@@ -28,6 +32,8 @@ __all__ = ["Checkpointer"]
 logger = logging.getLogger(__name__)
 
 _TRAILING_NUMBER = re.compile(r"(\d+)\.pth$")
+# A file name is at most 255 bytes on common filesystems; a longer pointer is junk.
+_MAX_POINTER_BYTES = 1024
 # What atomic.temporary_name produces: .{final name}.tmp.{pid}.{8 hex digits}
 _TEMP_FILE = re.compile(r"\..+" + re.escape(TEMP_MARKER) + r"(\d+)\.[0-9a-f]{8}")
 
@@ -50,6 +56,9 @@ class Checkpointer:
     - Safe: everything saved loads with ``torch.load(weights_only=True)``,
       checked before writing; every file is read that way, so loading a
       checkpoint never runs code from it.
+    - Verified: every record of a saved file carries a CRC-32, checked when
+      it is loaded; a damaged file is reported like a truncated one (see
+      :func:`~treadle.checkpoint.load_checkpoint_file`).
     - Only the main process writes (``save_to_disk`` defaults to
       :func:`~treadle.utils.comm.is_main_process`, checked at each call); every
       process can read.
@@ -127,24 +136,47 @@ class Checkpointer:
 
     def has_checkpoint(self) -> bool:
         """True when there is something to resume from: a ``last_checkpoint``
-        pointer or a ``model_*.pth`` file in ``save_dir``."""
+        pointer naming a file, or a ``model_*.pth`` file in ``save_dir``."""
         return bool(self._pointer_target()) or bool(self._resume_files())
 
     def _pointer_target(self) -> str:
-        """The file name in ``last_checkpoint``, or "" when there is none."""
+        """The file name in ``last_checkpoint``, or "" when there is none or it is unusable."""
+        return self._read_pointer()[0]
+
+    def _read_pointer(self) -> Tuple[str, str]:
+        """What ``last_checkpoint`` says, as ``(file name, problem)``.
+
+        ``(name, "")`` when it holds a plain file name (which may still name a
+        missing file); ``("", why)`` when it cannot serve as a pointer:
+        unreadable, empty, binary, several lines, or a path rather than a name
+        in ``save_dir``; ``("", "")`` when there is no pointer. The pointer is
+        written atomically, so only outside damage makes it unusable.
+        """
         if not self.save_dir:
-            return ""
-        pointer = self._path(self.POINTER_FILE)
+            return "", ""
         try:
-            with PathManager.open(pointer, "r") as f:
-                return f.read().strip()
+            with PathManager.open(self._path(self.POINTER_FILE), "rb") as f:
+                raw = f.read(_MAX_POINTER_BYTES + 1)
         except FileNotFoundError:
-            return ""
-        except (OSError, UnicodeDecodeError) as e:
-            # Written atomically, so only outside damage gets here: resume falls
-            # back to the files themselves.
-            logger.warning("Cannot read the checkpoint pointer '%s' (%s); ignoring it.", pointer, e)
-            return ""
+            return "", ""
+        except OSError as e:
+            return "", f"it cannot be read ({e.strerror or e})"
+        try:
+            name = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            name = None
+        if name == "":
+            return "", "it is empty"
+        separators = {"/", os.sep, os.altsep} - {None}
+        if (
+            name is None
+            or len(raw) > _MAX_POINTER_BYTES
+            or not name.isprintable()
+            or any(sep in name for sep in separators)
+            or name.startswith(".")
+        ):
+            return "", f"it holds {_preview(raw)}, not the name of a file in '{self.save_dir}'"
+        return name, ""
 
     def get_checkpoint_file(self) -> str:
         """The full path of the file named by ``last_checkpoint``, or "" without one."""
@@ -194,7 +226,12 @@ class Checkpointer:
                 checkpointable; there is no ``save_dir``.
             TypeError: a value would not load with ``weights_only=True``; the
                 message names its key path. Nothing is written.
-            CheckpointError: ``save_dir`` cannot be created or written.
+            CheckpointError: ``save_dir`` cannot be created or written (a full
+                disk included, also when torch's zip writer reports it as a
+                RuntimeError): one line naming the file and the OS error, e.g.
+                ``No space left on device (ENOSPC)``. The temporary file is
+                removed; the previous checkpoints and ``last_checkpoint`` are
+                untouched.
         """
         sharded = is_fsdp_model(unwrap_model(self.model))
         # With several processes every rank takes part: states may gather
@@ -236,23 +273,41 @@ class Checkpointer:
                 self.save_dir,
             )
         try:
-            atomic_write(path, lambda f: torch.save(data, f))
-        except OSError as e:
+            atomic_write(path, lambda f: save_with_checksums(data, f))
+        except (OSError, RuntimeError) as e:
+            if not isinstance(e, OSError) and not _is_torch_write_failure(e):
+                raise  # a RuntimeError of torch.save that is not about writing (a device error)
+            # torch's zip writer turns a failed write (a full disk) into a
+            # RuntimeError whose context holds the OSError, when there is one.
+            os_error = _os_error_in(e)
+            reason = _describe_os_error(os_error) if os_error else self._torch_write_failure(e)
             raise CheckpointError(
-                f"Cannot write checkpoint '{path}' in directory '{self.save_dir}': {e.strerror or e}. "
-                f"The previous checkpoints are untouched."
+                f"Cannot write checkpoint '{path}' in directory '{self.save_dir}': {reason}. "
+                f"The previous checkpoints and {self.POINTER_FILE} are untouched."
             ) from e
         logger.info("Saved checkpoint to %s", path)
         if tag_last_checkpoint:
             self.tag_last_checkpoint(filename)
         return path
 
+    def _torch_write_failure(self, error: BaseException) -> str:
+        """What a failed ``torch.save`` without an OS error to show says, and the free space left."""
+        said = f"torch.save failed ({_first_line(error)})"
+        if is_local_path(self.save_dir):
+            try:
+                free = shutil.disk_usage(PathManager.get_local_path(self.save_dir)).free
+            except OSError:
+                return said
+            # A full disk is the usual cause; the free space says whether it is this one.
+            said += f"; {free / 2**20:.1f} MiB free on its filesystem"
+        return said
+
     def _make_save_dir(self) -> None:
         try:
             PathManager.mkdirs(self.save_dir)
         except OSError as e:
             raise CheckpointError(
-                f"Cannot create the checkpoint directory '{self.save_dir}': {e.strerror or e}."
+                f"Cannot create the checkpoint directory '{self.save_dir}': {_describe_os_error(e)}."
             ) from e
 
     def tag_last_checkpoint(self, filename: str) -> None:
@@ -265,7 +320,7 @@ class Checkpointer:
             atomic_write(pointer, lambda f: f.write(filename.encode("utf-8")))
         except OSError as e:
             raise CheckpointError(
-                f"Cannot update '{pointer}' in directory '{self.save_dir}': {e.strerror or e}. "
+                f"Cannot update '{pointer}' in directory '{self.save_dir}': {_describe_os_error(e)}. "
                 f"It still names the previous checkpoint."
             ) from e
 
@@ -342,11 +397,16 @@ class Checkpointer:
 
         With ``resume`` and a checkpoint in ``save_dir``: loads everything from
         the newest readable checkpoint, starting with the one ``last_checkpoint``
-        names; a truncated, corrupt or missing one is reported (warning naming
-        the file and the error) and the other ``model_*.pth`` files are tried,
-        newest first (highest iteration number in the name, then files without
-        one by modification time). ``path`` is not used then (logged).
-        Returns the extra data of the checkpoint (e.g. ``iteration``).
+        names; a truncated or corrupt one (a checksum mismatch included) is
+        reported (warning naming the file and the error) and the other
+        ``model_*.pth`` files are tried, newest first (highest iteration number
+        in the name, then files without one by modification time). A pointer
+        that is unusable (binary, empty, a path, unreadable) or names a missing
+        file is not tried; the warning then says so and names the file resumed
+        from instead. "An older checkpoint than the newest one" is said only
+        when a newer checkpoint file exists and could not be read. ``path`` is
+        not used then (logged). Returns the extra data of the checkpoint (e.g.
+        ``iteration``).
 
         Otherwise (no ``resume``, or nothing to resume from, which is a
         warning): loads only the model weights from ``path`` if given, leaves
@@ -354,15 +414,28 @@ class Checkpointer:
 
         Raises:
             CheckpointError: resuming, but no checkpoint could be read; the
-                message lists each file tried and why it failed.
+                message lists each file tried and why it failed. Also when
+                ``last_checkpoint`` exists but is unusable and there is no
+                ``model_*.pth`` file: the run saved checkpoints there, so
+                starting over silently could throw its progress away.
             UnsafeCheckpointError: a checkpoint needs unsafe unpickling. This
                 stops the resume instead of falling back to an older file: the
                 file is intact, and a person must decide whether to trust it.
         """
         if resume:
-            candidates = self._resume_candidates()
-            if candidates:
-                return self._resume_from(candidates, ignored_path=path)
+            pointed, problem = self._read_pointer()
+            if pointed and not PathManager.exists(self._path(pointed)):
+                pointed, problem = "", f"it names {pointed}, which does not exist in '{self.save_dir}'"
+            # The pointer's file first: it is the last one the run saved.
+            names = ([pointed] if pointed else []) + [n for n in self._resume_files() if n != pointed]
+            if names:
+                return self._resume_from(names, pointed, problem, ignored_path=path)
+            if problem:
+                raise CheckpointError(
+                    f"Cannot resume: the checkpoint pointer '{self._path(self.POINTER_FILE)}' is unusable "
+                    f"({problem}) and there is no model_*.pth file to resume from instead. Remove it to start "
+                    f"this run fresh."
+                )
             logger.warning(
                 "Asked to resume, but there is no checkpoint in '%s': training starts fresh%s.",
                 self.save_dir,
@@ -372,34 +445,61 @@ class Checkpointer:
             self.load(path, checkpointables=[])
         return {}
 
-    def _resume_candidates(self) -> List[str]:
-        pointed = self._pointer_target()
-        names = ([pointed] if pointed else []) + [n for n in self._resume_files() if n != pointed]
-        return [self._path(n) for n in names]
-
-    def _resume_from(self, candidates: List[str], ignored_path: str) -> Dict[str, Any]:
+    def _resume_from(
+        self, names: List[str], pointed: str, pointer_problem: str, ignored_path: str
+    ) -> Dict[str, Any]:
         failures: List[str] = []
-        for i, path in enumerate(candidates):
+        unreadable: List[str] = []
+        for i, name in enumerate(names):
+            path = self._path(name)
             try:
                 checkpoint = load_checkpoint_file(path)
             except UnsafeCheckpointError:
                 raise
             except CheckpointError as e:
-                then = "trying an older one" if i + 1 < len(candidates) else "no older one to try"
+                then = f"trying {names[i + 1]}" if i + 1 < len(names) else "no other checkpoint to try"
                 logger.warning("Cannot resume from %s (%s); %s.", path, e, then)
                 failures.append(f"{path}: {e}")
+                unreadable.append(name)
                 continue
-            if failures:
-                logger.warning("Resuming from %s, an older checkpoint than the newest one.", path)
-            else:
-                logger.info("Resuming from %s", path)
+            self._log_resume_point(name, i == 0, pointed, pointer_problem, unreadable, names)
             if ignored_path:
                 logger.info("Resuming, so the initial weights '%s' are not loaded.", ignored_path)
             return self._restore(checkpoint, path, list(self.checkpointables))
+        problem = f" The checkpoint pointer is unusable: {pointer_problem}." if pointer_problem else ""
         raise CheckpointError(
-            f"Cannot resume: none of the checkpoints in '{self.save_dir}' could be read. Tried:\n  "
+            f"Cannot resume: none of the checkpoints in '{self.save_dir}' could be read.{problem} Tried:\n  "
             + "\n  ".join(failures)
         )
+
+    def _log_resume_point(
+        self, name: str, first: bool, pointed: str, pointer_problem: str, unreadable: List[str], order: List[str]
+    ) -> None:
+        """Says which file a resume uses, and why when it is not the one ``last_checkpoint`` names.
+
+        "Older than the newest" only when a newer checkpoint file exists and
+        could not be read: a pointer naming a missing file, or garbage, does
+        not make the newest file an older one.
+        """
+        path = self._path(name)
+        if not pointer_problem and not unreadable:
+            logger.info("Resuming from %s", path)
+            return
+        said = []
+        if pointer_problem:
+            said.append(f"The checkpoint pointer '{self._path(self.POINTER_FILE)}' is unusable: {pointer_problem}.")
+        newer = [n for n in unreadable if _is_newer(n, name, order)]
+        if newer:
+            said.append(
+                f"Resuming from {path}, an older checkpoint than the newest one: {', '.join(newer)} could not be read."
+            )
+        elif pointed in unreadable:
+            said.append(f"Resuming from {path} instead of {pointed}, which last_checkpoint names and could not be read.")
+        elif first:
+            said.append(f"Resuming from {path}, the newest checkpoint file, instead.")
+        else:
+            said.append(f"Resuming from {path} instead.")
+        logger.warning(" ".join(said))
 
     # ------------------------------------------------------------------ rotation
     def prune(
@@ -474,3 +574,53 @@ class Checkpointer:
             if m is not None and int(m.group(1)) != os.getpid():
                 out.append(n)
         return out
+
+
+def _preview(raw: bytes, limit: int = 40) -> str:
+    """A short, one-line rendering of a pointer's content for a message: the
+    text without surrounding whitespace, or the bytes when it is not text."""
+    try:
+        content: Any = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        content = raw
+    return repr(content[:limit]) + ("..." if len(content) > limit else "")
+
+
+def _is_newer(a: str, b: str, order: Sequence[str]) -> bool:
+    """Whether checkpoint ``a`` is newer than ``b``: by the iteration numbers in
+    their names when both have one, else by resume order (the pointer's file,
+    then newest first)."""
+    na, nb = _TRAILING_NUMBER.search(a), _TRAILING_NUMBER.search(b)
+    if na and nb:
+        return int(na.group(1)) > int(nb.group(1))
+    return order.index(a) < order.index(b)
+
+
+# What torch's zip writer says when a write fails (messages of torch 2.x's
+# inline_container.cc): it raises RuntimeError, not OSError.
+_TORCH_WRITE_FAILURES = ("PytorchStreamWriter failed", "file write failed", "inline_container.cc", "iostream error")
+
+
+def _os_error_in(error: BaseException) -> Optional[OSError]:
+    """``error`` if it is an OSError, else the first one in its cause/context chain."""
+    seen = set()
+    current: Optional[BaseException] = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _is_torch_write_failure(error: BaseException) -> bool:
+    text = str(error)
+    return any(marker in text for marker in _TORCH_WRITE_FAILURES)
+
+
+def _describe_os_error(error: OSError) -> str:
+    """One line: ``No space left on device (ENOSPC)``."""
+    name = errno.errorcode.get(error.errno) if error.errno is not None else None
+    if error.strerror:
+        return f"{error.strerror} ({name})" if name else error.strerror
+    return _first_line(error)

@@ -13,14 +13,31 @@ here:
   naming the file: :class:`UnsafeCheckpointError` when the file needs
   arbitrary unpickling, :class:`CheckpointError` when it is missing, truncated
   or corrupt.
+
+And one on integrity. ``torch.save`` writes a zip archive whose records (the
+pickle ``data.pkl`` and one record per tensor storage) each carry a CRC-32 of
+their bytes, computed while writing; ``torch.load`` never checks them, so a
+flipped bit loads silently. :func:`save_with_checksums` writes them whatever
+``torch.serialization.set_crc32_options`` says, and :func:`load_checkpoint_file`
+checks every record against its CRC-32 before unpickling anything: a mismatch
+is a :class:`CheckpointError`, like a truncated file, so resuming falls back to
+the previous checkpoint. Files that carry no checksums (torch's legacy non-zip
+format, or a zip saved elsewhere with CRC-32 turned off: every CRC field 0)
+still load, unverified, with a note in the log: weights from other tools must
+keep working.
 """
 
 from __future__ import annotations
 
 import collections
+import io
+import logging
 import pickle
 import re
-from typing import Any, Dict, FrozenSet, Iterator, List, Tuple
+import struct
+import zipfile
+import zlib
+from typing import Any, BinaryIO, Dict, FrozenSet, Iterator, List, Tuple
 
 import torch
 
@@ -33,7 +50,10 @@ __all__ = [
     "check_checkpoint_file",
     "check_weights_only_loadable",
     "load_checkpoint_file",
+    "save_with_checksums",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
@@ -196,8 +216,130 @@ def _weights_only_detail(error: BaseException) -> str:
     return " ".join(text.split("\n\n")[0].split()) or type(error).__name__
 
 
+def save_with_checksums(obj: Any, f: BinaryIO) -> None:
+    """``torch.save(obj, f)`` with a CRC-32 on every record of the archive.
+
+    torch computes the checksums while it writes (no extra pass over the
+    data) unless ``torch.serialization.set_crc32_options(False)`` turned them
+    off for the process; then they are turned on for this call and the
+    user's setting is restored afterwards, also when saving fails. The option
+    is process-wide: a ``torch.save`` in another thread during this call
+    writes checksums too.
+    """
+    get_option = getattr(torch.serialization, "get_crc32_options", None)
+    if get_option is None or get_option():  # torch versions without the option always write them
+        torch.save(obj, f)
+        return
+    torch.serialization.set_crc32_options(True)
+    try:
+        torch.save(obj, f)
+    finally:
+        torch.serialization.set_crc32_options(False)
+
+
+# A zip local file header: signature, 22 bytes of versions, flags, method,
+# times, CRC and sizes (the central directory's copies are the ones used),
+# then the lengths of the name and of the extra field that precede the data.
+_LOCAL_HEADER = struct.Struct("<4s22xHH")
+_LOCAL_SIGNATURE = b"PK\x03\x04"
+# Read and checksummed 1 MiB at a time: the chunk is still in the CPU cache
+# when zlib.crc32 reads it, and calls are few enough that their overhead vanishes.
+_CHUNK = 1 << 20
+
+
+def _verify_checksums(f: BinaryIO, path: str) -> bool:
+    """Checks every record of the archive in ``f`` against the CRC-32 its central directory holds.
+
+    Returns ``True`` when every record matched, ``False`` when there is
+    nothing to check: ``f`` is not a zip archive (torch's legacy format, or
+    a file too damaged to have a central directory, which ``torch.load`` then
+    rejects), or every non-empty record has a CRC-32 of 0, which is what
+    ``torch.save`` writes with CRC-32 turned off.
+
+    Raises:
+        CheckpointError: a record's bytes do not match its checksum, or lie
+            outside the file.
+        zipfile.BadZipFile: the central directory is damaged.
+    """
+    if not zipfile.is_zipfile(f):
+        return False
+    file_size = f.seek(0, io.SEEK_END)
+    f.seek(0)
+    with zipfile.ZipFile(f) as archive:  # given a file object, ZipFile leaves it open
+        records = archive.infolist()
+        if not any(r.CRC for r in records if r.file_size):
+            return False
+        for record in records:
+            if record.compress_type == zipfile.ZIP_STORED:  # torch stores every record
+                matches = _stored_crc32(f, record, file_size, path) == record.CRC
+            else:
+                matches = _inflates_cleanly(archive, record)
+            if not matches:
+                raise CheckpointError(
+                    f"Checkpoint file '{path}' is corrupt: the checksum (CRC-32) of its record "
+                    f"'{record.filename}' does not match its content; a bit changed on disk or in a copy "
+                    f"after it was written."
+                )
+    return True
+
+
+def _stored_crc32(f: BinaryIO, record: zipfile.ZipInfo, file_size: int, path: str) -> int:
+    """The CRC-32 of an uncompressed record's bytes, read in chunks into one buffer."""
+    f.seek(record.header_offset)
+    header = f.read(_LOCAL_HEADER.size)
+    signature, name_length, extra_length = (
+        _LOCAL_HEADER.unpack(header) if len(header) == _LOCAL_HEADER.size else (b"", 0, 0)
+    )
+    start = record.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+    if signature != _LOCAL_SIGNATURE or start + record.compress_size > file_size:
+        raise CheckpointError(
+            f"Checkpoint file '{path}' is corrupt: its record '{record.filename}' is not where the "
+            f"archive's directory says it is."
+        )
+    f.seek(start)
+    view = memoryview(bytearray(min(record.compress_size, _CHUNK)))
+    crc, left = 0, record.compress_size
+    while left > 0:
+        n = _read_into(f, view[: min(left, _CHUNK)])
+        if n == 0:  # the file shrank since its size was read
+            raise CheckpointError(
+                f"Checkpoint file '{path}' is truncated: its record '{record.filename}' ends past the end of the file."
+            )
+        crc = zlib.crc32(view[:n], crc)
+        left -= n
+    return crc
+
+
+def _read_into(f: BinaryIO, view: memoryview) -> int:
+    readinto = getattr(f, "readinto", None)
+    if readinto is not None:
+        return readinto(view) or 0
+    chunk = f.read(len(view))  # file objects of some iopath handlers have no readinto
+    view[: len(chunk)] = chunk
+    return len(chunk)
+
+
+def _inflates_cleanly(archive: zipfile.ZipFile, record: zipfile.ZipInfo) -> bool:
+    """Whether a compressed record (not torch's doing: a re-zipped file) matches its CRC-32.
+
+    zipfile checks the CRC-32 itself once the record is read to its end.
+    """
+    try:
+        with archive.open(record) as data:
+            while data.read(_CHUNK):
+                pass
+    except (zipfile.BadZipFile, zlib.error, EOFError):
+        return False
+    return True
+
+
 def load_checkpoint_file(path: str) -> Dict[str, Any]:
     """Reads a checkpoint with ``torch.load(map_location="cpu", weights_only=True)``.
+
+    First checks every record of the file against its CRC-32 (see the module
+    docstring), through the same open file that is then loaded. A file that
+    carries no checksums (legacy format, or saved with CRC-32 turned off) is
+    loaded without this check, which is logged.
 
     Returns the dict stored in the file.
 
@@ -205,11 +347,15 @@ def load_checkpoint_file(path: str) -> Dict[str, Any]:
         UnsafeCheckpointError: the file references code (functions, classes)
             that weights-only loading does not allow. Nothing from it ran.
         CheckpointError: the file does not exist, cannot be read, is truncated
-            or corrupt, or does not hold a dict.
+            or corrupt (a checksum mismatch included), or does not hold a dict.
     """
     try:
         with PathManager.open(path, "rb") as f:
+            verified = _verify_checksums(f, path)
+            f.seek(0)
             obj = torch.load(f, map_location="cpu", weights_only=True)
+    except CheckpointError:
+        raise
     except pickle.UnpicklingError as e:
         unsafe = _unsafe_globals(path, e)
         if unsafe:
@@ -235,6 +381,12 @@ def load_checkpoint_file(path: str) -> Dict[str, Any]:
     if not isinstance(obj, dict):
         raise CheckpointError(
             f"Checkpoint file '{path}' holds a {type(obj).__name__}, not the dict a checkpoint is."
+        )
+    if not verified:
+        logger.info(
+            "Checkpoint file '%s' carries no checksums (torch's legacy format, or saved with CRC-32 turned off): "
+            "it was loaded without checking its content.",
+            path,
         )
     return obj
 

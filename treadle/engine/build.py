@@ -139,15 +139,22 @@ def resolve_scheduler(
     A factory with only one required positional parameter (``functools.partial``
     with its options bound, or one whose other parameters have defaults) is
     called with ``(optimizer)`` alone.
+
+    ``warmup_iters`` adds a linear warm-up to a named schedule (or to a
+    constant one when ``scheduler`` is None); one as long as the run or
+    longer is clipped to half the run, with a warning naming ``warmup_iters``.
     """
+    # The warning about a warm-up longer than the run names this argument
+    # (also Trainer's), not the config key build_lr_multiplier names by default.
+    warmup = dict(warmup_iters=warmup_iters, warmup_factor=warmup_factor, warmup_name="warmup_iters")
     if scheduler is None:
         if warmup_iters:
-            return build_lr_multiplier("constant", max_iter=max_iter, warmup_iters=warmup_iters, warmup_factor=warmup_factor)
+            return build_lr_multiplier("constant", max_iter=max_iter, **warmup)
         return None
     if isinstance(scheduler, str):
         if scheduler not in SCHEDULE_NAMES:
             raise ValueError(f"Unknown scheduler {scheduler!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
-        return build_lr_multiplier(scheduler, max_iter=max_iter, warmup_iters=warmup_iters, warmup_factor=warmup_factor)
+        return build_lr_multiplier(scheduler, max_iter=max_iter, **warmup)
     if isinstance(scheduler, (ParamScheduler, torch.optim.lr_scheduler.LRScheduler)):
         return scheduler
     if callable(scheduler):

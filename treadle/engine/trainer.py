@@ -106,7 +106,8 @@ class Trainer(TrainerBase):
         scheduler: a torch scheduler, an fvcore ``ParamScheduler``, a name
             (``"cosine"``, ``"linear"``, ``"step"``, ``"constant"``), or a factory
             ``(optimizer, max_iter) -> scheduler``; ``warmup_iters`` adds a
-            linear warm-up to a named schedule.
+            linear warm-up to a named schedule (clipped to half the run, with
+            a warning, when it is not shorter than the run).
         hooks: more hooks, run after evaluation and before checkpoints and writers.
         output_dir: where ``metrics.json``, TensorBoard events, ``log.txt`` and
             checkpoints go; nothing is written without it.

@@ -110,11 +110,20 @@ def build_lr_multiplier(
     steps: Sequence[int] = (),
     gamma: float = 0.1,
     end_value: float = 0.0,
+    warmup_name: str = "lr_multiplier.warmup_iters",
 ) -> ParamScheduler:
     """A learning-rate multiplier by name: ``"constant"``, ``"cosine"`` (to
     ``end_value``), ``"linear"`` (to ``end_value``) or ``"step"`` (times
     ``gamma`` at each of ``steps``, by default at 2/3 and 8/9 of training),
     with an optional linear warm-up over ``warmup_iters`` iterations.
+
+    A warm-up as long as the run or longer (a short test run of a config
+    made for a long one, ``train.max_iter=30`` with the presets' 50) is
+    clipped to half the run, ``max_iter // 2`` iterations, with one warning
+    naming ``warmup_name`` (the config key by default; callers with another
+    interface pass the name their users know), the requested and the used
+    length: the run then reaches the full rate and sees the schedule's decay.
+    A warm-up shorter than the run is kept as given.
 
     Invalid arguments raise :class:`~treadle.config.ConfigError` (a
     ``ValueError``): they come from a config or the command line, where
@@ -137,9 +146,17 @@ def build_lr_multiplier(
         )
     else:
         raise ConfigError(f"Unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
+    if warmup_iters >= max_iter:
+        used = max_iter // 2
+        logger.warning(
+            "%s=%d is not shorter than the run (max_iter=%d): %s",
+            warmup_name,
+            warmup_iters,
+            max_iter,
+            f"warming up over {used} iterations, half the run, instead." if used else "no warm-up instead.",
+        )
+        warmup_iters = used
     if warmup_iters > 0:
-        if warmup_iters >= max_iter:
-            raise ConfigError(f"warmup_iters ({warmup_iters}) must be smaller than max_iter ({max_iter})")
         schedule = WarmupParamScheduler(schedule, warmup_factor, warmup_iters / max_iter)
     return schedule
 
