@@ -349,3 +349,14 @@ def test_exception_in_a_hook_is_one_line_naming_the_hook(tmp_path, capfd, monkey
         f"traceback in {out / 'log.txt'})"
     )
     assert "Traceback" not in stdout + stderr
+
+
+def test_eval_only_resume_with_a_garbage_pointer_evaluates_the_newest_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    assert cli([f"train.output_dir={out}", *SHORT]) == 0
+    (out / "last_checkpoint").write_bytes(b"\x00\xffjunk")
+    (out / "model_final.pth").unlink()
+    (out / "model_best.pth").unlink()
+    assert cli([f"train.output_dir={out}", *SHORT, "--eval-only", "--resume"]) == 0
+    (result,) = [json.loads(p.read_text()) for p in out.glob("eval/*/results.json")]
+    assert Path(result["weights"]).name == "model_0000019.pth"

@@ -183,6 +183,16 @@ class Checkpointer:
         name = self._pointer_target()
         return self._path(name) if name else ""
 
+    def latest_checkpoint_file(self) -> str:
+        """The file a resume tries first: the one ``last_checkpoint`` names when
+        it exists, else the newest ``model_*.pth``; "" when there is none.
+        The file is not read (it may still turn out unreadable)."""
+        pointed = self.get_checkpoint_file()
+        if pointed and PathManager.exists(pointed):
+            return pointed
+        files = self._resume_files()
+        return self._path(files[0]) if files else ""
+
     def get_all_checkpoint_files(self) -> List[str]:
         """Full paths of every ``.pth`` file in ``save_dir``, sorted by name
         (temporary files of unfinished saves excluded)."""

@@ -106,8 +106,9 @@ def _eval_weights(cfg: DictConfig, resume: bool) -> str:
     """
     # Finding the file needs no model: the checkpointer only reads its pointer file.
     finder = Checkpointer(nn.Module(), cfg.train.output_dir)
-    if resume and finder.has_checkpoint():
-        return finder.get_checkpoint_file() or finder._resume_candidates()[0]
+    latest = finder.latest_checkpoint_file() if resume else ""
+    if latest:
+        return latest
     if cfg.train.get("init_checkpoint"):
         return cfg.train.init_checkpoint
     raise JobError(
