@@ -291,7 +291,7 @@ def test_trainer_twice_on_one_folder_is_refused_unless_moved_aside(tmp_path):
     out = tmp_path / "run"
     _tiny_trainer(out).train()
     before = snapshot(out)
-    with pytest.raises(RunFolderUsedError, match="holds an earlier run"):
+    with pytest.raises(RunFolderUsedError, match=r"Call train\(resume=True\) to continue it, choose another output_dir, or call train\(move_aside=True\)"):
         _tiny_trainer(out).train()
     assert snapshot(out) == before
     trainer = _tiny_trainer(out)

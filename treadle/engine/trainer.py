@@ -197,7 +197,7 @@ class Trainer(TrainerBase):
         self.run_folder: Optional[RunFolder] = None
         if output_dir is not None:
             self.checkpointer = Checkpointer(self.model, output_dir, optimizer=self.optimizer, trainer=self)
-            self.run_folder = RunFolder(output_dir)
+            self.run_folder = RunFolder(output_dir, names=RunFolder.TRAINER_API)
 
         # A constant schedule when none is given: the history always has lr.
         sched = resolve_scheduler(scheduler, self.optimizer, self.max_iter, warmup_iters=warmup_iters) or ConstantParamScheduler(1.0)

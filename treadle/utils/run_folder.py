@@ -112,10 +112,20 @@ class RunFolder:
     a note that no lock is held.
     """
 
-    def __init__(self, path: str) -> None:
+    #: How messages name the ways out, for the command line (the default).
+    COMMAND_LINE = {"resume": "add --resume", "move_aside": "add --move-aside", "output_dir": "train.output_dir"}
+    #: ... and for the plain ``Trainer``.
+    TRAINER_API = {
+        "resume": "call train(resume=True)",
+        "move_aside": "call train(move_aside=True)",
+        "output_dir": "output_dir",
+    }
+
+    def __init__(self, path: str, *, names: Optional[Dict[str, str]] = None) -> None:
         if not path:
             raise ValueError("RunFolder needs a path")
         self.path = path
+        self._names = dict(self.COMMAND_LINE, **(names or {}))
         self._fd: Optional[int] = None
         self.moved_to: Optional[str] = None
 
@@ -162,7 +172,7 @@ class RunFolder:
                     raise RunFolderError(f"Cannot lock '{self.lock_path}': {e.strerror or e}") from None
                 raise RunFolderBusyError(
                     f"The output directory '{self.path}' is in use by another job: {_holder_text(holder)}. "
-                    "Wait for it to end, or choose another train.output_dir."
+                    f"Wait for it to end, or choose another {self._names['output_dir']}."
                 ) from None
             # The file may have been removed (a release) between our open and
             # our lock: then we hold a lock on a name nobody sees. Start over.
@@ -254,8 +264,9 @@ class RunFolder:
             shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
             raise RunFolderUsedError(
                 f"The output directory '{self.path}' holds an earlier run ({shown}); a fresh start would "
-                "overwrite it. Add --resume to continue it, choose another train.output_dir, or add "
-                "--move-aside to rename the earlier run's folder and start fresh."
+                f"overwrite it. {self._names['resume'][:1].upper()}{self._names['resume'][1:]} to continue it, choose another "
+                f"{self._names['output_dir']}, or {self._names['move_aside']} to rename the earlier run's "
+                "folder and start fresh."
             )
         except BaseException:
             self.release()
@@ -271,7 +282,7 @@ class RunFolder:
         """
         if not is_local_path(self.path):
             raise RunFolderError(
-                f"Cannot move '{self.path}' aside: it is not a local path. Choose another train.output_dir."
+                f"Cannot move '{self.path}' aside: it is not a local path. Choose another {self._names['output_dir']}."
             )
         path = os.path.normpath(os.path.abspath(self.path))
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -286,7 +297,7 @@ class RunFolder:
             self._fd = old_fd
             raise RunFolderError(
                 f"Cannot move the earlier run in '{self.path}' aside to '{target}': {e.strerror or e}. "
-                "Move it yourself, or choose another train.output_dir."
+                f"Move it yourself, or choose another {self._names['output_dir']}."
             ) from None
         try:
             self.acquire()  # a fresh folder, and its own lock
