@@ -94,6 +94,9 @@ def check_job(cfg: DictConfig, args: argparse.Namespace) -> Optional[str]:
         weights = _eval_weights(cfg, args.resume)
         check_checkpoint_file(weights)
         return weights
+    init = cfg.train.get("init_checkpoint")
+    if init and not (args.resume and Checkpointer(nn.Module(), cfg.train.output_dir).has_checkpoint()):
+        check_checkpoint_file(init)  # the weights a fresh start loads
     return None
 
 
