@@ -2,7 +2,12 @@ import logging
 
 import pytest
 import torch
-from fvcore.common.param_scheduler import CosineParamScheduler, MultiStepParamScheduler
+from fvcore.common.param_scheduler import (
+    CosineParamScheduler,
+    MultiStepParamScheduler,
+    StepParamScheduler,
+    StepWithFixedGammaParamScheduler,
+)
 from torch import nn
 
 from treadle.engine import EagerStep, TrainerBase
@@ -10,13 +15,13 @@ from treadle.hooks.callback import CallbackHook
 from treadle.hooks.lr_scheduler import LRMultiplier, LRScheduler
 
 
-def make_trainer(scheduler_factory, lr=1.0):
+def make_trainer(scheduler_factory, lr=1.0, **hook_options):
     torch.manual_seed(0)
     model = nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     data = [(torch.randn(4, 2), torch.randn(4, 1))]
     trainer = TrainerBase(EagerStep(model, data, opt, loss_fn=nn.functional.mse_loss))
-    hook = LRScheduler(scheduler=scheduler_factory(opt))
+    hook = LRScheduler(scheduler=scheduler_factory(opt), **hook_options)
     trainer.register_hooks([hook])
     return trainer, hook, opt
 
@@ -156,3 +161,33 @@ def test_resolve_scheduler_names_its_own_argument(treadle_caplog):
             "warmup_iters=100 is not shorter than the run (max_iter=8): warming up over 4 iterations, half the run, "
             "instead."
         ]
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        lambda: StepParamScheduler(num_updates=10, values=[1.0, 0.1]),
+        lambda: StepWithFixedGammaParamScheduler(base_value=1.0, num_decays=2, gamma=0.1, num_updates=10),
+    ],
+    ids=["StepParamScheduler", "StepWithFixedGammaParamScheduler"],
+)
+def test_fvcore_step_schedules_reach_the_last_iteration(schedule):
+    """fvcore's step schedules index int(where * num_updates + 1e-6): the
+    position after the last step must stay a whole step below 1."""
+    trainer, _, _ = make_trainer(lambda opt: schedule())
+    trainer.train(0, 10)
+    values = lrs(trainer)
+    assert len(values) == 10 and values[0] == pytest.approx(1.0) and values[-1] < 0.2
+
+
+def test_torch_scheduler_stepped_per_epoch(treadle_caplog):
+    trainer, _, _ = make_trainer(lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5), interval="epoch")
+    trainer.epoch_length = 3
+    trainer.train(0, 15)  # 5 epochs: 1, 1, 0.5, 0.5, 0.25 (StepLR counts epochs)
+    assert lrs(trainer) == pytest.approx([1] * 6 + [0.5] * 6 + [0.25] * 3)
+    assert "stepping StepLR after every epoch (3 iterations)" in treadle_caplog.text
+
+
+def test_epoch_interval_is_for_torch_schedulers():
+    with pytest.raises(ValueError, match="interval='epoch' is for torch schedulers"):
+        LRScheduler(scheduler=CosineParamScheduler(1.0, 0.0), interval="epoch")

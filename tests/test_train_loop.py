@@ -284,3 +284,77 @@ def test_step_assignment_requires_a_step_object():
         TrainerBase().step = object()
     with pytest.raises(RuntimeError, match="no step object"):
         TrainerBase().train(0, 1)
+
+
+# ---------------------------------------------------------------------- epochs
+class EpochRecorder(HookBase):
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def after_step(self):
+        self.log.append((self.name, "after_step", self.trainer.iter))
+
+    def after_epoch(self):
+        self.log.append((self.name, "after_epoch", self.trainer.epoch, self.trainer.iter))
+
+    def after_train(self):
+        self.log.append((self.name, "after_train", self.trainer.iter))
+
+
+def epoch_events(log):
+    return [e for e in log if e[1] != "after_step" and e[0] != "step"]
+
+
+def test_after_epoch_runs_after_every_after_step_of_an_epochs_last_iteration():
+    log = []
+    trainer = make_trainer(log, [EpochRecorder("a", log), EpochRecorder("b", log)])
+    trainer.epoch_length = 3
+    trainer.train(0, 8)  # epochs 0-2, 3-5, and a last partial one, 6-7
+    assert log[log.index(("b", "after_step", 2)) + 1] == ("a", "after_epoch", 0, 2)
+    assert epoch_events(log) == [
+        ("a", "after_epoch", 0, 2), ("b", "after_epoch", 0, 2),
+        ("a", "after_epoch", 1, 5), ("b", "after_epoch", 1, 5),
+        # The epoch that ends with training: just before each hook's after_train.
+        ("a", "after_epoch", 2, 8), ("a", "after_train", 8), ("b", "after_epoch", 2, 8), ("b", "after_train", 8),
+    ]
+
+
+def test_the_last_full_epoch_ends_in_after_train_once():
+    log = []
+    trainer = make_trainer(log, [EpochRecorder("a", log)])
+    trainer.epoch_length = 2
+    trainer.train(0, 4)
+    assert epoch_events(log) == [("a", "after_epoch", 0, 1), ("a", "after_epoch", 1, 4), ("a", "after_train", 4)]
+
+
+def test_a_stop_at_an_epoch_end_ends_that_epoch_once():
+    log = []
+    stopper = CallbackHook(after_step=lambda t: t.request_stop("early") if t.iter == 3 else None)
+    trainer = make_trainer(log, [stopper, EpochRecorder("a", log)])
+    trainer.epoch_length = 2
+    trainer.train(0, 10)
+    assert epoch_events(log) == [("a", "after_epoch", 0, 1), ("a", "after_epoch", 1, 3), ("a", "after_train", 4)]
+
+
+def test_no_after_epoch_for_a_failed_or_interrupted_epoch():
+    log = []
+    trainer = make_trainer(log, [EpochRecorder("a", log)], fail_at=3)
+    trainer.epoch_length = 2
+    with pytest.raises(ValueError):
+        trainer.train(0, 10)
+    assert epoch_events(log) == [("a", "after_epoch", 0, 1), ("a", "after_train", 3)]
+
+    log.clear()
+    stop = CallbackHook(after_step=lambda t: t.request_stop("preempted", interrupted=True) if t.iter == 2 else None)
+    trainer = make_trainer(log, [stop, EpochRecorder("a", log)])
+    trainer.epoch_length = 2
+    trainer.train(0, 10)
+    assert epoch_events(log) == [("a", "after_epoch", 0, 1), ("a", "after_train", 3)]
+
+
+def test_a_resumed_run_counts_epochs_from_its_start():
+    log = []
+    trainer = make_trainer(log, [EpochRecorder("a", log)])
+    trainer.epoch_length = 4
+    trainer.train(6, 12)
+    assert epoch_events(log) == [("a", "after_epoch", 1, 7), ("a", "after_epoch", 2, 12), ("a", "after_train", 12)]

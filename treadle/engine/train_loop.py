@@ -28,7 +28,7 @@ class HookOrderError(ValueError):
 
 
 # The stages called inside the iteration loop.
-_ITERATION_STAGES = ("before_step", "after_backward", "after_step")
+_ITERATION_STAGES = ("before_step", "after_backward", "after_step", "after_epoch")
 
 
 def _stage_caller(stage: str, doc: str) -> Callable[["TrainerBase"], None]:
@@ -102,7 +102,9 @@ class TrainerBase:
         nonfinite_check: passed to the ``EventStorage``: ``"flush"``, ``"step"`` or ``"off"``.
         history_length: values the ``EventStorage`` keeps per scalar name.
         epoch_length: iterations per epoch when the data has a length (set by
-            whoever builds the trainer); hooks with periods in epochs need it.
+            whoever builds the trainer); hooks with periods in epochs and
+            ``after_epoch`` need it.
+        epoch: during ``after_epoch``, the 0-based index of the epoch that ended.
         iter_start_time: ``time.perf_counter()`` when the current iteration
             began, before any ``before_step`` hook.
         step_end_time: ``time.perf_counter()`` when the current iteration's
@@ -141,6 +143,9 @@ class TrainerBase:
         self.training_error: Optional[BaseException] = None
         self.interrupted = False
         self.finished = False
+        # The index of the epoch whose after_epoch runs (see HookBase).
+        self.epoch: Optional[int] = None
+        self._epochs_done_through = -1
         # Whether the checkpoint loaded into this trainer was of a finished
         # run; None when nothing was loaded or the checkpoint predates the flag.
         self._loaded_finished: Optional[bool] = None
@@ -252,6 +257,7 @@ class TrainerBase:
         self.interrupted = False
         self.finished = False
         self.training_error = None
+        self._epochs_done_through = start_iter - 1
         self._timings = defaultdict(float)
         self._loop_seconds = None
         with EventStorage(
@@ -290,6 +296,8 @@ class TrainerBase:
         # A subclass's before_step runs every iteration; the stage caller
         # only when a hook needs it (it is empty with the default hooks).
         before_step_overridden = type(self).before_step is not TrainerBase.before_step
+        # Epoch ends are looked for only when a hook wants them.
+        epoch_length = self.epoch_length if self._hooks_by_stage["after_epoch"] else None
         self._loop_started = clock()
         try:
             for self.iter in range(start_iter, max_iter):
@@ -301,6 +309,11 @@ class TrainerBase:
                 self.run_step()
                 self.step_end_time = clock()
                 self.after_step()
+                # The run's last epoch ends in after_train, after the final evaluation.
+                if epoch_length and (self.iter + 1) % epoch_length == 0 and self.iter + 1 != max_iter:
+                    self.epoch = self.iter // epoch_length
+                    self.after_epoch()
+                    self._epochs_done_through = self.iter
                 if self._stop_reason is not None:
                     break
         finally:
@@ -328,7 +341,18 @@ class TrainerBase:
         """
         self.storage.iter = self.iter
         first: Optional[BaseException] = None
-        for _, method, key in self._hooks_by_stage["after_train"]:
+        calls = self._hooks_by_stage["after_train"]
+        if self._epoch_pending():
+            # The epoch that ends with training: each hook's after_epoch just
+            # before its after_train, so later hooks see the final evaluation.
+            self.epoch = (self.iter - 1) // self.epoch_length
+            self._epochs_done_through = self.iter - 1
+            order = {id(h): i for i, h in enumerate(self._hooks)}
+            calls = sorted(
+                self._hooks_by_stage["after_epoch"] + calls,
+                key=lambda entry: (order[id(entry[0])], entry[2].endswith(".after_train")),
+            )
+        for _, method, key in calls:
             t0 = time.perf_counter()
             try:
                 method()
@@ -342,7 +366,20 @@ class TrainerBase:
         if first is not None:
             raise first
 
+    def _epoch_pending(self) -> bool:
+        """Whether training ended (not failed, not interrupted) inside or at the
+        end of an epoch whose ``after_epoch`` has not run."""
+        return bool(
+            self.epoch_length
+            and self._hooks_by_stage["after_epoch"]
+            and self.training_error is None
+            and not self.interrupted
+            and self.iter - 1 > self._epochs_done_through
+            and self.iter > self.start_iter
+        )
+
     before_step = _stage_caller("before_step", "Runs every hook's ``before_step``; ``storage.iter`` is already ``iter``.")
+    after_epoch = _stage_caller("after_epoch", "Runs every hook's ``after_epoch``; ``epoch`` is the index of the epoch that ended.")
     after_backward = _stage_caller(
         "after_backward", "Runs every hook's ``after_backward``; the step object calls it between backward and the optimizer step."
     )

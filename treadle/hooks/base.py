@@ -9,7 +9,14 @@ if TYPE_CHECKING:  # hooks reach the trainer through self.trainer, never by impo
 
 __all__ = ["HookBase", "HOOK_STAGES"]
 
-HOOK_STAGES: Tuple[str, ...] = ("before_train", "before_step", "after_backward", "after_step", "after_train")
+HOOK_STAGES: Tuple[str, ...] = (
+    "before_train",
+    "before_step",
+    "after_backward",
+    "after_step",
+    "after_epoch",
+    "after_train",
+)
 
 
 class HookBase:
@@ -22,7 +29,18 @@ class HookBase:
             hook.before_step()
             trainer.run_step()        # the step object calls hook.after_backward()
             hook.after_step()         #   between backward and optimizer.step
+            hook.after_epoch()        # when iter ends an epoch (see below)
         hook.after_train()            # also after an exception or a stop request
+
+    ``after_epoch`` runs when the trainer knows its epoch length
+    (``trainer.epoch_length``) and an epoch ends: after every hook's
+    ``after_step`` of the epoch's last iteration, with ``trainer.epoch`` the
+    0-based index of that epoch. The epoch that ends with training (the last
+    one, or the part of it run before an early stop) gets its
+    ``after_epoch`` during ``after_train``: just before each hook's own
+    ``after_train``, so a hook registered after the ``EvalHook`` sees the
+    final evaluation. A preempted or failed run calls no ``after_epoch`` for
+    its unfinished epoch.
 
     ``self.trainer`` is a weak proxy to the trainer, set by ``register_hooks``.
     Inside every call, ``self.trainer.iter`` is the iteration being run.
@@ -49,6 +67,9 @@ class HookBase:
 
     def after_train(self) -> None:
         """Called once after the last iteration, also when training raised or was stopped."""
+
+    def after_epoch(self) -> None:
+        """Called when an epoch ends (see the class docstring); ``trainer.epoch`` is its index."""
 
     def before_step(self) -> None:
         """Called before each iteration."""

@@ -29,6 +29,7 @@ class CallbackHook(HookBase):
         before_step: Callback = None,
         after_backward: Callback = None,
         after_step: Callback = None,
+        after_epoch: Callback = None,
     ) -> None:
         self._callbacks = {
             "before_train": before_train,
@@ -36,6 +37,7 @@ class CallbackHook(HookBase):
             "before_step": before_step,
             "after_backward": after_backward,
             "after_step": after_step,
+            "after_epoch": after_epoch,
         }
         for stage, fn in self._callbacks.items():
             if fn is not None and not callable(fn):
@@ -63,3 +65,6 @@ class CallbackHook(HookBase):
 
     def after_step(self) -> None:
         self._call("after_step")
+
+    def after_epoch(self) -> None:
+        self._call("after_epoch")

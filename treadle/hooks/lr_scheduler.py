@@ -59,8 +59,13 @@ class LRMultiplier(torch.optim.lr_scheduler.LRScheduler):
         self._last_lr = self.get_lr()
 
     def get_lr(self) -> List[float]:
-        where = min(self.last_epoch / self._max_iter, 1.0 - 1e-12)
-        factor = self._multiplier(max(where, 0.0))
+        # The rate after the last step (last_epoch == max_iter) is never used
+        # for training; it is that of the last iteration. Clamping to an
+        # iteration keeps ``where`` a whole step below 1: fvcore's step
+        # schedulers index ``int(where * num_updates + 1e-6)``, which an
+        # epsilon clamp (1 - 1e-12) pushes past their last value.
+        step = min(max(self.last_epoch, 0), self._max_iter - 1)
+        factor = self._multiplier(step / self._max_iter)
         return [base_lr * factor for base_lr in self.base_lrs]
 
 
@@ -172,6 +177,13 @@ class LRScheduler(HookBase):
     Runs after_step; ``lr`` is the rate that the iteration just run used.
     Its state (the scheduler's) is saved with the trainer's state; one loaded
     before training starts is applied when the scheduler is built.
+
+    ``interval`` says when a torch scheduler steps (Lightning's
+    ``interval``): ``"iter"`` after every iteration (the default: treadle
+    counts iterations), ``"epoch"`` after every epoch (``StepLR(step_size=2)``
+    meant as "every 2 epochs"; needs the trainer's ``epoch_length``). Which
+    one is used is logged when training starts. An fvcore schedule is a
+    function of the iteration and always updates per iteration.
     """
 
     def __init__(
@@ -180,7 +192,16 @@ class LRScheduler(HookBase):
         scheduler: Union[torch.optim.lr_scheduler.LRScheduler, ParamScheduler, None] = None,
         *,
         max_iter: Optional[int] = None,
+        interval: str = "iter",
     ) -> None:
+        if interval not in ("iter", "epoch"):
+            raise ValueError(f"LRScheduler interval must be 'iter' or 'epoch', got {interval!r}")
+        if interval == "epoch" and isinstance(scheduler, ParamScheduler):
+            raise ValueError(
+                "interval='epoch' is for torch schedulers; an fvcore ParamScheduler is a function of the "
+                "iteration over the whole run and updates every iteration"
+            )
+        self.interval = interval
         if scheduler is not None and not isinstance(
             scheduler, (torch.optim.lr_scheduler.LRScheduler, ParamScheduler)
         ):
@@ -222,11 +243,35 @@ class LRScheduler(HookBase):
                 group["lr"] = lr
         self._group_index = _largest_group(self.optimizer)
         self._param_groups = self.optimizer.param_groups
+        self._step_per_iter = self.interval == "iter"
+        if not self._step_per_iter and not self.trainer.epoch_length:
+            raise ValueError(
+                "LRScheduler(interval='epoch') needs the trainer's epoch length, and this trainer's data has no "
+                "length; use interval='iter' and a schedule in iterations"
+            )
+        if not isinstance(self._scheduler_arg, ParamScheduler):
+            logger.info(
+                "LRScheduler: stepping %s after every %s (interval=%r)",
+                type(self.scheduler).__name__,
+                "iteration" if self._step_per_iter else f"epoch ({self.trainer.epoch_length} iterations)",
+                self.interval,
+            )
 
     def after_step(self) -> None:
         lr = self._param_groups[self._group_index]["lr"]
         self.trainer.storage.put_scalar("lr", lr, smoothing_hint=False)
-        self.scheduler.step()
+        if self._step_per_iter:
+            self.scheduler.step()
+
+    def after_epoch(self) -> None:
+        if not self._step_per_iter:
+            self.scheduler.step()
+
+    def overrides(self, stage: str) -> bool:
+        # after_epoch only when stepping per epoch: the loop then skips epoch checks.
+        if stage == "after_epoch":
+            return self.interval == "epoch"
+        return super().overrides(stage)
 
     def state_dict(self) -> Dict[str, Any]:
         if self.scheduler is None:
