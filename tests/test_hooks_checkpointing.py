@@ -78,13 +78,13 @@ def same(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def scripted_eval(trainer_ref, script, calls):
-    """An eval function returning ``script[iteration]`` as ``acc``; records when it ran."""
+def scripted_eval(trainer_ref, script, calls, name="acc"):
+    """An eval function returning ``script[iteration]`` as ``name``; records when it ran."""
 
     def evaluate():
         it = trainer_ref().iter
         calls.append(it)
-        return {"acc": script[it]}
+        return {name: script[it]}
 
     return evaluate
 
@@ -166,7 +166,7 @@ def best_run(out, script, calls, mode="max", extra=()):
     return make_run(
         out,
         lambda r: EvalHook(2, scripted_eval(lambda: r.trainer, script, calls)),
-        lambda r: BestCheckpointer("acc", mode, r.checkpointer),
+        lambda r: BestCheckpointer(0, r.checkpointer, "acc", mode),
         lambda r: PeriodicCheckpointer(r.checkpointer, period=4),
         *extra,
     )
@@ -231,7 +231,7 @@ def test_best_metric_survives_a_resume(tmp_path):
 
 
 def test_best_checkpointer_needs_an_eval_hook_before_it(tmp_path):
-    run = make_run(tmp_path, lambda r: BestCheckpointer("acc", "max", r.checkpointer))
+    run = make_run(tmp_path, lambda r: BestCheckpointer(0, r.checkpointer, "acc", "max"))
     with pytest.raises(ValueError, match=r"BestCheckpointer\('acc'\) needs an EvalHook registered before it"):
         run.trainer.train(0, 2)
 
@@ -354,3 +354,71 @@ def test_preemption_handler_reads_the_world_size_once_per_run_not_per_step(tmp_p
         return len(calls)
 
     assert count(2) == count(12)
+
+
+def _loss_on(model, data):
+    with torch.no_grad():
+        return float(nn.functional.mse_loss(model(data[0]), data[1]))
+
+
+def test_best_checkpoint_under_ema_holds_the_weights_that_were_scored(tmp_path):
+    """The evaluation runs on the EMA average, so model_best must hold the
+    average: loading it reproduces the recorded best loss."""
+    from treadle.hooks import EMA
+
+    g = torch.Generator().manual_seed(5)
+    val = (torch.randn(32, 3, generator=g), torch.randn(32, 1, generator=g))
+    scores = {}
+    run = make_run(
+        tmp_path,
+        lambda r: EMA(0.9),
+        lambda r: EvalHook(2, lambda: scores.setdefault(r.trainer.iter, {"loss": _loss_on(r.model, val)})),
+        lambda r: BestCheckpointer(2, r.checkpointer, "loss"),  # mode inferred: min
+    )
+    run.trainer.train(0, 12)
+    best = run.load("model_best.pth")
+    recorded = best["trainer"]["hooks"]["BestCheckpointer"]["best_metric"]
+    assert recorded == min(s["loss"] for s in scores.values())
+    assert best["weights"] == "ema"
+    fresh = nn.Linear(3, 1)
+    fresh.load_state_dict(best["model"])
+    assert _loss_on(fresh, val) == pytest.approx(recorded, rel=1e-6)
+    assert not same(best["model"], run.weights[best["iteration"]])  # not the live weights
+
+
+@pytest.mark.parametrize(
+    "metric,expected", [("loss", "min"), ("val/loss", "min"), ("cer", "min"), ("wer", "min"), ("perplexity", "min"),
+                        ("mse", "min"), ("top1_error", "min"), ("accuracy", "max"), ("f1", "max"), ("auc", "max")]
+)
+def test_mode_follows_the_metric(metric, expected):
+    assert BestCheckpointer(0, None, metric).mode == expected
+    assert EarlyStopping(metric, patience=2).mode == expected
+    assert BestCheckpointer(0, None, metric, "max").mode == "max"  # given: kept
+
+
+def test_best_loss_keeps_the_lowest(tmp_path):
+    script = {1: 3.0, 3: 2.0, 5: 2.5, 7: 2.2, 10: 2.9}
+    calls = []
+    run = make_run(
+        tmp_path,
+        lambda r: EvalHook(2, scripted_eval(lambda: r.trainer, script, calls, name="loss")),
+        lambda r: BestCheckpointer(0, r.checkpointer, "loss"),
+    )
+    run.trainer.train(0, 10)
+    assert run.load("model_best.pth")["iteration"] == 3
+
+
+def test_registered_metric_declares_its_direction():
+    from treadle.evaluation import metric_mode, register_metric, unregister_metric
+    from treadle.evaluation.classification import ClassificationEvaluator
+
+    register_metric("distortion_score", lambda: ClassificationEvaluator(), higher_is_better=True)
+    try:
+        assert metric_mode("distortion_score") == "max"  # the name alone would say "min"
+    finally:
+        unregister_metric("distortion_score")
+
+
+def test_detectron2_argument_order_is_enforced():
+    with pytest.raises(TypeError, match="takes the metric third"):
+        BestCheckpointer("accuracy", None, "max")

@@ -31,10 +31,11 @@ train = dict(
     # sync_module_states; the DDP options must then stay off). See docs/distributed.md.
     ddp=dict(kind="ddp", broadcast_buffers=False, find_unused_parameters=False, fp16_compression=False),
     ema=dict(enabled=False, decay=0.999),
-    # Save model_best when this evaluation metric improves (None: off).
-    best_checkpointer=dict(metric=None, mode="max"),
+    # Save model_best when this evaluation metric improves (None: off). mode None
+    # follows the metric: "min" for losses, errors, cer, wer, perplexity; else "max".
+    best_checkpointer=dict(metric=None, mode=None),
     # Stop when this metric has not improved for `patience` evaluations (None: off).
-    early_stopping=dict(metric=None, patience=5, min_delta=0.0, mode="max"),
+    early_stopping=dict(metric=None, patience=5, min_delta=0.0, mode=None),
     # Checkpoint and exit with status 75 on SIGTERM/SIGUSR1.
     handle_preemption=True,
     # When to look for NaN losses: "flush" (no extra sync), "step" (every iteration) or "off".

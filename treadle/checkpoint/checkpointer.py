@@ -72,8 +72,10 @@ class Checkpointer:
     """
 
     POINTER_FILE = "last_checkpoint"
-    RESUME_PATTERN = re.compile(r"model_.*\.pth")
-    """Files :meth:`resume_or_load` falls back to when the pointed-to file is unreadable."""
+    RESUME_PATTERN = re.compile(r"model_(?!best\.pth$).*\.pth")
+    """Files :meth:`resume_or_load` falls back to when the pointed-to file is
+    unreadable. Not ``model_best.pth``: the best checkpoint is a point in the
+    past (and may hold averaged weights), not where the run stopped."""
 
     def __init__(
         self,
@@ -202,7 +204,7 @@ class Checkpointer:
         """``model_*.pth`` names, newest first.
 
         Newest = highest iteration number in the name; files without one
-        (``model_final``, ``model_best``) follow, newest modification time first.
+        (``model_final``) follow, newest modification time first.
         """
         names = [n for n in self._list_dir() if self.RESUME_PATTERN.fullmatch(n)]
         numbered: List[Tuple[int, str]] = []

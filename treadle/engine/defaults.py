@@ -381,14 +381,14 @@ class DefaultTrainer(TrainerBase):
             LRScheduler(self.optimizer, s) if (s := self.build_lr_scheduler(cfg, self.optimizer)) is not None else None,
             EMA(float(ema_cfg.get("decay", 0.999)), model=unwrap_model(self.model)) if ema_cfg.get("enabled", False) else None,
             EvalHook(eval_period, test_and_save_results) if has_eval else None,
-            BestCheckpointer(best_cfg.metric, best_cfg.get("mode", "max"), self.checkpointer)
+            BestCheckpointer(eval_period, self.checkpointer, best_cfg.metric, best_cfg.get("mode"))
             if has_eval and best_cfg.get("metric")
             else None,
             EarlyStopping(
                 stop_cfg.metric,
                 int(stop_cfg.get("patience", 5)),
                 float(stop_cfg.get("min_delta", 0.0)),
-                stop_cfg.get("mode", "max"),
+                stop_cfg.get("mode"),
             )
             if has_eval and stop_cfg.get("metric")
             else None,

@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 STEP_KINDS = ("eager", "compiled")
 _COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 _NONFINITE = ("flush", "step", "off")
-_MODES = ("max", "min")
+_MODES = (None, "max", "min")
 
 _MISSING = object()
 

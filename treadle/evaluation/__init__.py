@@ -8,7 +8,7 @@ See ``docs/evaluation.md``.
 from .batch import ForwardFn, batch_size, default_forward, get_predictions, get_targets, get_tensor_pair, move_to_device
 from .evaluator import DatasetEvaluator, DatasetEvaluators
 from .inference import inference_context, inference_on_dataset
-from .registry import available_metrics, build_evaluator, register_metric, unregister_metric
+from .registry import available_metrics, build_evaluator, metric_mode, register_metric, unregister_metric
 from .results import Results, flatten_results, format_results
 from .statistics import StatisticsEvaluator, all_reduce_statistics, float_accumulator_dtype
 
@@ -34,6 +34,7 @@ __all__ = [
     "register_metric",
     "unregister_metric",
     "available_metrics",
+    "metric_mode",
     "Results",
     "flatten_results",
     "format_results",

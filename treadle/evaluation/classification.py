@@ -23,7 +23,7 @@ _AVERAGES = ("macro", "weighted", "micro")
 _NEEDS_CONFUSION = ("precision", "recall", "f1")
 
 
-@register_metric(["accuracy", "top{k}_accuracy", "precision", "recall", "f1"])
+@register_metric(["accuracy", "top{k}_accuracy", "precision", "recall", "f1"], higher_is_better=True)
 class ClassificationEvaluator(StatisticsEvaluator):
     """Single-label classification metrics from logits ``(N, C)`` (or
     ``(N, ..., C)``) and integer targets ``(N,)`` (or ``(N, ...)``).

@@ -47,7 +47,7 @@ def _loss_from_outputs(outputs: Any, who: str) -> torch.Tensor:
     )
 
 
-@register_metric("loss")
+@register_metric("loss", higher_is_better=False)
 class LossEvaluator(StatisticsEvaluator):
     """``loss``: the mean loss per sample over the dataset.
 

@@ -16,7 +16,7 @@ from .statistics import StatisticsEvaluator, float_accumulator_dtype
 __all__ = ["PerplexityEvaluator"]
 
 
-@register_metric("perplexity")
+@register_metric("perplexity", higher_is_better=False)
 class PerplexityEvaluator(StatisticsEvaluator):
     """``perplexity``: ``exp`` of the mean cross-entropy per counted token.
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Pattern, Sequence, TypeV
 
 from .evaluator import DatasetEvaluator, DatasetEvaluators, metric_names
 
-__all__ = ["register_metric", "unregister_metric", "available_metrics", "build_evaluator"]
+__all__ = ["register_metric", "unregister_metric", "available_metrics", "build_evaluator", "metric_mode"]
 
 F = TypeVar("F", bound=Callable[..., DatasetEvaluator])
 
@@ -35,12 +35,13 @@ class _Entry:
     options: frozenset
     required: frozenset
     any_option: bool
+    higher_is_better: Optional[bool] = None
 
 
 _REGISTRY: Dict[str, _Entry] = {}
 
 
-def _make_entry(name: str, factory: Callable[..., DatasetEvaluator]) -> _Entry:
+def _make_entry(name: str, factory: Callable[..., DatasetEvaluator], higher_is_better: Optional[bool] = None) -> _Entry:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(
             f"invalid metric name {name!r}: use letters, digits, '_', '.', '-', '@' "
@@ -77,7 +78,9 @@ def _make_entry(name: str, factory: Callable[..., DatasetEvaluator]) -> _Entry:
             for i, part in enumerate(_PLACEHOLDER.split(name))
         )
         pattern = re.compile(regex)
-    return _Entry(name, factory, pattern, takes_metrics, frozenset(options), frozenset(required), any_option)
+    return _Entry(
+        name, factory, pattern, takes_metrics, frozenset(options), frozenset(required), any_option, higher_is_better
+    )
 
 
 def register_metric(
@@ -85,6 +88,7 @@ def register_metric(
     factory: Optional[F] = None,
     *,
     override: bool = False,
+    higher_is_better: Optional[bool] = None,
 ) -> Any:
     """Registers ``factory`` as the builder of the metric(s) ``name``.
 
@@ -97,13 +101,17 @@ def register_metric(
         class BalancedAccuracy(StatisticsEvaluator): ...
 
     A name already registered is an error unless ``override=True``.
+
+    ``higher_is_better`` declares the metric's direction, which a best
+    checkpointer or early stopping follows when no mode is given; without it
+    the direction comes from the name (see :func:`metric_mode`).
     """
     names = [name] if isinstance(name, str) else list(name)
     if not names:
         raise ValueError("register_metric needs at least one name")
 
     def register(fn: F) -> F:
-        entries = [_make_entry(n, fn) for n in names]
+        entries = [_make_entry(n, fn, higher_is_better) for n in names]
         for n in names:
             if n in _REGISTRY and not override:
                 raise ValueError(
@@ -142,6 +150,35 @@ def _lookup(metric: str) -> _Entry:
         if entry.pattern is not None and entry.pattern.fullmatch(metric):
             return entry
     raise KeyError(f"unknown metric {metric!r}; valid metrics: {', '.join(available_metrics())}")
+
+
+# Names (or parts of names) of metrics that are better when lower. Anything
+# else is taken as better when higher (accuracy, f1, auc, bleu, ...).
+_LOWER_IS_BETTER_NAMES = frozenset({"loss", "mse", "mae", "rmse", "cer", "wer", "perplexity", "ppl", "nll"})
+_LOWER_IS_BETTER_PARTS = ("loss", "error", "err", "distance")
+
+
+def metric_mode(name: str) -> str:
+    """``"min"`` or ``"max"``: the direction in which metric ``name`` improves.
+
+    In order: the direction a registered metric declared
+    (``register_metric(..., higher_is_better=...)``); then the name's last
+    part (``"val/loss"`` -> ``"loss"``, prefixes ``eval/`` and ``train/``
+    dropped): ``loss``, ``mse``, ``mae``, ``rmse``, ``cer``, ``wer``,
+    ``perplexity`` and any name containing ``loss``, ``error``, ``err`` or
+    ``distance`` are ``"min"``; every other name is ``"max"``.
+    """
+    last = name.split("/")[-1]
+    try:
+        entry = _lookup(last)
+    except KeyError:
+        entry = None
+    if entry is not None and entry.higher_is_better is not None:
+        return "max" if entry.higher_is_better else "min"
+    lowered = last.lower()
+    if lowered in _LOWER_IS_BETTER_NAMES or any(part in lowered for part in _LOWER_IS_BETTER_PARTS):
+        return "min"
+    return "max"
 
 
 def build_evaluator(metrics: Union[str, Sequence[str]], **options: Any) -> DatasetEvaluator:

@@ -21,7 +21,7 @@ def _squeezed_shape(t: torch.Tensor) -> List[int]:
     return [d for d in t.shape if d != 1]
 
 
-@register_metric(list(_METRICS))
+@register_metric(list(_METRICS), higher_is_better=False)
 class RegressionEvaluator(StatisticsEvaluator):
     """``mse`` and ``mae``: squared and absolute errors averaged over every
     element of every batch (so over samples, for one value per sample).

@@ -62,7 +62,7 @@ def _as_strings(value: Any, what: str, who: str, hint: str) -> List[str]:
     return items
 
 
-@register_metric(list(_METRICS))
+@register_metric(list(_METRICS), higher_is_better=False)
 class SequenceEvaluator(StatisticsEvaluator):
     """``cer`` and ``wer``: total edit distance over total reference length.
 

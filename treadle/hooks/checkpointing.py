@@ -6,6 +6,8 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
+from treadle.evaluation.registry import metric_mode
+
 from .base import HookBase
 from .early_stopping import EarlyStopping, _better, _latest_metric
 from .ema import EMA
@@ -49,20 +51,33 @@ def _flush_writers(hook: HookBase) -> None:
 
 
 class BestCheckpointer(HookBase):
-    """Saves ``model_best`` when ``metric`` improves.
+    """Saves ``model_best`` when ``val_metric`` improves.
 
     Runs after_step and after_train, after the :class:`EvalHook` that puts
-    ``metric`` into storage, and only at iterations where that hook
+    the metric into storage, and only at iterations where that hook
     evaluated (so it never forces a device sync in between). NaN values are
     ignored. The best value and its iteration are kept in the trainer's
     state, so they survive a resume. Saving ``model_best`` does not move the
     ``last_checkpoint`` pointer used for resuming.
 
+    ``model_best`` holds the weights that were scored: when evaluation runs
+    on an :class:`EMA` average (``eval_with_ema``), its ``"model"`` entry is
+    the averaged weights, so ``--eval-only`` on it reproduces the recorded
+    best (the file's ``"weights"`` entry says ``"ema"``).
+
+    The signature is detectron2's. ``mode`` None infers the direction from
+    the metric (:func:`~treadle.evaluation.metric_mode`: ``"min"`` for
+    losses, errors, ``cer``, ``wer``, ``perplexity``...; ``"max"`` for
+    accuracy-like metrics and any metric registered as higher-is-better).
+
     Args:
-        metric: the scalar name, as put by the EvalHook (e.g. ``"accuracy"``
-            or ``"val/accuracy"`` for nested results).
-        mode: ``"max"`` or ``"min"``.
+        eval_period: detectron2's period of the check. Accepted for ported
+            code; treadle checks exactly when an EvalHook evaluated, which is
+            what a matching period meant.
         checkpointer: defaults to ``trainer.checkpointer``.
+        val_metric: the scalar name, as put by the EvalHook (e.g.
+            ``"accuracy"``, or ``"val/accuracy"`` for nested results).
+        mode: ``"max"``, ``"min"``, or None to infer it.
         file_prefix: name of the file written.
     """
 
@@ -71,15 +86,25 @@ class BestCheckpointer(HookBase):
 
     def __init__(
         self,
-        metric: str,
-        mode: str = "max",
-        checkpointer: Optional["Checkpointer"] = None,
-        *,
+        eval_period: int,
+        checkpointer: Optional["Checkpointer"],
+        val_metric: str,
+        mode: Optional[str] = None,
         file_prefix: str = "model_best",
     ) -> None:
-        if mode not in ("max", "min"):
-            raise ValueError(f"BestCheckpointer mode must be 'max' or 'min', got {mode!r}")
-        self.metric = metric
+        if isinstance(eval_period, str):
+            raise TypeError(
+                "BestCheckpointer(eval_period, checkpointer, val_metric, mode=None, file_prefix='model_best') "
+                f"takes the metric third, as detectron2's does; got {eval_period!r} first"
+            )
+        if not isinstance(val_metric, str) or not val_metric:
+            raise TypeError(f"BestCheckpointer val_metric must be a metric name, got {val_metric!r}")
+        if mode is None:
+            mode = metric_mode(val_metric)
+        elif mode not in ("max", "min"):
+            raise ValueError(f"BestCheckpointer mode must be 'max', 'min' or None, got {mode!r}")
+        self.eval_period = eval_period
+        self.metric = val_metric
         self.mode = mode
         self._checkpointer = checkpointer
         self.file_prefix = file_prefix
@@ -92,6 +117,9 @@ class BestCheckpointer(HookBase):
         if not self._eval_hooks:
             raise ValueError(f"BestCheckpointer('{self.metric}') needs an EvalHook registered before it.")
         self._checkpointer = _trainer_checkpointer(self, self._checkpointer)
+        self._ema = next((h for h in self.trainer.hooks if isinstance(h, EMA) and h.eval_with_ema), None)
+        logger.info("BestCheckpointer: saving %s when %s reaches a new %s", self.file_prefix, self.metric,
+                    "maximum" if self.mode == "max" else "minimum")
 
     def _check(self, iteration: int) -> None:
         if not any(h.last_eval_iter == self.trainer.iter for h in self._eval_hooks):
@@ -107,7 +135,12 @@ class BestCheckpointer(HookBase):
             previous = self.best_metric
             self.best_metric, self.best_iter = value, metric_iter
             # The trainer state saved with model_best carries the new best.
-            self._checkpointer.save(self.file_prefix, iteration=iteration, tag_last_checkpoint=False)
+            if self._ema is not None:
+                # The weights that were scored: the evaluation ran on the average.
+                with self._ema.averaged_weights():
+                    self._checkpointer.save(self.file_prefix, iteration=iteration, tag_last_checkpoint=False, weights="ema")
+            else:
+                self._checkpointer.save(self.file_prefix, iteration=iteration, tag_last_checkpoint=False)
             logger.info(
                 "Saved %s: %s = %.6g at iteration %d (previous best: %s)",
                 self.file_prefix, self.metric, value, metric_iter, "none" if previous is None else f"{previous:.6g}",

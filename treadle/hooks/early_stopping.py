@@ -6,6 +6,8 @@ import logging
 import math
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
+from treadle.evaluation.registry import metric_mode
+
 from .base import HookBase
 from .evaluation import EvalHook
 
@@ -38,14 +40,19 @@ class EarlyStopping(HookBase):
     request, so ``after_train`` runs as on success: the final checkpoint and
     evaluation still happen. A NaN result counts as no improvement. Its
     counters are kept in the trainer's state and survive a resume.
+
+    ``mode`` None infers the direction from the metric
+    (:func:`~treadle.evaluation.metric_mode`), as :class:`BestCheckpointer` does.
     """
 
     runs_after = (EvalHook,)
     state_attributes = ("best_metric", "best_iter", "num_bad_evals")
 
-    def __init__(self, metric: str, patience: int, min_delta: float = 0.0, mode: str = "max") -> None:
-        if mode not in ("max", "min"):
-            raise ValueError(f"EarlyStopping mode must be 'max' or 'min', got {mode!r}")
+    def __init__(self, metric: str, patience: int, min_delta: float = 0.0, mode: Optional[str] = None) -> None:
+        if mode is None:
+            mode = metric_mode(metric)
+        elif mode not in ("max", "min"):
+            raise ValueError(f"EarlyStopping mode must be 'max', 'min' or None, got {mode!r}")
         if patience < 1:
             raise ValueError(f"EarlyStopping patience must be >= 1, got {patience}")
         if min_delta < 0:

@@ -139,6 +139,20 @@ class EMA(HookBase):
         finally:
             model.load_state_dict(trained)
 
+    @torch.no_grad()
+    def take_buffers(self) -> None:
+        """Copies the model's buffers (BatchNorm statistics) into the average.
+
+        For statistics recomputed while the averaged weights are loaded
+        (``PreciseBN``): the average then holds statistics of its own weights.
+        """
+        if self._averaged is None:
+            self._init_average()
+        assert self._averaged is not None
+        for name, buf in self.model.named_buffers():
+            if name in self._averaged:
+                self._averaged[name].copy_(buf)
+
     def averaged_state_dict(self) -> Dict[str, torch.Tensor]:
         """The averaged weights, keyed like ``model.state_dict()``."""
         if self._averaged is None:

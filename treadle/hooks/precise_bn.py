@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 from fvcore.nn.precise_bn import get_bn_modules, update_bn_stats
@@ -13,6 +13,7 @@ from torch import nn
 from treadle.utils.device import to_device
 
 from .base import HookBase
+from .ema import EMA
 from .periods import Period
 
 __all__ = ["PreciseBN"]
@@ -47,7 +48,9 @@ class PreciseBN(HookBase):
     iterations and after training, in train mode and without gradients.
 
     Register it before :class:`EvalHook` (which declares so) with the same
-    period, so each evaluation sees fresh statistics. It iterates its own
+    period, so each evaluation sees fresh statistics, and after :class:`EMA`:
+    when evaluation runs on the EMA average, the statistics are recomputed
+    for the averaged weights, which must be this iteration's. It iterates its own
     ``data_loader`` (not the training loader, whose position is part of the
     resumable state).
 
@@ -59,6 +62,8 @@ class PreciseBN(HookBase):
         input_fn: maps a batch to the model's input (default: ``batch[0]``
             of an ``(inputs, targets)`` pair, else the batch).
     """
+
+    runs_after = (EMA,)
 
     def __init__(
         self,
@@ -97,9 +102,35 @@ class PreciseBN(HookBase):
 
     @torch.no_grad()
     def update_stats(self) -> None:
-        """Recomputes the statistics now."""
+        """Recomputes the statistics now: of the weights that are evaluated.
+
+        With an :class:`EMA` hook that evaluates the average, the statistics
+        are recomputed with the averaged weights loaded and stored in the
+        average (the trained weights and their statistics are left as they
+        were); otherwise with the trained weights, in place.
+        """
         if self._disabled:
             return
+        ema = self._evaluated_ema()
+        if ema is None:
+            self._recompute()
+            return
+        with ema.averaged_weights():
+            self._recompute()
+            ema.take_buffers()
+
+    def _evaluated_ema(self) -> Optional[EMA]:
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return None
+        return next((h for h in trainer.hooks if isinstance(h, EMA) and h.eval_with_ema), None)
+
+    def _recompute(self) -> None:
+        # fvcore assigns new tensors to running_mean/var; anything holding the
+        # buffers (EMA's pairs, an optimizer, DDP's buffer broadcast) would keep
+        # the stale ones. The results are copied into the buffers themselves.
+        modules = get_bn_modules(self._model)
+        buffers = [{name: buf for name, buf in bn.named_buffers(recurse=False)} for bn in modules]
         was_training = self._model.training
         self._model.train()
         try:
@@ -107,3 +138,9 @@ class PreciseBN(HookBase):
             update_bn_stats(self._model, self._inputs(), self._num_iter)
         finally:
             self._model.train(was_training)
+            for bn, original in zip(modules, buffers):
+                for name, tensor in original.items():
+                    current = getattr(bn, name)
+                    if current is not tensor:
+                        tensor.copy_(current)
+                        setattr(bn, name, tensor)
