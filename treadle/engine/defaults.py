@@ -19,7 +19,7 @@ from torch import nn
 
 from treadle.checkpoint import Checkpointer, check_checkpoint_file, unwrap_model
 from treadle.config import LazyCall, LazyConfig, instantiate
-from treadle.evaluation import inference_on_dataset
+from treadle.evaluation import forward_for, inference_on_dataset
 from treadle.events import CommonMetricPrinter, JSONWriter, TensorboardWriter
 from treadle.hooks import (
     EMA,
@@ -487,4 +487,8 @@ class DefaultTrainer(TrainerBase):
         loader = loader if loader is not None else cls.build_test_loader(cfg)
         evaluator = evaluator if evaluator is not None else cls.build_evaluator(cfg)
         device = next(iter(model.parameters())).device
-        return inference_on_dataset(model, loader, evaluator, device=device)
+        # The model is fed as the training step feeds it: a model that computes
+        # its own loss (no train.step.loss_fn) gets the whole batch.
+        step = cfg.train.get("step") or {}
+        loss_fn = step.get("loss_fn") if hasattr(step, "get") else None
+        return inference_on_dataset(model, loader, evaluator, device=device, forward=forward_for(loss_fn))

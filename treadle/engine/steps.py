@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from treadle.checkpoint.fsdp import is_fsdp_model
+from treadle.evaluation.batch import call_model
 from treadle.events import ScalarKind, get_event_storage
 from treadle.events.storage import _CURRENT_STORAGE_STACK, EventStorage
 from treadle.utils.device import to_device
@@ -48,7 +49,8 @@ def _forward_losses(model: nn.Module, loss_fn: Optional[Callable], batch: Any) -
         inputs, targets = batch
         out, source = loss_fn(model(inputs), targets), "loss_fn"
     else:
-        out, source = model(batch), "the model"
+        # A mapping (a Hugging Face batch) is spread into keywords, as in evaluation.
+        out, source = (call_model(model, batch) if isinstance(batch, Mapping) else model(batch)), "the model"
     if isinstance(out, torch.Tensor) and out.numel() == 1:  # the common case, checked first
         return {"total_loss": out}
     return _as_losses(out, source)
@@ -131,10 +133,12 @@ class EagerStep(StepBase):
 
     1. with ``loss_fn``, the batch is ``(inputs, targets)`` and
        ``loss = loss_fn(model(inputs), targets)``;
-    2. without it, ``out = model(batch)`` and ``out`` is a scalar tensor, an
-       object with a ``.loss`` attribute (Hugging Face model outputs, which are
-       also dicts, so this comes first), or a dict of scalar losses, which are
-       summed and each published under its own name.
+    2. without it, ``out = model(batch)`` (``model(**batch)`` for a mapping,
+       as Hugging Face models take it; see :mod:`treadle.evaluation.batch`)
+       and ``out`` is a scalar tensor, an object with a ``.loss`` attribute
+       (Hugging Face model outputs, which are also dicts, so this comes
+       first), or a dict of scalar losses, which are summed and each
+       published under its own name.
 
     The sum is published as ``total_loss``. One iteration is one optimizer
     update, fed by ``grad_accum_steps`` micro-batches; each micro-batch loss

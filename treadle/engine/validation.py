@@ -288,28 +288,39 @@ def _node_target(node: Any) -> Optional[str]:
 
 
 def _evaluator_metric_names(cfg: DictConfig) -> Optional[List[str]]:
-    """The metric names of a ``dataloader.evaluator`` built by ``build_evaluator``, checked."""
+    """The result names of a ``dataloader.evaluator`` built by ``build_evaluator``,
+    its metric names checked; None when they cannot all be known from the config
+    (a torchmetrics object or an evaluator among them)."""
     node = cfg.dataloader.get("evaluator") if isinstance(cfg.dataloader, DictConfig) else None
     if _node_target(node) not in ("treadle.evaluation.build_evaluator", "treadle.evaluation.registry.build_evaluator"):
         return None
     metrics = node.get("metrics")
-    names = [metrics] if isinstance(metrics, str) else list(metrics or [])
+    items = [metrics] if isinstance(metrics, str) else list(metrics or [])
     from treadle.evaluation import available_metrics
     from treadle.evaluation.registry import _lookup
 
-    for name in names:
-        if not isinstance(name, str):
-            raise ConfigError(f"dataloader.evaluator.metrics holds {_shown(name)}, not a metric name")
-        try:
-            _lookup(name)
-        except KeyError:
-            close = difflib.get_close_matches(name, available_metrics(), n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ConfigError(
-                f"dataloader.evaluator.metrics: unknown metric {name!r}; {hint}valid metrics: "
-                f"{', '.join(available_metrics())}"
-            ) from None
-    return names
+    names: List[str] = []
+    complete = True
+    for item in items:
+        if isinstance(item, (ListConfig, list, tuple)) and len(item) == 2 and isinstance(item[0], str):
+            name = item[0]  # (name, options) or (name, metric)
+        elif isinstance(item, str):
+            name = item
+        else:
+            complete = False  # an object: its names are known once built
+            continue
+        names.append(name)
+        if isinstance(item, str) or isinstance(item[1], (DictConfig, dict)) and "_target_" not in item[1]:
+            try:
+                _lookup(name)
+            except KeyError:
+                close = difflib.get_close_matches(name, available_metrics(), n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise ConfigError(
+                    f"dataloader.evaluator.metrics: unknown metric {name!r}; {hint}valid metrics: "
+                    f"{', '.join(available_metrics())}"
+                ) from None
+    return names if complete else None
 
 
 def check_watched_metric(key: str, metric: str, known: Optional[Iterable[str]]) -> None:

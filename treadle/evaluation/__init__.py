@@ -5,10 +5,21 @@ runs a model over a data loader and returns ``{"accuracy": ..., "f1": ...}``.
 See ``docs/evaluation.md``.
 """
 
-from .batch import ForwardFn, batch_size, default_forward, get_predictions, get_targets, get_tensor_pair, move_to_device
+from .batch import (
+    ForwardFn,
+    batch_size,
+    call_model,
+    default_forward,
+    forward_for,
+    get_predictions,
+    get_targets,
+    get_tensor_pair,
+    move_to_device,
+    whole_batch_forward,
+)
 from .evaluator import DatasetEvaluator, DatasetEvaluators
 from .inference import inference_context, inference_on_dataset
-from .registry import available_metrics, build_evaluator, metric_mode, register_metric, unregister_metric
+from .registry import MetricSpec, available_metrics, build_evaluator, metric_mode, register_metric, unregister_metric
 from .results import Results, flatten_results, format_results
 from .statistics import StatisticsEvaluator, all_reduce_statistics, float_accumulator_dtype
 
@@ -18,6 +29,7 @@ from .loss import LossEvaluator
 from .perplexity import PerplexityEvaluator
 from .regression import RegressionEvaluator
 from .sequence import SequenceEvaluator, edit_distance
+from .torchmetrics_evaluator import TorchMetricsEvaluator, is_torchmetrics_metric, torchmetrics_name
 
 __all__ = [
     "DatasetEvaluator",
@@ -28,6 +40,13 @@ __all__ = [
     "LossEvaluator",
     "SequenceEvaluator",
     "PerplexityEvaluator",
+    "TorchMetricsEvaluator",
+    "is_torchmetrics_metric",
+    "torchmetrics_name",
+    "MetricSpec",
+    "call_model",
+    "forward_for",
+    "whole_batch_forward",
     "inference_on_dataset",
     "inference_context",
     "build_evaluator",

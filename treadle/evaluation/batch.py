@@ -1,11 +1,19 @@
 """How a batch is fed to a model, and where evaluators find targets and predictions.
 
-The rules (also in ``docs/evaluation.md``):
+The rules, the same in training and evaluation (also in ``docs/evaluation.md``):
 
-- a mapping, or a list/tuple whose items are all mappings (detectron2's list of
-  per-sample dicts), goes to the model whole: ``model(batch)``;
-- any other list/tuple of two items is ``(inputs, targets)``: ``model(inputs)``;
-- a list/tuple of any other length is ambiguous and rejected (pass ``forward=``);
+- a mapping (a Hugging Face batch: ``input_ids``, ``attention_mask``,
+  ``labels``...) is spread into keyword arguments: ``model(**batch)``, as
+  Hugging Face and LiBai do; a model whose ``forward`` takes one argument and
+  not those keywords gets the mapping whole, ``model(batch)``;
+- a list/tuple whose items are all mappings (detectron2's list of per-sample
+  dicts) goes to the model whole: ``model(batch)``;
+- with a loss function (``loss_fn``), any other list/tuple of two items is
+  ``(inputs, targets)``: ``model(inputs)``; the default evaluation forward
+  does the same, and rejects a list/tuple of another length (pass ``forward=``);
+- without one, the model computes its own loss from the batch: anything that
+  is not a mapping goes whole, ``model(batch)``, in evaluation too
+  (:func:`forward_for` gives the evaluation forward matching a training step);
 - anything else (a tensor, a custom object) goes whole: ``model(batch)``.
 
 Evaluators always receive the whole batch, so for ``(inputs, targets)`` they
@@ -15,7 +23,8 @@ default, as in Hugging Face models).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional, Tuple, Union
+import inspect
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 import torch
 
@@ -24,7 +33,10 @@ from treadle.utils.device import to_device
 __all__ = [
     "ForwardFn",
     "move_to_device",
+    "call_model",
     "default_forward",
+    "whole_batch_forward",
+    "forward_for",
     "get_targets",
     "get_predictions",
     "get_tensor_pair",
@@ -50,10 +62,73 @@ def _is_sample_list(batch: Any) -> bool:
     return isinstance(batch, (list, tuple)) and len(batch) > 0 and all(isinstance(b, Mapping) for b in batch)
 
 
+# (type of the module, keys of the batch) -> whether the mapping is spread.
+_SPREAD: Dict[Tuple[type, frozenset], bool] = {}
+
+
+def _innermost(model: Any) -> Any:
+    # DDP's .module and torch.compile's ._orig_mod forward whatever they get:
+    # the signature that decides is the wrapped model's.
+    for _ in range(8):
+        inner = getattr(model, "module", None)
+        if not isinstance(inner, torch.nn.Module):
+            inner = getattr(model, "_orig_mod", None)
+        if not isinstance(inner, torch.nn.Module):
+            return model
+        model = inner
+    return model
+
+
+def _spreads(model: Any, batch: Mapping) -> bool:
+    """Whether ``model`` takes the mapping's keys as keyword arguments."""
+    inner = _innermost(model)
+    key = (type(inner), frozenset(batch))
+    known = _SPREAD.get(key)
+    if known is not None:
+        return known
+    target = inner.forward if isinstance(inner, torch.nn.Module) else inner
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        spread = True
+    else:
+        try:
+            signature.bind(**batch)
+            spread = True
+        except TypeError:
+            try:
+                signature.bind(batch)
+                spread = False  # forward(self, batch): the mapping whole
+            except TypeError:
+                spread = True  # neither fits: let the call raise with the keywords' names
+    _SPREAD[key] = spread
+    return spread
+
+
+def call_model(model: Callable[..., Any], batch: Any) -> Any:
+    """``model(**batch)`` for a mapping (``model(batch)`` when the model takes the
+    mapping whole, see the module docstring), ``model(batch)`` for anything else."""
+    if isinstance(batch, Mapping) and _spreads(model, batch):
+        return model(**batch)
+    return model(batch)
+
+
+def whole_batch_forward(model: Callable[..., Any], batch: Any) -> Any:
+    """The forward of a model that computes its own loss: the batch goes whole
+    (a mapping spread), exactly as a training step without ``loss_fn`` feeds it."""
+    return call_model(model, batch)
+
+
+def forward_for(loss_fn: Optional[Any]) -> ForwardFn:
+    """The evaluation forward matching a training step with or without ``loss_fn``."""
+    return default_forward if loss_fn is not None else whole_batch_forward
+
+
 def default_forward(model: Callable[..., Any], batch: Any) -> Any:
-    """Feeds ``batch`` to ``model`` by the rules in this module's docstring."""
+    """Feeds ``batch`` to ``model`` by the rules in this module's docstring
+    (an ``(inputs, targets)`` pair as ``model(inputs)``)."""
     if isinstance(batch, Mapping) or _is_sample_list(batch):
-        return model(batch)
+        return call_model(model, batch)
     if isinstance(batch, (list, tuple)):
         if len(batch) != 2:
             raise ValueError(

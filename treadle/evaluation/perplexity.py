@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,10 @@ class PerplexityEvaluator(StatisticsEvaluator):
 
     ``shift_labels=True`` scores position ``t`` of the logits against target
     ``t + 1``, for causal language models that are given ``labels ==
-    input_ids`` (as Hugging Face's do internally). Cross-entropy is computed in
+    input_ids`` (as Hugging Face's do internally). ``None`` (the default)
+    shifts when the model's output says it is a causal language model's (a
+    Hugging Face ``CausalLMOutput...``): the perplexity is then ``exp`` of the
+    loss the model itself computes, token-weighted over the dataset. Cross-entropy is computed in
     float32 at least and summed in float64. A target outside ``[0, V)`` that is
     not ``ignore_index`` is an error at ``evaluate()``.
     """
@@ -37,7 +40,7 @@ class PerplexityEvaluator(StatisticsEvaluator):
         metrics: Sequence[str] = ("perplexity",),
         *,
         ignore_index: int = -100,
-        shift_labels: bool = False,
+        shift_labels: Optional[bool] = None,
         output_key: str = "logits",
         target_key: str = "labels",
     ) -> None:
@@ -47,7 +50,7 @@ class PerplexityEvaluator(StatisticsEvaluator):
         if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
             raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
         self.ignore_index = ignore_index
-        self.shift_labels = bool(shift_labels)
+        self.shift_labels = shift_labels
         self.output_key = output_key
         self.target_key = target_key
         self._vocab_size = 0
@@ -72,7 +75,10 @@ class PerplexityEvaluator(StatisticsEvaluator):
             raise TypeError(f"{who}: targets must be integer token ids, got dtype {targets.dtype}")
         logits = logits.detach()
         targets = targets.to(logits.device).long()
-        if self.shift_labels:
+        shift = self.shift_labels
+        if shift is None:
+            shift = type(outputs).__name__.startswith("CausalLMOutput")
+        if shift:
             logits = logits[:, :-1]
             targets = targets[:, 1:]
         vocab = logits.shape[-1]

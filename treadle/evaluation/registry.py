@@ -14,11 +14,11 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
-from typing import Any, Callable, Dict, List, Optional, Pattern, Sequence, TypeVar, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Pattern, Sequence, Tuple, TypeVar, Union
 
-from .evaluator import DatasetEvaluator, DatasetEvaluators, metric_names
+from .evaluator import DatasetEvaluator, DatasetEvaluators
 
-__all__ = ["register_metric", "unregister_metric", "available_metrics", "build_evaluator", "metric_mode"]
+__all__ = ["register_metric", "unregister_metric", "available_metrics", "build_evaluator", "metric_mode", "MetricSpec"]
 
 F = TypeVar("F", bound=Callable[..., DatasetEvaluator])
 
@@ -181,64 +181,136 @@ def metric_mode(name: str) -> str:
     return "max"
 
 
-def build_evaluator(metrics: Union[str, Sequence[str]], **options: Any) -> DatasetEvaluator:
+MetricSpec = Any
+"""One item of ``build_evaluator``'s ``metrics``: a name (``"accuracy"``), a
+name with its own options (``("cer", {"decode": fn})``), a torchmetrics
+``Metric`` or ``MetricCollection`` (optionally named: ``("auroc", metric)``),
+or a :class:`DatasetEvaluator`."""
+
+
+def _split_spec(spec: Any) -> Tuple[str, Any, Dict[str, Any]]:
+    """``(kind, payload, options)``: kind "name" (payload the name), "object"
+    (payload an evaluator)."""
+    from .torchmetrics_evaluator import TorchMetricsEvaluator, is_torchmetrics_metric
+
+    if isinstance(spec, str):
+        return "name", spec, {}
+    if isinstance(spec, (tuple, list)) and len(spec) == 2 and isinstance(spec[0], str):
+        name, second = spec
+        if isinstance(second, Mapping):
+            return "name", name, dict(second)
+        if is_torchmetrics_metric(second):
+            return "object", TorchMetricsEvaluator(second, name), {}
+    if is_torchmetrics_metric(spec):
+        return "object", TorchMetricsEvaluator(spec), {}
+    if isinstance(spec, DatasetEvaluator) or all(callable(getattr(spec, m, None)) for m in ("reset", "process", "evaluate")):
+        return "object", spec, {}
+    raise TypeError(
+        f"metrics entries are names ('accuracy'), (name, options) pairs (('cer', {{'decode': fn}})), torchmetrics "
+        f"metrics or DatasetEvaluators; got {spec!r}"
+    )
+
+
+def _frozen(options: Dict[str, Any]) -> Tuple[Tuple[str, int], ...]:
+    # Options are compared by identity: a decoder function, a loss module.
+    return tuple(sorted((k, id(v)) for k, v in options.items()))
+
+
+def _as_spec_list(metrics: Any) -> List[Any]:
+    """``metrics`` as a list of entries: a list is several, anything else one
+    (a tuple ``(name, options)`` or ``(name, metric)`` included; a tuple of names is several)."""
+    if isinstance(metrics, list):
+        return list(metrics)
+    if isinstance(metrics, tuple) and not (len(metrics) == 2 and isinstance(metrics[0], str) and not isinstance(metrics[1], str)):
+        return list(metrics)
+    return [metrics]
+
+
+def build_evaluator(metrics: Union[MetricSpec, Sequence[MetricSpec]], **options: Any) -> DatasetEvaluator:
     """Builds the evaluator(s) computing ``metrics``, in one pass over the data.
 
-    ``options`` go to the factories whose signature names them (for example
-    ``num_classes`` to classification, ``loss_fn`` to ``loss``,
-    ``ignore_index`` to classification and perplexity). An option that no
-    selected factory accepts is an error, as is an unknown or repeated metric
-    name. Returns one evaluator, or a :class:`DatasetEvaluators` when the
-    metrics need several; results are keyed by the metric names.
+    ``metrics`` is one item or a list of them (see :data:`MetricSpec`):
+    registered names, names with their own options, torchmetrics metrics,
+    evaluators. ``options`` go to the factories of the named metrics whose
+    signature names them (for example ``num_classes`` to classification,
+    ``loss_fn`` to ``loss``, ``ignore_index`` to classification and
+    perplexity); a metric's own options (``("cer", {"decode": fn})``) add to
+    and override them for that metric. An option that no selected factory
+    accepts is an error, as is an unknown or repeated metric name, and two
+    entries producing the same result name. Returns one evaluator, or a
+    :class:`DatasetEvaluators` when the metrics need several; results are
+    keyed by the metric names.
     """
-    names = metric_names(metrics)
-    if not names:
+    specs = _as_spec_list(metrics)
+    if not specs:
         raise ValueError(
             f"build_evaluator needs at least one metric; valid metrics: {', '.join(available_metrics())}"
         )
-    groups: Dict[int, List[str]] = {}
-    entries: Dict[int, _Entry] = {}
+    # One evaluator per (factory, own options): names served by one factory
+    # with the same options share a pass.
+    groups: Dict[Tuple[int, Tuple[Tuple[str, int], ...]], List[str]] = {}
+    entries: Dict[Tuple[int, Tuple[Tuple[str, int], ...]], Tuple[_Entry, Dict[str, Any]]] = {}
+    objects: List[DatasetEvaluator] = []
     seen = set()
-    for metric in names:
-        if not isinstance(metric, str):
-            raise TypeError(f"metric names must be strings, got {metric!r}")
+    for spec in specs:
+        kind, payload, own = _split_spec(spec)
+        if kind == "object":
+            objects.append(payload)
+            continue
+        metric = payload
         if metric in seen:
             raise ValueError(f"metric {metric!r} is listed twice")
         seen.add(metric)
         entry = _lookup(metric)
-        key = id(entry.factory)
-        entries.setdefault(key, entry)
+        unknown = sorted(k for k in own if k not in entry.options and k != "metrics") if not entry.any_option else []
+        if unknown:
+            raise TypeError(
+                f"build_evaluator: metric {metric!r} got option(s) {unknown}; {_describe(entry.factory)} "
+                f"accepts {sorted(entry.options)}"
+            )
+        key = (id(entry.factory), _frozen(own))
+        entries.setdefault(key, (entry, own))
         groups.setdefault(key, []).append(metric)
 
+    named = [e for e, _ in entries.values()]
     used = set()
-    for key, entry in entries.items():
+    for entry in named:
         if entry.any_option:
             used.update(options)
         used.update(entry.options & set(options))
     unused = sorted(set(options) - used)
     if unused:
-        accepted = sorted(set().union(*(e.options for e in entries.values())))
+        accepted = sorted(set().union(*(e.options for e in named))) if named else []
         raise TypeError(
             f"build_evaluator: option(s) {unused} are not used by the evaluators of metrics "
-            f"{names}; they accept {accepted}"
+            f"{sorted(seen)}; they accept {accepted}"
         )
 
     evaluators: List[DatasetEvaluator] = []
-    for key, entry in entries.items():
-        missing = sorted(entry.required - set(options))
+    for key, (entry, own) in entries.items():
+        merged = {**options, **own}
+        missing = sorted(entry.required - set(merged))
         if missing:
             raise TypeError(
                 f"build_evaluator: metric(s) {groups[key]} need option(s) {missing} "
                 f"(for {_describe(entry.factory)})"
             )
         if entry.any_option:
-            kwargs = dict(options)
+            kwargs = dict(merged)
         else:
-            kwargs = {k: v for k, v in options.items() if k in entry.options}
+            kwargs = {k: v for k, v in merged.items() if k in entry.options}
         if entry.takes_metrics:
             kwargs["metrics"] = list(groups[key])
         evaluator = entry.factory(**kwargs)
         # Results are keyed by the names asked for: known before any evaluation.
         evaluator.result_names = tuple(groups[key])
         evaluators.append(evaluator)
+    evaluators.extend(objects)
+    produced: Dict[str, int] = {}
+    for e in evaluators:
+        for name in getattr(e, "result_names", None) or ():
+            produced[name] = produced.get(name, 0) + 1
+    twice = sorted(n for n, count in produced.items() if count > 1)
+    if twice:
+        raise ValueError(f"build_evaluator: metric(s) {twice} would be computed twice; give each a distinct name")
     return evaluators[0] if len(evaluators) == 1 else DatasetEvaluators(evaluators)
