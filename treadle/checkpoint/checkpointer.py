@@ -264,7 +264,28 @@ class Checkpointer:
                 raise ValueError(f"save(..., {key}=...) collides with the checkpointable '{key}'; rename it.")
 
         filename = f"{name}.pth"
-        path = self._path(filename)
+        path = self._write(self._path(filename), extra, sharded)
+        if path is not None and tag_last_checkpoint:
+            self.tag_last_checkpoint(filename)
+        return path
+
+    def save_file(self, path: str, **extra: Any) -> Optional[str]:
+        """Writes the same checkpoint as :meth:`save` to any ``path`` (its
+        directory is created), without moving ``last_checkpoint``: for a
+        checkpoint outside ``save_dir`` (``Trainer.save_checkpoint``). Returns
+        the path, or ``None`` on processes that do not write. Raises as
+        :meth:`save` does."""
+        sharded = is_fsdp_model(unwrap_model(self.model))
+        if not self.save_to_disk and not (sharded or comm.get_world_size() > 1):
+            return None
+        for key in extra:
+            if key == "model" or key in self.checkpointables:
+                raise ValueError(f"save_file(..., {key}=...) collides with the checkpointable '{key}'; rename it.")
+        return self._write(path, extra, sharded)
+
+    def _write(self, path: str, extra: Dict[str, Any], sharded: bool) -> Optional[str]:
+        """Gathers the state (every rank) and writes it to ``path`` (main process)."""
+        directory = os.path.dirname(path) or "."
         data: Dict[str, Any] = {"model": model_state_for_saving(self.model)}
         for key, obj in self.checkpointables.items():
             if sharded and isinstance(obj, torch.optim.Optimizer):
@@ -276,13 +297,13 @@ class Checkpointer:
         data.update(extra)
         check_weights_only_loadable(data, what=f"checkpoint '{path}'")
 
-        self._make_save_dir()
+        self._make_dir(directory)
         if not self._noted_non_local and not is_local_path(path):
             self._noted_non_local = True
             logger.info(
                 "Checkpoints in '%s' are not on the local filesystem: they are written in place, so whether "
                 "a crash mid-write can leave a partial file depends on the storage backend.",
-                self.save_dir,
+                directory,
             )
         try:
             atomic_write(path, lambda f: save_with_checksums(data, f))
@@ -292,22 +313,20 @@ class Checkpointer:
             # torch's zip writer turns a failed write (a full disk) into a
             # RuntimeError whose context holds the OSError, when there is one.
             os_error = _os_error_in(e)
-            reason = _describe_os_error(os_error) if os_error else self._torch_write_failure(e)
+            reason = _describe_os_error(os_error) if os_error else self._torch_write_failure(e, directory)
             raise CheckpointError(
-                f"Cannot write checkpoint '{path}' in directory '{self.save_dir}': {reason}. "
+                f"Cannot write checkpoint '{path}' in directory '{directory}': {reason}. "
                 f"The previous checkpoints and {self.POINTER_FILE} are untouched."
             ) from e
         logger.info("Saved checkpoint to %s", path)
-        if tag_last_checkpoint:
-            self.tag_last_checkpoint(filename)
         return path
 
-    def _torch_write_failure(self, error: BaseException) -> str:
+    def _torch_write_failure(self, error: BaseException, directory: str) -> str:
         """What a failed ``torch.save`` without an OS error to show says, and the free space left."""
         said = f"torch.save failed ({_first_line(error)})"
-        if is_local_path(self.save_dir):
+        if is_local_path(directory):
             try:
-                free = shutil.disk_usage(PathManager.get_local_path(self.save_dir)).free
+                free = shutil.disk_usage(PathManager.get_local_path(directory)).free
             except OSError:
                 return said
             # A full disk is the usual cause; the free space says whether it is this one.
@@ -315,12 +334,14 @@ class Checkpointer:
         return said
 
     def _make_save_dir(self) -> None:
+        self._make_dir(self.save_dir)
+
+    @staticmethod
+    def _make_dir(directory: str) -> None:
         try:
-            PathManager.mkdirs(self.save_dir)
+            PathManager.mkdirs(directory)
         except OSError as e:
-            raise CheckpointError(
-                f"Cannot create the checkpoint directory '{self.save_dir}': {_describe_os_error(e)}."
-            ) from e
+            raise CheckpointError(f"Cannot create the checkpoint directory '{directory}': {_describe_os_error(e)}.") from e
 
     def tag_last_checkpoint(self, filename: str) -> None:
         """Points ``last_checkpoint`` at ``filename`` (a name inside ``save_dir``), atomically."""
