@@ -437,3 +437,64 @@ def test_single_entry_dict_of_losses():
     trainer.train(0, 2)
     latest = trainer.storage.latest()
     assert latest["total_loss"][0] == latest["loss_mse"][0]
+
+
+# ---------------------------------------------------------------------- the per-batch loss to override
+class RegularizedStep(EagerStep):
+    """pytorch-accelerated's calculate_train_batch_loss, the treadle way."""
+
+    def compute_loss(self, batch):
+        x, y = batch
+        out = self.model(x)
+        return {"mse": nn.functional.mse_loss(out, y), "l2": 1e-3 * sum((p**2).sum() for p in self.model.parameters())}
+
+
+def test_an_overridden_compute_loss_keeps_accumulation_clipping_and_precision():
+    """With accumulation (2 micro-batches), clipping and bf16, the override's
+    losses drive the update exactly as the same loss through loss_fn would."""
+    data = regression_data()
+    reference_model, custom_model = make_model(), make_model()
+    reg = lambda m: 1e-3 * sum((p**2).sum() for p in m.parameters())  # noqa: E731
+    options = dict(grad_accum_steps=2, clip_grad_norm=0.5, precision="bf16")
+
+    class Plain(EagerStep):
+        def compute_loss(self, batch):
+            x, y = batch
+            return nn.functional.mse_loss(self.model(x), y) + reg(self.model)
+
+    plain = train(Plain(reference_model, data, torch.optim.SGD(reference_model.parameters(), lr=0.05), **options), 10)
+    custom = train(RegularizedStep(custom_model, data, torch.optim.SGD(custom_model.parameters(), lr=0.05), **options), 10)
+    assert {"mse", "l2", "total_loss", "grad_norm"} <= set(custom)
+    for a, b in zip(reference_model.parameters(), custom_model.parameters()):
+        torch.testing.assert_close(a, b)
+    assert custom["total_loss"] == pytest.approx(plain["total_loss"])
+
+
+def test_compute_loss_can_be_given_as_a_function():
+    model = make_model()
+    data = regression_data()
+    seen = []
+
+    def loss(batch):
+        seen.append(len(batch[0]))
+        return nn.functional.l1_loss(model(batch[0]), batch[1])
+
+    step = EagerStep(model, data, torch.optim.SGD(model.parameters(), lr=0.05), compute_loss=loss)
+    history = train(step, 5)
+    assert seen == [8] * 5 and len(history["total_loss"]) == 5
+
+
+def test_train_on_batch_is_one_update_outside_a_loop():
+    model, twin = make_model(), make_model()
+    data = regression_data()
+    step = EagerStep(model, [], torch.optim.SGD(model.parameters(), lr=0.05), loss_fn=nn.functional.mse_loss, clip_grad_norm=1.0)
+    losses = step.train_on_batch(data[0])
+    assert set(losses) == {"total_loss", "grad_norm"} and not losses["total_loss"].requires_grad
+    opt = torch.optim.SGD(twin.parameters(), lr=0.05)
+    loss = nn.functional.mse_loss(twin(data[0][0]), data[0][1])
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(list(twin.parameters()), 1.0)
+    opt.step()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(a, b)
+    assert losses["total_loss"] == pytest.approx(loss.item())

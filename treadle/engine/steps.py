@@ -160,6 +160,8 @@ class EagerStep(StepBase):
         grad_scaler: a ``torch.amp.GradScaler`` for fp16 (one is made if not given).
         device: where batches are moved; by default the device of the model's
             parameters.
+        compute_loss: ``compute_loss(batch) -> loss``, replacing the loss
+            contract (the same as overriding :meth:`compute_loss`).
     """
 
     def __init__(
@@ -174,6 +176,7 @@ class EagerStep(StepBase):
         precision: str = "fp32",
         grad_scaler: Optional["torch.amp.GradScaler"] = None,
         device: Optional[torch.device | str] = None,
+        compute_loss: Optional[Callable[[Any], Any]] = None,
     ) -> None:
         if not isinstance(grad_accum_steps, int) or grad_accum_steps < 1:
             raise ValueError(f"grad_accum_steps must be an integer >= 1, got {grad_accum_steps!r}")
@@ -199,6 +202,13 @@ class EagerStep(StepBase):
         elif grad_scaler is not None:
             raise ValueError(f"grad_scaler is used only with precision='fp16', not {precision!r}")
         self.grad_scaler = grad_scaler
+        if compute_loss is not None:
+            if not callable(compute_loss):
+                raise TypeError(f"compute_loss must be callable, got {type(compute_loss).__name__}")
+            self.compute_loss = compute_loss  # type: ignore[method-assign]
+        # Whether the loss comes from a compute_loss of the user's (given, or a
+        # subclass's): the common case then keeps its direct call.
+        self._custom_loss = compute_loss is not None or type(self).compute_loss is not EagerStep.compute_loss
         self._data_iter: Optional[Iterator[Any]] = None
         self._batch_device: Optional[torch.device] = None
         self._warned_no_data_state = False
@@ -245,7 +255,7 @@ class EagerStep(StepBase):
                 except StopIteration:
                     batch = self._restart_data()
             data_time = time.perf_counter() - t0
-            if self.precision == "fp32":
+            if self.precision == "fp32" and not self._custom_loss:
                 losses = self._compute_losses(self.model, self.loss_fn, batch)
             else:
                 losses = self._forward(batch)
@@ -279,12 +289,59 @@ class EagerStep(StepBase):
             storage.put_scalar(name, value, kind=ScalarKind.LOSS)
         storage.put_scalar("data_time", data_time, kind=ScalarKind.TIME)
 
+    def compute_loss(self, batch: Any) -> Any:
+        """The loss of one (micro-)batch, already on the device: the one method
+        to override for a custom loss (pytorch-accelerated's
+        ``calculate_train_batch_loss``).
+
+        Returns a scalar loss tensor, a dict of scalar losses (summed into
+        ``total_loss``, each published by its name) or an object with a
+        ``.loss``. It runs under the step's autocast (``precision``); gradient
+        accumulation, clipping, the grad scaler and the optimizer step stay
+        the step's. The default is the loss contract above.
+        """
+        return self._compute_losses(self.model, self.loss_fn, batch)
+
+    def _losses_of(self, batch: Any) -> Dict[str, torch.Tensor]:
+        if not self._custom_loss:
+            return self._compute_losses(self.model, self.loss_fn, batch)
+        out = self.compute_loss(batch)
+        if isinstance(out, torch.Tensor) and out.numel() == 1:
+            return {"total_loss": out}
+        return _as_losses(out, f"{type(self).__name__}.compute_loss")
+
     def _forward(self, batch: Any) -> Dict[str, torch.Tensor]:
         """The losses of ``batch`` by name, their sum ``total_loss`` included."""
         if self.precision == "fp32":
-            return self._compute_losses(self.model, self.loss_fn, batch)
+            return self._losses_of(batch)
         with torch.autocast(device_type=self.device.type, dtype=_AUTOCAST_DTYPES[self.precision]):
-            return self._compute_losses(self.model, self.loss_fn, batch)
+            return self._losses_of(batch)
+
+    def train_on_batch(self, batch: Any) -> Dict[str, torch.Tensor]:
+        """One optimizer update on ``batch``, outside a training loop (a
+        notebook's ``trainer.train_step(batch)``): forward and backward of the
+        whole batch, the grad scaler, clipping and the optimizer step, as
+        :meth:`run_step` does. No hook runs and nothing is published; the
+        losses are returned (detached tensors, by name)."""
+        if self.device.type != "cpu":
+            batch = to_device(batch, self.device)
+        optimizer, scaler = self.optimizer, self.grad_scaler
+        optimizer.zero_grad(set_to_none=True)
+        losses = self._forward(batch)
+        if scaler is None:
+            losses["total_loss"].backward()
+        else:
+            scaler.scale(losses["total_loss"]).backward()
+            scaler.unscale_(optimizer)
+        if self.clip_grad_norm is not None:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            losses["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm)
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
+        return {name: value.detach() for name, value in losses.items()}
 
     def _accumulate(self) -> Tuple[Dict[str, torch.Tensor], float]:
         """Forward and backward of ``grad_accum_steps`` micro-batches; returns
@@ -439,12 +496,18 @@ class CompiledStep(EagerStep):
         self.backend = backend
         self._compiled: Optional[Callable] = None
         self._fell_back_reason: Optional[str] = None
+        self._compiled_loss: Optional[Callable] = None
         if not torch._dynamo.is_dynamo_supported():
             self._fall_back("torch.compile is not supported on this platform or Python version")
         else:
             self._compiled = torch.compile(
                 _forward_losses, mode=mode, backend=backend, fullgraph=fullgraph, dynamic=dynamic, options=options
             )
+            if self._custom_loss:
+                # A compute_loss of the user's is what is compiled then.
+                self._compiled_loss = torch.compile(
+                    self.compute_loss, mode=mode, backend=backend, fullgraph=fullgraph, dynamic=dynamic, options=options
+                )
         self._cuda_graphs = mode in ("reduce-overhead", "max-autotune")
 
     @property
@@ -458,6 +521,18 @@ class CompiledStep(EagerStep):
             # (see _published); the graph may overwrite the originals.
             torch.compiler.cudagraph_mark_step_begin()
         super().run_step()
+
+    def _losses_of(self, batch: Any) -> Dict[str, torch.Tensor]:
+        if not self._custom_loss or self._compiled_loss is None:
+            return super()._losses_of(batch)
+        try:
+            out = self._compiled_loss(batch)
+        except Exception as e:  # noqa: BLE001 - as for the default contract: fall back, then raise eagerly
+            self._fall_back(_describe_compile_error(e))
+            return super()._losses_of(batch)
+        if isinstance(out, torch.Tensor) and out.numel() == 1:
+            return {"total_loss": out}
+        return _as_losses(out, f"{type(self).__name__}.compute_loss")
 
     def _compute_losses(self, model: nn.Module, loss_fn: Optional[Callable], batch: Any) -> Dict[str, torch.Tensor]:
         if self._compiled is None:
@@ -477,6 +552,7 @@ class CompiledStep(EagerStep):
 
     def _fall_back(self, reason: str) -> None:
         self._compiled = None
+        self._compiled_loss = None
         self._fell_back_reason = reason
         message = f"CompiledStep: compilation failed, training continues eagerly. Cause: {reason}"
         logger.warning(message)
