@@ -96,8 +96,11 @@ def test_warmup_longer_than_the_run_is_clipped_with_one_warning_naming_the_argum
 
 def test_bad_run_lengths_and_inputs():
     ds = problem()
-    with pytest.raises(ValueError, match="exactly one of max_iter and max_epochs"):
-        Trainer(model(), "sgd", loader(ds), lr=0.1, max_iter=3, max_epochs=1)
+    with pytest.raises(ValueError, match="Give max_iter or max_epochs"):
+        Trainer(model(), "sgd", loader(ds), lr=0.1)
+    # Both: whichever comes first.
+    assert Trainer(model(), "sgd", loader(ds), lr=0.1, max_iter=3, max_epochs=1).max_iter == 3
+    assert Trainer(model(), "sgd", loader(ds), lr=0.1, max_iter=10_000, max_epochs=1).max_iter == len(loader(ds))
     with pytest.raises(ValueError, match="batch_size"):
         Trainer(model(), "sgd", ds, lr=0.1, max_iter=3)
     gen = (b for b in loader(ds))

@@ -216,6 +216,11 @@ class TrainerBase:
             self.interrupted = interrupted
 
     @property
+    def last_run_iter(self) -> int:
+        """The last iteration whose step ran (what a checkpoint records); -1 before any."""
+        return self._last_run_iter
+
+    @property
     def stop_reason(self) -> Optional[str]:
         """Why the last :meth:`train` stopped early, or ``None``."""
         return self._stop_reason

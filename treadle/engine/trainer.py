@@ -7,22 +7,26 @@ and checkpoints as :class:`~treadle.engine.DefaultTrainer`, from objects.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 import os
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 import torch
 from fvcore.common.param_scheduler import ConstantParamScheduler, ParamScheduler
 from torch import nn
 
 from treadle.checkpoint import Checkpointer
-from treadle.data import build_train_loader
-from treadle.evaluation import build_evaluator, inference_on_dataset
-from treadle.events import CommonMetricPrinter, JSONWriter, ScalarKind, TensorboardWriter
+from treadle.checkpoint import init_weights_from as load_matching_weights
+from treadle.data import build_test_loader, build_train_loader
+from treadle.evaluation import build_evaluator, forward_for, inference_on_dataset, metric_mode
+from treadle.evaluation.batch import get_targets, move_to_device
+from treadle.evaluation.inference import inference_context
+from treadle.evaluation.loss import _loss_from_outputs
+from treadle.events import CommonMetricPrinter, CSVWriter, JSONWriter, TensorboardWriter
 from treadle.hooks import (
     EMA,
+    BestCheckpointer,
+    EarlyStopping,
     EvalHook,
     HookBase,
     IterationTimer,
@@ -38,10 +42,12 @@ from treadle.utils.logger import setup_logger, start_log_files
 from treadle.utils.run_folder import RunFolder, check_output_dir, claim_on_main_process
 
 from .build import build_optimizer, build_step, loader_epoch_length, resolve_scheduler
+from .history import EpochCallback, EpochHistory, TrainingHistory
 from .resume import restore_hyperparameters, take_hyperparameters
 from .train_loop import TrainerBase
+from .validation import check_watched_metric
 
-__all__ = ["Trainer", "TrainingHistory"]
+__all__ = ["Trainer", "TrainingHistory", "LOGGERS"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,34 +55,14 @@ logger = logging.getLogger(__name__)
 # this many iterations the oldest values are dropped (global averages stay).
 _MAX_HISTORY = 1_000_000
 
+#: What ``loggers=`` may name: files written into the logs folder.
+LOGGERS = ("json", "tensorboard", "csv")
 
-@dataclasses.dataclass
-class TrainingHistory:
-    """Every scalar of a run, per iteration and per epoch.
-
-    Attributes:
-        iterations: ``{name: [(iteration, value), ...]}`` for every scalar put
-            (losses, lr, time, evaluation results).
-        epochs: one dict per completed epoch: ``epoch``, ``iteration`` (its
-            last), the mean of each training scalar over the epoch, and the
-            evaluation results computed at its end. Empty when the data has
-            no length.
-    """
-
-    iterations: Dict[str, List[Tuple[int, float]]] = dataclasses.field(default_factory=dict)
-    epochs: List[Dict[str, float]] = dataclasses.field(default_factory=list)
-
-    def __getitem__(self, name: str) -> List[float]:
-        """The values of ``name`` in order."""
-        if name not in self.iterations:
-            raise KeyError(f"No scalar named '{name}' in the history; known: {sorted(self.iterations)}")
-        return [v for _, v in self.iterations[name]]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.iterations
-
-    def last(self, name: str) -> float:
-        return self[name][-1]
+# Prefixes other trainers put on the metric to watch (Hezar's
+# "evaluation.f1", HF's "eval_loss", Lightning's "val/..."): the name in
+# treadle's storage is what follows. "train" ones name a training scalar.
+_EVAL_PREFIXES = ("eval/", "evaluation/", "eval.", "evaluation.", "eval_")
+_TRAIN_PREFIXES = ("train/", "train.", "train_")
 
 
 class Trainer(TrainerBase):
@@ -84,10 +70,15 @@ class Trainer(TrainerBase):
 
     Example::
 
-        trainer = Trainer(model, "adamw", train_loader, loss_fn=F.cross_entropy, lr=1e-3,
-                          eval_loader=val_loader, metrics=["accuracy", "f1"], max_epochs=5)
+        trainer = Trainer(model, "adamw", train_dataset, batch_size=64, lr=1e-3,
+                          loss_fn=F.cross_entropy, eval_loader=val_dataset,
+                          metrics=["accuracy", "f1"], max_epochs=5, output_dir="out",
+                          best_metric="accuracy", early_stopping_patience=3)
         history = trainer.train()
         print(history.epochs[-1]["accuracy"])
+
+    ``docs/migrating.md`` maps the arguments of Hezar's, pytorch-accelerated's
+    and qurious' trainers, and of the Hugging Face Trainer, to these.
 
     Args:
         model: the module to train; moved to ``device``.
@@ -95,27 +86,67 @@ class Trainer(TrainerBase):
             ``lr`` and ``weight_decay`` (norms and biases get no decay).
         train_loader: an iterable of batches (a ``DataLoader``, a treadle
             ``TrainLoader``, a generator), or a map-style dataset with
-            ``batch_size``, for which a resumable loader is built.
+            ``batch_size`` (and ``shuffle``, ``collate_fn``, ``num_workers``),
+            for which a resumable loader is built.
         loss_fn: ``loss_fn(model(inputs), targets)`` on ``(inputs, targets)``
-            batches; without it the model returns its loss (see ``EagerStep``).
-        eval_loader, metrics: evaluated with ``metrics`` (names, see
-            ``treadle.evaluation.build_evaluator``; ``["loss"]`` by default
-            when there is a ``loss_fn``) every ``eval_period`` iterations
-            (default: every epoch when the epoch length is known) and at the end.
-        max_iter, max_epochs: the run length; exactly one of them.
+            batches. Without it the model computes its own loss from the whole
+            batch (``model(**batch)`` for a dict, as Hugging Face models take
+            it; its output's ``.loss``), in training and evaluation alike.
+            A subclass may override :meth:`compute_loss` instead.
+        eval_loader: batches (or a dataset, batched by ``eval_batch_size``)
+            evaluated every ``eval_period`` iterations (default: every epoch
+            when the epoch length is known) and at the end.
+        metrics: what evaluation computes (default ``["loss"]``): metric
+            names (``treadle.evaluation.available_metrics()``), names with
+            options (``("cer", {"decode": fn})``, ``("perplexity",
+            {"shift_labels": True})``), torchmetrics ``Metric`` or
+            ``MetricCollection`` objects, or ``DatasetEvaluator``s. An
+            unknown name is an error here, not at the first evaluation.
+        max_iter, max_epochs: the run length; with both, whichever comes first.
         scheduler: a torch scheduler, an fvcore ``ParamScheduler``, a name
             (``"cosine"``, ``"linear"``, ``"step"``, ``"constant"``), or a factory
-            ``(optimizer, max_iter) -> scheduler``; ``warmup_iters`` adds a
-            linear warm-up to a named schedule (clipped to half the run, with
-            a warning, when it is not shorter than the run).
-        hooks: more hooks, run after evaluation and before checkpoints and writers.
+            ``(optimizer, max_iter) -> scheduler`` (or ``(optimizer)``, as
+            pytorch-accelerated's ``create_scheduler_fn``); ``warmup_iters``
+            adds a linear warm-up to a named schedule (clipped to half the
+            run, with a warning, when it is not shorter than the run).
+        scheduler_interval: when a torch scheduler steps: ``"iter"`` or
+            ``"epoch"`` (Lightning's ``interval``); logged when training starts.
+        batch_size, eval_batch_size, shuffle, collate_fn, num_workers: how
+            datasets given as ``train_loader``/``eval_loader`` are batched
+            (``eval_batch_size`` defaults to ``batch_size``; Hezar's
+            ``data_collator`` is ``collate_fn``).
+        hooks: more hooks, run after evaluation and before checkpoints and
+            writers; a hook the evaluation must follow (``PreciseBN``) is
+            placed before it.
+        callbacks: ``fn(trainer, epoch, metrics)`` called at each epoch's end
+            with that epoch's row of the history (its evaluation included).
         output_dir: where ``metrics.json``, TensorBoard events, ``log.txt`` and
-            checkpoints go; nothing is written without it.
+            checkpoints go; nothing is written without it. The folder rules
+            (one job at a time, no silent overwrite) are in ``docs/checkpoints.md``.
+        checkpoints_dir, logs_dir: subfolders of ``output_dir`` for the
+            checkpoints and for the logs and metrics (Hezar's layout:
+            ``checkpoints_dir="checkpoints", logs_dir="logs"``); by default
+            everything is in ``output_dir``.
+        loggers: the files written: ``"json"`` (``metrics.json``),
+            ``"tensorboard"``, ``"csv"`` (``metrics.csv``).
         precision, grad_accum_steps, clip_grad_norm: as ``EagerStep``.
         compile: use ``CompiledStep``; a dict is passed to ``torch.compile``.
         device: ``"auto"`` (cuda, mps, cpu), or a device.
         seed: seeds python, numpy and torch before training, and the data order.
+        log_period, eval_period, checkpoint_period: in iterations
+            (``checkpoint_period`` defaults to an epoch; Hezar's ``save_steps``).
+        max_to_keep: periodic checkpoints kept.
         ema_decay: keep an EMA of the weights and evaluate with it.
+        best_metric: save ``model_best.pth`` when this evaluation result
+            improves (needs ``output_dir``); prefixes such as ``"eval/"``,
+            ``"evaluation."``, ``"eval_"`` are accepted, and ``"train/..."``
+            names a training scalar. ``best_mode`` (``"min"``/``"max"``)
+            overrides the direction inferred from the metric.
+        early_stopping_patience: stop after that many evaluations without
+            improvement of ``best_metric`` (or of the evaluation ``loss``).
+        init_weights_from: a checkpoint whose matching weights are loaded
+            into the model first (Hezar's ``init_weights_from``; a new head
+            is fine: mismatched keys are reported and skipped).
         progress_bar: a tqdm bar; ``None`` shows it when stderr is a terminal
             (console metric lines are printed otherwise).
     """
@@ -128,17 +159,25 @@ class Trainer(TrainerBase):
         *,
         loss_fn: Optional[Callable[[Any, Any], torch.Tensor]] = None,
         eval_loader: Optional[Iterable[Any]] = None,
-        metrics: Sequence[str] = (),
+        metrics: Sequence[Any] = (),
         max_iter: Optional[int] = None,
         max_epochs: Optional[int] = None,
         scheduler: Union[None, str, ParamScheduler, torch.optim.lr_scheduler.LRScheduler, Callable[..., Any]] = None,
+        scheduler_interval: str = "iter",
         warmup_iters: int = 0,
         lr: Optional[float] = None,
         weight_decay: float = 0.0,
         batch_size: Optional[int] = None,
+        eval_batch_size: Optional[int] = None,
+        shuffle: bool = True,
+        collate_fn: Optional[Callable[[list], Any]] = None,
         num_workers: int = 0,
         hooks: Sequence[HookBase] = (),
+        callbacks: Sequence[EpochCallback] = (),
         output_dir: Optional[str] = None,
+        checkpoints_dir: Optional[str] = None,
+        logs_dir: Optional[str] = None,
+        loggers: Sequence[str] = ("json", "tensorboard"),
         precision: str = "fp32",
         grad_accum_steps: int = 1,
         clip_grad_norm: Optional[float] = None,
@@ -150,17 +189,31 @@ class Trainer(TrainerBase):
         checkpoint_period: Optional[int] = None,
         max_to_keep: Optional[int] = 3,
         ema_decay: Optional[float] = None,
+        best_metric: Optional[str] = None,
+        best_mode: Optional[str] = None,
+        early_stopping_patience: Optional[int] = None,
+        init_weights_from: Optional[str] = None,
         progress_bar: Optional[bool] = None,
     ) -> None:
+        unknown_loggers = [name for name in loggers if name not in LOGGERS]
+        if unknown_loggers:
+            raise ValueError(f"Unknown loggers {unknown_loggers}; choose from {list(LOGGERS)}")
+        if scheduler_interval not in ("iter", "epoch"):
+            raise ValueError(f"scheduler_interval must be 'iter' or 'epoch', got {scheduler_interval!r}")
+        self.output_dir = output_dir
+        self.checkpoint_dir = _inside(output_dir, checkpoints_dir)
+        self.logs_dir = _inside(output_dir, logs_dir)
         if output_dir is not None:
             check_output_dir(output_dir)
         # log.txt starts when train() has claimed the folder: nothing is
         # written into it before (see docs/checkpoints.md).
-        setup_logger(output=output_dir, distributed_rank=comm.get_rank(), defer_file=True)
+        setup_logger(output=self.logs_dir, distributed_rank=comm.get_rank(), defer_file=True)
         if seed is not None:
             seed_all_rng(seed)
         self.device = resolve_device(device)
         self.model = model.to(self.device)
+        if init_weights_from:
+            load_matching_weights(self.model, init_weights_from)
         self.loss_fn = loss_fn
         if isinstance(optimizer, str):
             optimizer = build_optimizer(optimizer, self.model, lr=lr, weight_decay=weight_decay)
@@ -170,11 +223,14 @@ class Trainer(TrainerBase):
             raise ValueError("lr is for an optimizer given by name; this optimizer has its own learning rate")
         self.optimizer = optimizer
 
-        self.train_loader = _as_loader(train_loader, batch_size, num_workers, seed)
-        self.eval_loader = eval_loader
+        self.train_loader = _as_train_loader(train_loader, batch_size, num_workers, seed, shuffle, collate_fn)
+        self.eval_loader = _as_eval_loader(eval_loader, eval_batch_size or batch_size, num_workers, collate_fn)
         epoch_length = loader_epoch_length(self.train_loader, grad_accum_steps)
         run_length = _run_length(max_iter, max_epochs, epoch_length)
+        if callbacks and not epoch_length:
+            raise ValueError("callbacks are called at each epoch's end, and this train_loader has no length (no epochs)")
 
+        overridden = type(self).compute_loss is not Trainer.compute_loss
         compile_options = compile if isinstance(compile, dict) else None
         step = build_step(
             "compiled" if compile else "eager",
@@ -186,18 +242,23 @@ class Trainer(TrainerBase):
             grad_accum_steps=grad_accum_steps,
             clip_grad_norm=clip_grad_norm,
             precision=precision,
+            compute_loss=self.compute_loss if overridden else None,
         )
         super().__init__(step, history_length=min(max(run_length, 10_000), _MAX_HISTORY))
         self.max_iter = run_length
         self.epoch_length = epoch_length
-        self.output_dir = output_dir
-        self.metrics = list(metrics) or (["loss"] if loss_fn is not None and eval_loader is not None else [])
         self.history = TrainingHistory()
+        self.metrics = list(metrics) or (["loss"] if self.eval_loader is not None else [])
+        self.evaluator = self._build_evaluator() if self.eval_loader is not None else None
+        self._forward = forward_for(loss_fn if not overridden else True)
         self.checkpointer: Optional[Checkpointer] = None
         self.run_folder: Optional[RunFolder] = None
         if output_dir is not None:
-            self.checkpointer = Checkpointer(self.model, output_dir, optimizer=self.optimizer, trainer=self)
-            self.run_folder = RunFolder(output_dir, names=RunFolder.TRAINER_API)
+            self.checkpointer = Checkpointer(self.model, self.checkpoint_dir, optimizer=self.optimizer, trainer=self)
+            self.run_folder = RunFolder(
+                output_dir, names=RunFolder.TRAINER_API, subdirs=[d for d in (checkpoints_dir, logs_dir) if d]
+            )
+        watched, mode = self._watched_metric(best_metric, best_mode, early_stopping_patience)
 
         # A constant schedule when none is given: the history always has lr.
         sched = resolve_scheduler(scheduler, self.optimizer, self.max_iter, warmup_iters=warmup_iters) or ConstantParamScheduler(1.0)
@@ -205,47 +266,89 @@ class Trainer(TrainerBase):
             eval_period = epoch_length or 0
         if checkpoint_period is None:
             checkpoint_period = epoch_length or 0
-        self.register_hooks(
-            self._default_hooks(sched, eval_period, checkpoint_period, max_to_keep, ema_decay, log_period, progress_bar, hooks)
+        lr_hook = LRScheduler(
+            self.optimizer, sched, interval=scheduler_interval if not isinstance(sched, ParamScheduler) else "iter"
         )
-
-    def _default_hooks(
-        self,
-        scheduler: Any,
-        eval_period: int,
-        checkpoint_period: int,
-        max_to_keep: Optional[int],
-        ema_decay: Optional[float],
-        log_period: int,
-        progress_bar: Optional[bool],
-        user_hooks: Sequence[HookBase],
-    ) -> List[Optional[HookBase]]:
+        if scheduler_interval == "epoch" and isinstance(sched, ParamScheduler):
+            raise ValueError("scheduler_interval='epoch' is for torch schedulers; a named or fvcore schedule is per iteration")
+        evaluation = EvalHook(eval_period, self.evaluate) if self.eval_loader is not None else None
         show_bar = ProgressBar(log_period, disable=None if progress_bar is None else not progress_bar)
-        writers = []
-        if comm.is_main_process():
-            if show_bar._disable:
-                writers.append(CommonMetricPrinter(self.max_iter))
-            if self.output_dir is not None:
-                writers += [JSONWriter(os.path.join(self.output_dir, "metrics.json")), TensorboardWriter(self.output_dir)]
-        return [
+        defaults: List[Optional[HookBase]] = [
             IterationTimer(),
-            LRScheduler(self.optimizer, scheduler) if scheduler is not None else None,
+            lr_hook,
             EMA(ema_decay) if ema_decay is not None else None,
-            EvalHook(eval_period, self.evaluate) if self.eval_loader is not None else None,
-            *user_hooks,
+            evaluation,
+            BestCheckpointer(eval_period, self.checkpointer, watched, mode) if best_metric else None,
+            EarlyStopping(watched, early_stopping_patience, mode=mode) if early_stopping_patience else None,
+            EpochHistory(self.history.epochs, callbacks) if epoch_length else None,
             PeriodicCheckpointer(self.checkpointer, checkpoint_period, max_to_keep) if self.checkpointer else None,
-            PeriodicWriter(writers, log_period),
+            PeriodicWriter(self._writers(loggers, show_bar), log_period),
             show_bar if not show_bar._disable else None,
         ]
+        self.register_hooks(_place_user_hooks([h for h in defaults if h is not None], list(hooks), after=evaluation))
+
+    def _build_evaluator(self) -> Any:
+        names = [m if isinstance(m, str) else m[0] if isinstance(m, (tuple, list)) else None for m in self.metrics]
+        options: Dict[str, Any] = {}
+        if "loss" in names and self.loss_fn is not None:
+            options["loss_fn"] = self.loss_fn
+        return build_evaluator(self.metrics, **options)
+
+    def _watched_metric(self, best_metric: Optional[str], best_mode: Optional[str], patience: Optional[int]) -> Any:
+        """The storage name and direction of the metric that best checkpoints
+        and early stopping watch, checked against the evaluation's results."""
+        if best_metric is None and not patience:
+            return None, None
+        if patience is not None and (not isinstance(patience, int) or patience < 1):
+            raise ValueError(f"early_stopping_patience must be an integer >= 1, got {patience!r}")
+        if best_mode not in (None, "min", "max"):
+            raise ValueError(f"best_mode must be 'min', 'max' or None, got {best_mode!r}")
+        if self.evaluator is None and not (best_metric or "").startswith(_TRAIN_PREFIXES):
+            raise ValueError("best_metric and early_stopping_patience watch an evaluation: give eval_loader")
+        if best_metric and self.checkpointer is None:
+            raise ValueError("best_metric saves model_best.pth: give output_dir")
+        name = best_metric or "loss"
+        for prefix in _EVAL_PREFIXES:
+            if name.startswith(prefix):
+                name = name[len(prefix):]
+                break
+        else:
+            for prefix in _TRAIN_PREFIXES:
+                if name.startswith(prefix):
+                    name = name[len(prefix):]
+                    name = "total_loss" if name == "loss" else name
+                    return name, best_mode or metric_mode(name)
+        check_watched_metric("best_metric", name, getattr(self.evaluator, "result_names", None))
+        declared = _declared_direction(self.evaluator, name)
+        mode = best_mode or (("max" if declared else "min") if declared is not None else metric_mode(name))
+        return name, mode
+
+    def _writers(self, loggers: Sequence[str], bar: ProgressBar) -> List[Any]:
+        if not comm.is_main_process():
+            return []
+        writers: List[Any] = []
+        if bar._disable:
+            writers.append(CommonMetricPrinter(self.max_iter))
+        if self.logs_dir is not None:
+            files = {
+                "json": lambda: JSONWriter(os.path.join(self.logs_dir, "metrics.json")),
+                "tensorboard": lambda: TensorboardWriter(self.logs_dir),
+                "csv": lambda: CSVWriter(os.path.join(self.logs_dir, "metrics.csv")),
+            }
+            writers += [files[name]() for name in loggers]
+        return writers
 
     # ------------------------------------------------------------------ running
-    def train(self, resume: bool = False, *, move_aside: bool = False) -> TrainingHistory:  # type: ignore[override]
+    def train(self, resume: Union[bool, str] = False, *, move_aside: bool = False) -> TrainingHistory:  # type: ignore[override]
         """Trains to ``max_iter`` and returns the :class:`TrainingHistory`.
 
-        With ``resume=True`` and an ``output_dir`` holding checkpoints, training
-        continues exactly from the last one; learning rate and other optimizer
-        settings given to this ``Trainer`` are kept over the checkpoint's (a
-        warning names each).
+        ``resume=True`` continues exactly from the last checkpoint of
+        ``output_dir``; ``resume="path/to/model_0000019.pth"`` from that
+        checkpoint (Hezar's ``resume_from_checkpoint``): model, optimizer,
+        schedule, hooks, random states and data position, then the
+        iterations after it. Learning rate and other optimizer settings given
+        to this ``Trainer`` are kept over the checkpoint's (a warning names
+        each).
 
         The ``output_dir`` is claimed first: another job running there, or a
         fresh start (``resume=False``) in a folder holding an earlier run
@@ -254,15 +357,20 @@ class Trainer(TrainerBase):
         ``move_aside=True`` renames the earlier run's folder to
         ``{output_dir}.old-{date}-{time}``. Nothing is deleted.
         """
-        if resume and self.checkpointer is None:
-            raise ValueError("resume=True needs an output_dir with checkpoints")
+        if resume is True and self.checkpointer is None:
+            raise ValueError("resume=True needs an output_dir with checkpoints; or give resume='path/to/checkpoint.pth'")
+        if not isinstance(resume, (bool, str, os.PathLike)):
+            raise TypeError(f"resume must be True, False or a checkpoint path, got {resume!r}")
         if self.run_folder is not None:
-            claim_on_main_process(self.run_folder, resume=resume, move_aside=move_aside)
+            claim_on_main_process(self.run_folder, resume=bool(resume), move_aside=move_aside)
         try:
             start_iter = 0
-            if resume and self.checkpointer is not None:
+            if resume:
                 snapshot = take_hyperparameters(self.optimizer, self.hooks)
-                extra = self.checkpointer.resume_or_load("", resume=True)
+                if resume is True:
+                    extra = self.checkpointer.resume_or_load("", resume=True)  # type: ignore[union-attr]
+                else:
+                    extra = self._checkpoint_io().load(os.fspath(resume))
                 if "iteration" in extra:
                     start_iter = int(extra["iteration"]) + 1
                     restore_hyperparameters(snapshot, self.optimizer, self.hooks)
@@ -272,7 +380,7 @@ class Trainer(TrainerBase):
             if self.run_folder is not None:
                 self.run_folder.release()
         if hasattr(self, "storage"):
-            self.history = _collect_history(self)
+            self.history.iterations = _iteration_history(self)
         return self.history
 
     def evaluate(self, loader: Optional[Iterable[Any]] = None) -> Dict[str, Any]:
@@ -280,68 +388,168 @@ class Trainer(TrainerBase):
         loader = loader if loader is not None else self.eval_loader
         if loader is None:
             raise ValueError("Trainer.evaluate needs a loader: pass one or give eval_loader to the Trainer")
-        if not self.metrics:
-            raise ValueError("Trainer.evaluate needs metrics=[...] (or a loss_fn for the 'loss' metric)")
-        options: Dict[str, Any] = {}
-        if "loss" in self.metrics and self.loss_fn is not None:
-            options["loss_fn"] = self.loss_fn
-        evaluator = build_evaluator(self.metrics, **options)
-        return inference_on_dataset(self.model, loader, evaluator, device=self.device)
+        evaluator = self.evaluator if self.evaluator is not None else self._build_evaluator()
+        return inference_on_dataset(self.model, loader, evaluator, device=self.device, forward=self._forward)
+
+    # ------------------------------------------------------------------ one batch
+    def compute_loss(self, batch: Any) -> Any:
+        """The loss of one training batch (already on the device). Override it
+        in a subclass for a custom loss (pytorch-accelerated's
+        ``calculate_train_batch_loss``): return a scalar tensor, a dict of
+        losses or an object with ``.loss``. Precision, gradient accumulation,
+        clipping and the optimizer step stay the step's."""
+        return self.step.compute_loss(batch)
+
+    def train_step(self, batch: Any) -> Dict[str, float]:
+        """One optimizer update on ``batch``, outside :meth:`train` (a notebook's
+        loop): returns the losses as floats, ``loss`` being their total. No
+        hook runs (the schedule does not advance)."""
+        losses = self.step.train_on_batch(batch)
+        out = {"loss": float(losses.pop("total_loss"))}
+        out.update({name: float(value) for name, value in losses.items()})
+        return out
+
+    @torch.no_grad()
+    def eval_step(self, batch: Any) -> Dict[str, float]:
+        """The loss and ``metrics`` of one batch, in eval mode: floats, by name."""
+        batch = move_to_device(batch, self.device)
+        with inference_context(self.model):
+            outputs = self._forward(self.model, batch)
+        if self.loss_fn is not None:
+            loss = self.loss_fn(outputs, get_targets(batch, "labels", "Trainer.eval_step"))
+        else:
+            loss = _loss_from_outputs(outputs, "Trainer.eval_step")
+        out = {"loss": float(loss.float().mean())}
+        if self.evaluator is not None:
+            self.evaluator.reset()
+            self.evaluator.process(batch, outputs)
+            out.update({k: v for k, v in _flat_floats(self.evaluator.evaluate() or {}).items() if k != "loss"})
+        return out
+
+    # ------------------------------------------------------------------ checkpoints without an output_dir
+    def _checkpoint_io(self) -> Checkpointer:
+        return self.checkpointer or Checkpointer(self.model, "", optimizer=self.optimizer, trainer=self)
+
+    def save_checkpoint(self, path: str, **extra: Any) -> Optional[str]:
+        """Writes a full checkpoint (model, optimizer, schedule, hooks, random
+        states, data position) to ``path``, atomically, with ``extra`` values;
+        ``output_dir`` is not needed. Returns the path."""
+        return self._checkpoint_io().save_file(os.fspath(path), iteration=self.last_run_iter, **extra)
+
+    def load_checkpoint(self, path: str, load_optimizer: bool = True, load_scheduler: bool = True) -> Dict[str, Any]:
+        """Loads the model's weights from ``path`` (qurious' and
+        pytorch-accelerated's ``load_checkpoint``), and the optimizer's and the
+        schedule's states unless told not to. Training then starts at
+        iteration 0 with these states; to continue the run where the
+        checkpoint left it, use ``train(resume=path)``. Returns what else the
+        file holds (``iteration``...)."""
+        io = self._checkpoint_io()
+        rest = io.load(os.fspath(path), checkpointables=["optimizer"] if load_optimizer else [])
+        trainer_state = rest.get("trainer") or {}
+        if load_scheduler:
+            for key, hook in self.hook_state_keys().items():
+                if isinstance(hook, LRScheduler) and key in trainer_state.get("hooks", {}):
+                    hook.load_state_dict(trainer_state["hooks"][key])
+        return rest
 
 
 # ---------------------------------------------------------------------- helpers
-def _as_loader(data: Any, batch_size: Optional[int], num_workers: int, seed: Optional[int]) -> Iterable[Any]:
+def _inside(output_dir: Optional[str], sub: Optional[str]) -> Optional[str]:
+    if output_dir is None:
+        if sub:
+            raise ValueError(f"checkpoints_dir/logs_dir ({sub!r}) are folders inside output_dir: give output_dir")
+        return None
+    return os.path.join(output_dir, sub) if sub else output_dir
+
+
+def _declared_direction(evaluator: Any, name: str) -> Optional[bool]:
+    """``higher_is_better`` of a torchmetrics result ``name``, when one declares it."""
+    parts = getattr(evaluator, "evaluators", None) or [evaluator]
+    for part in parts:
+        declared = getattr(part, "higher_is_better", None)
+        if isinstance(declared, dict) and declared.get(name) is not None:
+            return bool(declared[name])
+    return None
+
+
+def _flat_floats(results: Dict[str, Any], prefix: str = "") -> Dict[str, float]:
+    out: Dict[str, float] = {}
+    for key, value in results.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat_floats(value, f"{name}/"))
+        else:
+            out[name] = float(value)
+    return out
+
+
+def _place_user_hooks(defaults: List[HookBase], user: List[HookBase], after: Optional[HookBase]) -> List[HookBase]:
+    """The default hooks with the user's inserted after ``after`` (the
+    evaluation), except a hook that a default hook must follow
+    (``EvalHook.runs_after`` holds ``PreciseBN``): that one goes right before
+    the first default hook that needs it."""
+    hooks = list(defaults)
+    position = hooks.index(after) + 1 if after is not None and after in hooks else len(
+        [h for h in hooks if not isinstance(h, (PeriodicCheckpointer, PeriodicWriter, ProgressBar))]
+    )
+    for hook in user:
+        needers = [i for i, h in enumerate(hooks) if any(isinstance(hook, t) for t in h.runs_after)]
+        if needers and needers[0] < position:
+            hooks.insert(needers[0], hook)
+            position += 1
+        else:
+            hooks.insert(position, hook)
+            position += 1
+    return hooks
+
+
+def _as_train_loader(
+    data: Any, batch_size: Optional[int], num_workers: int, seed: Optional[int], shuffle: bool, collate_fn: Any
+) -> Iterable[Any]:
     is_dataset = isinstance(data, torch.utils.data.Dataset) and not isinstance(data, torch.utils.data.IterableDataset)
     if is_dataset:
         if batch_size is None:
             raise ValueError("train_loader is a dataset: give batch_size=... to batch it (or pass a DataLoader)")
-        return build_train_loader(data, total_batch_size=batch_size, num_workers=num_workers, seed=seed or 0)
+        return build_train_loader(
+            data, total_batch_size=batch_size, num_workers=num_workers, seed=seed or 0, shuffle=shuffle, collate_fn=collate_fn
+        )
     if batch_size is not None:
         raise ValueError("batch_size is for a dataset; this train_loader makes its own batches")
+    if collate_fn is not None:
+        raise ValueError("collate_fn is for a dataset; this train_loader makes its own batches")
     if not hasattr(data, "__iter__"):
         raise TypeError(f"train_loader must be an iterable of batches or a dataset, got {type(data).__name__}")
     return data
 
 
+def _as_eval_loader(data: Any, batch_size: Optional[int], num_workers: int, collate_fn: Any) -> Optional[Iterable[Any]]:
+    if data is None:
+        return None
+    is_dataset = isinstance(data, torch.utils.data.Dataset) and not isinstance(data, torch.utils.data.IterableDataset)
+    if not is_dataset:
+        return data
+    if batch_size is None:
+        raise ValueError("eval_loader is a dataset: give eval_batch_size=... (or batch_size) to batch it")
+    return build_test_loader(data, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_fn)
+
+
 def _run_length(max_iter: Optional[int], max_epochs: Optional[int], epoch_length: Optional[int]) -> int:
-    if (max_iter is None) == (max_epochs is None):
-        raise ValueError("Give exactly one of max_iter and max_epochs")
+    if max_iter is None and max_epochs is None:
+        raise ValueError("Give max_iter or max_epochs (or both: training stops at whichever comes first)")
+    lengths = []
     if max_epochs is not None:
         if epoch_length is None:
             raise ValueError("max_epochs needs data with a length; this train_loader has none, so give max_iter")
-        return max_epochs * epoch_length
-    assert max_iter is not None
-    if max_iter <= 0:
-        raise ValueError(f"max_iter must be positive, got {max_iter}")
-    return max_iter
+        if max_epochs <= 0:
+            raise ValueError(f"max_epochs must be positive, got {max_epochs}")
+        lengths.append(max_epochs * epoch_length)
+    if max_iter is not None:
+        if max_iter <= 0:
+            raise ValueError(f"max_iter must be positive, got {max_iter}")
+        lengths.append(max_iter)
+    return min(lengths)
 
 
-def _collect_history(trainer: Trainer) -> TrainingHistory:
-    storage = trainer.storage
-    histories = storage.histories()  # the one read of this run's values
-    iterations = {name: [(int(it), v) for v, it in h.values()] for name, h in histories.items()}
-    epochs: List[Dict[str, float]] = []
-    length = trainer.epoch_length
-    last_iter = trainer.iter - 1
-    if length:
-        rows: Dict[int, Dict[str, List[float]]] = {}
-        results: Dict[int, Dict[str, float]] = {}
-        for name, points in iterations.items():
-            is_metric = storage.kind(name) == ScalarKind.METRIC
-            for it, value in points:
-                # The final evaluation is put one past the last iteration.
-                epoch = min(it, last_iter) // length
-                if is_metric:
-                    results.setdefault(epoch, {})[name] = value
-                else:
-                    rows.setdefault(epoch, {}).setdefault(name, []).append(value)
-        completed = (last_iter + 1) // length
-        first = trainer.start_iter // length
-        for epoch in range(first, completed):
-            row: Dict[str, float] = {"epoch": epoch, "iteration": (epoch + 1) * length - 1}
-            for name, values in rows.get(epoch, {}).items():
-                finite = [v for v in values if not math.isnan(v)]
-                row[name] = sum(finite) / len(finite) if finite else float("nan")
-            row.update(results.get(epoch, {}))
-            epochs.append(row)
-    return TrainingHistory(iterations=iterations, epochs=epochs)
+def _iteration_history(trainer: Trainer) -> Dict[str, List[Any]]:
+    histories = trainer.storage.histories()  # the one read of this run's values
+    return {name: [(int(it), v) for v, it in h.values()] for name, h in histories.items()}

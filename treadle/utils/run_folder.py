@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import socket
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from . import comm
 from .atomic import is_local_path
@@ -121,11 +121,13 @@ class RunFolder:
         "output_dir": "output_dir",
     }
 
-    def __init__(self, path: str, *, names: Optional[Dict[str, str]] = None) -> None:
+    def __init__(self, path: str, *, names: Optional[Dict[str, str]] = None, subdirs: Sequence[str] = ()) -> None:
         if not path:
             raise ValueError("RunFolder needs a path")
         self.path = path
         self._names = dict(self.COMMAND_LINE, **(names or {}))
+        # Folders inside it where the run also writes (Hezar's checkpoints/ and logs/).
+        self.subdirs = [d for d in subdirs if d]
         self._fd: Optional[int] = None
         self.moved_to: Optional[str] = None
 
@@ -230,14 +232,21 @@ class RunFolder:
 
     # ------------------------------------------------------------------ contents
     def earlier_run_files(self) -> List[str]:
-        """Names in the folder that show a run trained there (see :data:`RUN_FILE_PATTERNS`), sorted."""
-        try:
-            if not PathManager.isdir(self.path):
-                return []
-            names = PathManager.ls(self.path)
-        except OSError:
-            return []
-        return sorted(n for n in names if any(fnmatch.fnmatch(n, p) for p in RUN_FILE_PATTERNS))
+        """Names in the folder (and its :attr:`subdirs`) that show a run trained
+        there (see :data:`RUN_FILE_PATTERNS`), sorted."""
+        found: List[str] = []
+        for sub in ["", *self.subdirs]:
+            directory = os.path.join(self.path, sub) if sub else self.path
+            try:
+                if not PathManager.isdir(directory):
+                    continue
+                names = PathManager.ls(directory)
+            except OSError:
+                continue
+            found += [
+                os.path.join(sub, n) if sub else n for n in names if any(fnmatch.fnmatch(n, p) for p in RUN_FILE_PATTERNS)
+            ]
+        return sorted(found)
 
     def claim(self, *, resume: bool, move_aside: bool = False) -> None:
         """Locks the folder for this job and checks that it may write there.

@@ -1,0 +1,138 @@
+"""What the plain ``Trainer`` returns: every scalar per iteration and per epoch.
+
+The names, documented for the users of other trainers (see ``docs/migrating.md``):
+
+- per iteration (``history.iterations``, ``history["total_loss"]``): every
+  scalar put into the storage, under its name: ``total_loss`` (the training
+  loss; each loss of a dict of losses under its own name too), ``lr``,
+  ``time``, ``data_time``, and the evaluation results (``loss``,
+  ``accuracy``...), each at the iteration it was computed after;
+- per epoch (``history.epochs``, one dict per epoch, and ``history.to_dict()``,
+  a list per name): ``epoch`` (0-based), ``iteration`` (the epoch's last),
+  the epoch's mean of each training scalar under its name, ``train_loss``
+  (the mean ``total_loss``), the evaluation results of the epoch's end under
+  their names, and ``eval_loss`` (the evaluation's ``loss``, when computed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from treadle.events import ScalarKind
+from treadle.hooks import HookBase
+
+if TYPE_CHECKING:
+    from treadle.events import EventStorage
+
+__all__ = ["TrainingHistory", "EpochHistory", "EpochCallback"]
+
+logger = logging.getLogger(__name__)
+
+#: ``fn(trainer, epoch, metrics)``, called at the end of each epoch.
+EpochCallback = Callable[[Any, int, Dict[str, float]], Any]
+
+
+@dataclasses.dataclass
+class TrainingHistory:
+    """Every scalar of a run, per iteration and per epoch (names: see this module).
+
+    Attributes:
+        iterations: ``{name: [(iteration, value), ...]}`` for every scalar put.
+        epochs: one dict per completed epoch.
+    """
+
+    iterations: Dict[str, List[Tuple[int, float]]] = dataclasses.field(default_factory=dict)
+    epochs: List[Dict[str, float]] = dataclasses.field(default_factory=list)
+
+    def __getitem__(self, name: str) -> List[float]:
+        """The values of ``name`` in order, per iteration."""
+        if name not in self.iterations:
+            raise KeyError(f"No scalar named '{name}' in the history; known: {sorted(self.iterations)}")
+        return [v for _, v in self.iterations[name]]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.iterations
+
+    def last(self, name: str) -> float:
+        return self[name][-1]
+
+    def to_dict(self) -> Dict[str, List[Optional[float]]]:
+        """The epochs as ``{name: [value of epoch 0, value of epoch 1, ...]}``
+        (``None`` for an epoch without that value), as qurious and Keras return it."""
+        names: List[str] = []
+        for row in self.epochs:
+            names.extend(k for k in row if k not in names)
+        return {name: [row.get(name) for row in self.epochs] for name in names}
+
+
+def _values_between(points: Sequence[Tuple[float, int]], first: int, last: int) -> List[float]:
+    """Values put at iterations ``first..last``, read from the end (the epoch is the newest)."""
+    out = []
+    for value, it in reversed(points):
+        if it < first:
+            break
+        if it <= last:
+            out.append(value)
+    out.reverse()
+    return out
+
+
+def epoch_row(storage: "EventStorage", epoch: int, first: int, last: int, results_until: int) -> Dict[str, float]:
+    """The epoch's row: means of the training scalars put at ``first..last``,
+    and the latest evaluation results put at ``first..results_until``."""
+    row: Dict[str, float] = {"epoch": epoch, "iteration": last}
+    metrics: Dict[str, float] = {}
+    for name, history in storage.histories().items():  # one read for the epoch
+        points = history.values()
+        if storage.kind(name) == ScalarKind.METRIC:
+            found = _values_between(points, first, results_until)
+            if found:
+                metrics[name] = found[-1]
+            continue
+        found = [v for v in _values_between(points, first, last) if not math.isnan(v)]
+        if found:
+            row[name] = sum(found) / len(found)
+    if "total_loss" in row:
+        row["train_loss"] = row["total_loss"]
+    row.update(metrics)
+    if "loss" in metrics:
+        row["eval_loss"] = metrics["loss"]
+    return row
+
+
+class EpochHistory(HookBase):
+    """Records each epoch's row (see this module) and calls the per-epoch callbacks.
+
+    Runs after_epoch (see :class:`HookBase`): register it after the
+    :class:`EvalHook`, so that the last epoch's row holds the final
+    evaluation. Each callback is called as ``fn(trainer, epoch, metrics)``
+    (qurious' and pytorch-accelerated's ``on_epoch_end``) with the row just
+    recorded; a callback may call ``trainer.request_stop(...)``.
+
+    Args:
+        epochs: the list rows are appended to (``TrainingHistory.epochs``).
+        callbacks: functions called after each row is recorded.
+    """
+
+    def __init__(self, epochs: List[Dict[str, float]], callbacks: Iterable[EpochCallback] = ()) -> None:
+        self.epochs = epochs
+        self.callbacks = list(callbacks)
+        for fn in self.callbacks:
+            if not callable(fn):
+                raise TypeError(f"callbacks must be functions fn(trainer, epoch, metrics), got {fn!r}")
+
+    def after_epoch(self) -> None:
+        trainer = self.trainer
+        length = trainer.epoch_length
+        epoch = trainer.epoch
+        first = epoch * length
+        # The epoch's last iteration run: fewer when training stopped early in it.
+        last = min((epoch + 1) * length - 1, trainer.last_run_iter)
+        # The final evaluation is put one past the last iteration.
+        row = epoch_row(trainer.storage, epoch, first, last, results_until=last + 1)
+        self.epochs.append(row)
+        for fn in self.callbacks:
+            fn(trainer, epoch, dict(row))
