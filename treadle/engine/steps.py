@@ -67,6 +67,15 @@ def _as_losses(out: Any, source: str) -> Dict[str, torch.Tensor]:
             _raise_not_scalar(loss, source, "loss")
         return {"total_loss": loss}
     if isinstance(out, Mapping) and out:
+        if "loss" in out and any(isinstance(v, torch.Tensor) and v.numel() != 1 for v in out.values()):
+            # A model output that holds more than losses ({"loss": ..., "logits": ...}),
+            # read as evaluation reads it (LossEvaluator).
+            loss = out["loss"]
+            if not isinstance(loss, torch.Tensor):
+                raise TypeError(f"{source} returned a dict whose 'loss' is a {type(loss).__name__}, not a loss tensor")
+            if loss.numel() != 1:
+                _raise_not_scalar(loss, source, "loss")
+            return {"total_loss": loss}
         for name, value in out.items():
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"{source} returned a dict whose entry '{name}' is a {type(value).__name__}, not a loss tensor")
@@ -137,8 +146,9 @@ class EagerStep(StepBase):
        as Hugging Face models take it; see :mod:`treadle.evaluation.batch`)
        and ``out`` is a scalar tensor, an object with a ``.loss`` attribute
        (Hugging Face model outputs, which are also dicts, so this comes
-       first), or a dict of scalar losses, which are summed and each
-       published under its own name.
+       first), a dict with a ``"loss"`` next to other outputs (logits), or
+       a dict of scalar losses, which are summed and each published under
+       its own name.
 
     The sum is published as ``total_loss``. One iteration is one optimizer
     update, fed by ``grad_accum_steps`` micro-batches; each micro-batch loss
