@@ -285,7 +285,7 @@ class Trainer(TrainerBase):
             PeriodicWriter(self._writers(loggers, show_bar), log_period),
             show_bar if not show_bar._disable else None,
         ]
-        self.register_hooks(_place_user_hooks([h for h in defaults if h is not None], list(hooks), after=evaluation))
+        self.register_hooks(_place_user_hooks([h for h in defaults if h is not None], list(hooks)))
 
     def _build_evaluator(self) -> Any:
         names = [m if isinstance(m, str) else m[0] if isinstance(m, (tuple, list)) else None for m in self.metrics]
@@ -483,14 +483,15 @@ def _flat_floats(results: Dict[str, Any], prefix: str = "") -> Dict[str, float]:
     return out
 
 
-def _place_user_hooks(defaults: List[HookBase], user: List[HookBase], after: Optional[HookBase]) -> List[HookBase]:
-    """The default hooks with the user's inserted after ``after`` (the
-    evaluation), except a hook that a default hook must follow
-    (``EvalHook.runs_after`` holds ``PreciseBN``): that one goes right before
-    the first default hook that needs it."""
+def _place_user_hooks(defaults: List[HookBase], user: List[HookBase]) -> List[HookBase]:
+    """The default hooks with the user's inserted after the evaluation and the
+    epoch's history (so they see both) and before checkpoints and writers,
+    except a hook that a default hook must follow (``EvalHook.runs_after``
+    holds ``PreciseBN``): that one goes right before the first default hook
+    that needs it."""
     hooks = list(defaults)
-    position = hooks.index(after) + 1 if after is not None and after in hooks else len(
-        [h for h in hooks if not isinstance(h, (PeriodicCheckpointer, PeriodicWriter, ProgressBar))]
+    position = next(
+        (i for i, h in enumerate(hooks) if isinstance(h, (PeriodicCheckpointer, PeriodicWriter, ProgressBar))), len(hooks)
     )
     for hook in user:
         needers = [i for i, h in enumerate(hooks) if any(isinstance(hook, t) for t in h.runs_after)]
