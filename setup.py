@@ -24,7 +24,10 @@ setup(
     ],
     extras_require={
         "plot": ["matplotlib"],
-        "dev": ["pytest", "matplotlib"],
+        # transformers and torchmetrics: the tests train a Hugging Face model built
+        # from a config and evaluate with torchmetrics (both optional for users).
+        "dev": ["pytest", "matplotlib", "transformers", "torchmetrics"],
+        "metrics": ["torchmetrics"],
     },
     entry_points={"console_scripts": ["treadle-train=treadle.tools.train_net:cli"]},
 )
