@@ -178,3 +178,28 @@ def test_every_shipped_config_runs_shorter_than_its_warmup(config, tmp_path, tre
     assert [r.levelname for r in treadle_caplog.records if "warmup_iters" in r.getMessage()] == ["WARNING"]
     # The evaluation after training ran too (the configs' eval_period is longer than the run).
     assert [line["iteration"] for line in metrics(out) if "total_loss" not in line] == [30]
+
+
+def test_config_evaluator_with_a_torchmetrics_metric(tmp_path, capsys):
+    """A torchmetrics object in the config's metrics: built once the run is
+    built, its result name checked against the best checkpointer's metric."""
+    config = tmp_path / "tm.py"
+    config.write_text(
+        "from torchmetrics.classification import MulticlassAccuracy\n"
+        "from treadle.config import LazyCall as L, LazyConfig\n"
+        f"_base = LazyConfig.load({str(DIGITS)!r})\n"
+        "model, optimizer, lr_multiplier, dataloader, train = _base.model, _base.optimizer, _base.lr_multiplier, "
+        "_base.dataloader, _base.train\n"
+        "dataloader.evaluator.metrics = ['accuracy', 'loss', L(MulticlassAccuracy)(num_classes=10, average='micro')]\n"
+        "train.best_checkpointer.metric = 'multiclass_accuracy'\n"
+    )
+    out = tmp_path / "run"
+    common = ["--config-file", str(config), f"train.output_dir={out}", "train.max_iter=40", "train.eval_period=20",
+              "lr_multiplier.warmup_iters=5"]
+    assert cli(common) == 0
+    lines = metrics(out)
+    evaluations = [line for line in lines if "accuracy" in line]
+    assert all(line["multiclass_accuracy"] == pytest.approx(line["accuracy"]) for line in evaluations)
+    assert (out / "model_best.pth").exists()
+    assert cli(common[:2] + [f"train.output_dir={tmp_path / 'other'}", "train.best_checkpointer.metric=multiclass_acc"]) == 2
+    assert "train.best_checkpointer.metric='multiclass_acc' is not a result" in capsys.readouterr().err
