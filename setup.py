@@ -29,5 +29,5 @@ setup(
         "dev": ["pytest", "matplotlib", "transformers", "torchmetrics"],
         "metrics": ["torchmetrics"],
     },
-    entry_points={"console_scripts": ["treadle-train=treadle.tools.train_net:cli"]},
+    entry_points={"console_scripts": ["treadle-train=treadle.tools.script:main"]},
 )

@@ -14,7 +14,7 @@ from .common.optim import AdamW as optimizer
 from .common.schedules import cosine_with_warmup as lr_multiplier
 from .common.train import train
 
-model = L(CharTransformerLM)(vocab_size=98, seq_len=corpus["seq_len"], dim=128, depth=2, heads=4, dropout=0.0)
+model = L(CharTransformerLM)(vocab_size=98, seq_len="${corpus.seq_len}", dim=128, depth=2, heads=4, dropout=0.0)
 
 optimizer.lr = 3e-3
 optimizer.weight_decay = 0.01

@@ -86,6 +86,19 @@ CASES: List[Case] = [
     case("train.nonfinite_check=sometimes", culprit="train.nonfinite_check must be one of 'flush', 'step', 'off'"),
     case("train.output_dir=", culprit="train.output_dir must be a non-empty string"),
     case("train.init_checkpoint=/no/such/weights.pth", culprit="/no/such/weights.pth", modes=("fresh",)),
+    case("train.init_checkpoint=/tmp", culprit="'/tmp' is a directory, not a checkpoint file", modes=("fresh",)),
+    case("train.seed=99999999999999999999", culprit="train.seed=99999999999999999999 is too large"),
+    case("train.step=None", culprit="train.step must be a config node, got None"),
+    case("train.checkpointer=None", culprit="train.checkpointer must be a config node"),
+    case("optimizer=None", culprit="optimizer must be a config node"),
+    case("train=None", culprit="train must be a config node"),
+    case("dataloader.test=None", culprit="train.best_checkpointer.metric='accuracy' watches an evaluation, and dataloader.test is None"),
+    case("train.max_iter=[1", culprit="train.max_iter must be an integer >= 1, got '[1'"),
+    # the run's own weights must fit the model it continues or evaluates
+    case("model.hidden_dims=[256,64]", culprit="Cannot resume from", modes=("resume",)),
+    case("model.hidden_dims=[32]", "--eval-only", "train.init_checkpoint=@run/model_final.pth",
+         culprit="The model does not match the weights in checkpoint", modes=("fresh",)),
+    case("model.hidden_dims=[32]", "--eval-only", culprit="The model does not match the weights", modes=("resume",)),
     # overrides themselves
     case("train.max_iters=5", culprit="did you mean 'train.max_iter'"),
     case("trian.max_iter=5", culprit="trian.max_iter"),
@@ -130,6 +143,7 @@ CASES: List[Case] = [
     case("--resum", culprit="unrecognized arguments: --resum", modes=("fresh",)),
     case("--bogus-flag", culprit="--bogus-flag"),
     case("--move-aside", "--resume", culprit="give one", modes=("fresh",)),
+    case("--move-aside", "--eval-only", culprit="--eval-only trains nothing", modes=("fresh",)),
     case("--eval-only", culprit="--eval-only needs weights", modes=("fresh",)),
     case("--eval-only", "train.init_checkpoint=/no/such.pth", culprit="/no/such.pth", modes=("fresh",)),
     # the folder itself: a fresh start over a finished run
@@ -159,6 +173,7 @@ def finished_run(tmp_path_factory) -> Path:
 def _argv(c: Case, folder: Path, tmp: Path, mode: str) -> List[str]:
     argv = []
     for arg in c.argv:
+        arg = arg.replace("@run", str(folder))
         if arg.startswith("@config:"):
             _, name, text = arg.split(":", 2)
             path = tmp / name

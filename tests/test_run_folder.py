@@ -264,14 +264,16 @@ def test_max_to_keep_counts_only_this_runs_checkpoints(tmp_path):
 
 
 # ---------------------------------------------------------------------- signals outside training
-def test_job_signal_before_training_exits_75_and_after_training_is_ignored():
+def test_job_signal_before_training_exits_75_and_after_training_is_ignored(treadle_caplog):
     previous = _JobSignals.install()
     try:
-        with pytest.raises(SystemExit) as exited:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(1)  # the handler runs at the next bytecode boundary
-        assert exited.value.code == 75
-        _JobSignals.training_over()
+        for phase, said in (("starting", "before training started"), ("stopping", "while the job stops")):
+            _JobSignals.phase = phase
+            with pytest.raises(SystemExit) as exited:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)  # the handler runs at the next bytecode boundary
+            assert exited.value.code == 75 and f"Received SIGTERM {said}" in treadle_caplog.text
+        _JobSignals.phase = "over"
         os.kill(os.getpid(), signal.SIGTERM)  # the work is done: noted, and the job ends normally
         time.sleep(0.05)
     finally:
@@ -360,3 +362,116 @@ def test_eval_only_resume_with_a_garbage_pointer_evaluates_the_newest_checkpoint
     assert cli([f"train.output_dir={out}", *SHORT, "--eval-only", "--resume"]) == 0
     (result,) = [json.loads(p.read_text()) for p in out.glob("eval/*/results.json")]
     assert Path(result["weights"]).name == "model_0000019.pth"
+
+
+# ---------------------------------------------------------------------- signals and Ctrl-C, as the command sees them
+def _paused_job(out, marker, *extra):
+    return subprocess.Popen(
+        [sys.executable, str(TRAIN_NET), "--config-file", FAULTS_CONFIG, f"train.output_dir={out}", *SHORT,
+         "model.rank=0", "model.pause_at_iter=25", f"model.pause_marker={marker}", *extra],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def _wait_for(path, proc, seconds=120):
+    deadline = time.monotonic() + seconds
+    while not path.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    assert path.exists(), proc.stderr.read()[-2000:] if proc.poll() is not None else "timed out"
+
+
+@pytest.mark.slow
+def test_a_second_sigterm_after_the_checkpoint_still_exits_75(tmp_path):
+    out, marker = tmp_path / "run", tmp_path / "paused"
+    job = _paused_job(out, marker)
+    try:
+        _wait_for(marker, job)
+        job.send_signal(signal.SIGTERM)
+        marker.unlink()  # on to the end of iteration 25: the checkpoint, then the stop
+        deadline = time.monotonic() + 60
+        while not (out / "model_0000025.pth").exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        for _ in range(3):  # the scheduler insists while the job shuts down
+            if job.poll() is None:
+                job.send_signal(signal.SIGTERM)
+            time.sleep(0.05)
+        assert job.wait(timeout=120) == 75
+        assert "Traceback" not in job.stderr.read()
+    finally:
+        job.kill()
+    assert (out / "last_checkpoint").read_text() == "model_0000025.pth"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.3, 1.5])
+def test_sigterm_while_the_job_starts_exits_75(tmp_path, delay):
+    """Before the job's own handlers exist (Python importing torch, say), a
+    signal must not be a death by signal (143), which a requeue loop takes
+    for a crash."""
+    for extra in ([], ["--num-gpus", "2"]):
+        job = subprocess.Popen([sys.executable, str(TRAIN_NET), f"train.output_dir={tmp_path / str(len(extra))}", *SHORT, *extra],
+                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        job.send_signal(signal.SIGTERM)
+        try:
+            assert job.wait(timeout=120) == 75, extra
+            assert "Traceback" not in job.stderr.read()
+        finally:
+            job.kill()
+
+
+def test_ctrl_c_is_one_line_and_the_writers_close(tmp_path, capfd, monkeypatch):
+    from treadle.hooks import EvalHook
+
+    def interrupted(self, iteration):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(EvalHook, "_do_eval", interrupted)
+    out = tmp_path / "run"
+    assert cli([f"train.output_dir={out}", *SHORT]) == 130
+    stdout, stderr = capfd.readouterr()
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "interrupted (Ctrl-C) at hook EvalHook.after_step at iteration 19" in lines[0], stderr
+    assert "Traceback" not in stdout + stderr
+    # The writers' after_train ran: the flush of iteration 19 is in metrics.json.
+    assert [json.loads(line)["iteration"] for line in (out / "metrics.json").read_text().splitlines()] == [9, 19]
+    assert not (out / LOCK_FILE).exists()
+
+
+def test_resuming_a_finished_run_writes_nothing(tmp_path):
+    out = tmp_path / "run"
+    assert cli([f"train.output_dir={out}", *SHORT]) == 0
+    before = snapshot(out)
+    assert cli([f"train.output_dir={out}", *SHORT, "--resume"]) == 0
+    assert snapshot(out) == before
+
+
+def test_resume_with_another_max_iter_warns(tmp_path, treadle_caplog):
+    out = tmp_path / "run"
+    assert cli([f"train.output_dir={out}", *SHORT, "train.max_iter=20"]) == 0
+    assert cli([f"train.output_dir={out}", *SHORT, "--resume"]) == 0
+    assert "Resuming a run of max_iter=20 with max_iter=40" in treadle_caplog.text
+
+
+def test_move_aside_refuses_the_current_directory(tmp_path, monkeypatch):
+    from treadle.utils.run_folder import RunFolderError
+
+    (tmp_path / "metrics.json").write_text("{}\n")
+    monkeypatch.chdir(tmp_path)
+    folder = RunFolder(".")
+    with pytest.raises(RunFolderError, match="holds the current directory"):
+        folder.claim(resume=False, move_aside=True)
+    assert sorted(os.listdir(tmp_path)) == ["metrics.json"]
+
+
+def test_trainer_resume_from_a_checkpoint_of_another_model_is_refused_before_loading(tmp_path):
+    from treadle.checkpoint import CheckpointError
+
+    _tiny_trainer(tmp_path / "a").train()
+    data = [(torch.randn(4, 3), torch.randint(0, 2, (4,))) for _ in range(5)]
+    other = Trainer(torch.nn.Linear(3, 5), "sgd", data, lr=0.1, loss_fn=torch.nn.functional.cross_entropy,
+                    max_epochs=2, progress_bar=False)
+    weights = {k: v.clone() for k, v in other.model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"2 of different shapes \(weight: checkpoint \(2, 3\), model \(5, 3\)"):
+        other.train(resume=str(tmp_path / "a" / "model_final.pth"))
+    assert all(torch.equal(weights[k], v) for k, v in other.model.state_dict().items())  # nothing was loaded

@@ -4,9 +4,7 @@
 The job itself is ``treadle.tools.train_net`` (also the ``treadle-train`` command).
 """
 
-import sys
-
-from treadle.tools.train_net import cli
+from treadle.tools.script import main
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    main()

@@ -203,8 +203,10 @@ class Checkpointer:
     def _resume_files(self) -> List[str]:
         """``model_*.pth`` names, newest first.
 
-        Newest = highest iteration number in the name; files without one
-        (``model_final``) follow, newest modification time first.
+        Numbered files in the order of their numbers; a file without one
+        (``model_final``) goes before the numbered files it was written after
+        (by modification time), so that a finished run falls back to its
+        final checkpoint rather than to its last periodic one.
         """
         names = [n for n in self._list_dir() if self.RESUME_PATTERN.fullmatch(n)]
         numbered: List[Tuple[int, str]] = []
@@ -217,7 +219,14 @@ class Checkpointer:
                 unnumbered.append((self._mtime(self._path(n)), n))
         numbered.sort(reverse=True)
         unnumbered.sort(reverse=True)
-        return [n for _, n in numbered] + [n for _, n in unnumbered]
+        order = [n for _, n in numbered]
+        times = {n: self._mtime(self._path(n)) for n in order}
+        for mtime, n in reversed(unnumbered):  # oldest first: each newer one lands before it
+            index = len(order)  # no modification time (a remote store): after the numbered files
+            if mtime:
+                index = next((i for i, other in enumerate(order) if other in times and times[other] <= mtime), index)
+            order.insert(index, n)
+        return order
 
     # ------------------------------------------------------------------ save
     def save(self, name: str, *, tag_last_checkpoint: bool = True, **extra: Any) -> Optional[str]:
@@ -358,22 +367,28 @@ class Checkpointer:
             ) from e
 
     # ------------------------------------------------------------------ load
-    def load(self, path: str, checkpointables: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    def load(
+        self, path: str, checkpointables: Optional[Sequence[str]] = None, *, strict: bool = False
+    ) -> Dict[str, Any]:
         """Loads ``path`` into the model and the checkpointables.
 
         The model takes every key that matches by name (DDP ``module.`` and
         compile ``_orig_mod.`` prefixes are accepted on either side);
         shape-mismatched keys are skipped; missing, unexpected and mismatched
-        keys are logged as a table. Each checkpointable (all of them, or those
-        named in ``checkpointables``; ``[]`` loads the model only) is loaded
-        when the file has its state; a missing one is a warning.
+        keys are logged as a table. With ``strict`` any such key is a
+        :class:`CheckpointError` instead, raised before anything is loaded
+        (evaluating or continuing a run needs the model's own weights). Each
+        checkpointable (all of them, or those named in ``checkpointables``;
+        ``[]`` loads the model only) is loaded when the file has its state; a
+        missing one is a warning.
 
         Returns what the file holds besides what was loaded (e.g. ``iteration``).
         An empty ``path`` loads nothing and returns ``{}`` (no initial weights).
 
         Raises:
             UnsafeCheckpointError: the file needs unsafe unpickling; not loaded.
-            CheckpointError: the file is missing, truncated or corrupt.
+            CheckpointError: the file is missing, truncated or corrupt; with
+                ``strict``, its model weights do not fit the model.
             ValueError: ``checkpointables`` names an unknown checkpointable.
         """
         if not path:
@@ -381,7 +396,7 @@ class Checkpointer:
             return {}
         names = self._select(checkpointables)
         logger.info("Loading checkpoint from %s", path)
-        return self._restore(load_checkpoint_file(path), path, names)
+        return self._restore(load_checkpoint_file(path), path, names, strict=strict)
 
     def _select(self, checkpointables: Optional[Sequence[str]]) -> List[str]:
         if checkpointables is None:
@@ -395,9 +410,9 @@ class Checkpointer:
             )
         return list(checkpointables)
 
-    def _restore(self, checkpoint: Dict[str, Any], path: str, names: Iterable[str]) -> Dict[str, Any]:
+    def _restore(self, checkpoint: Dict[str, Any], path: str, names: Iterable[str], *, strict: bool = False) -> Dict[str, Any]:
         state, container = extract_model_state(checkpoint, path)
-        report = load_model_state(self.model, state, source=path)
+        report = load_model_state(self.model, state, source=f"checkpoint '{path}'", strict=strict)
         if report.complete:
             logger.info("Loaded all %d model keys from %s", len(report.loaded), path)
         else:
@@ -498,7 +513,15 @@ class Checkpointer:
             self._log_resume_point(name, i == 0, pointed, pointer_problem, unreadable, names)
             if ignored_path:
                 logger.info("Resuming, so the initial weights '%s' are not loaded.", ignored_path)
-            return self._restore(checkpoint, path, list(self.checkpointables))
+            try:
+                return self._restore(checkpoint, path, list(self.checkpointables), strict=True)
+            except CheckpointError as e:
+                # Not a damaged file: the run's model is not the one that was
+                # saved (a changed config). An older checkpoint would not fit either.
+                raise CheckpointError(
+                    f"Cannot resume from {path}: {e} Resume with the config the run was trained with, or "
+                    "start a new run that loads these weights as its initial weights (train.init_checkpoint)."
+                ) from None
         problem = f" The checkpoint pointer is unusable: {pointer_problem}." if pointer_problem else ""
         raise CheckpointError(
             f"Cannot resume: none of the checkpoints in '{self.save_dir}' could be read.{problem} Tried:\n  "

@@ -184,6 +184,22 @@ class LoadReport:
         """True when every key on both sides matched."""
         return not (self.missing or self.unexpected or self.shape_mismatched)
 
+    def summary(self, limit: int = 3) -> str:
+        """One line: what did not match, a few keys of each kind named."""
+
+        def some(items: List[str]) -> str:
+            return ", ".join(items[:limit]) + (", ..." if len(items) > limit else "")
+
+        parts = []
+        if self.shape_mismatched:
+            shown = [f"{m.key}: checkpoint {tuple(m.checkpoint_shape)}, model {tuple(m.model_shape)}" for m in self.shape_mismatched]
+            parts.append(f"{len(self.shape_mismatched)} of different shapes ({some(shown)})")
+        if self.missing:
+            parts.append(f"{len(self.missing)} missing from the weights ({some(self.missing)})")
+        if self.unexpected:
+            parts.append(f"{len(self.unexpected)} not in the model ({some(self.unexpected)})")
+        return "; ".join(parts) or "all keys match"
+
     def table(self, *, include_loaded: bool = True) -> str:
         """A tabulate table: status, key, checkpoint shape, model shape.
 
@@ -246,8 +262,13 @@ def load_model_state(
     *,
     prefix_map: Optional[Mapping[str, str]] = None,
     source: str = "a state dict",
+    strict: bool = False,
 ) -> LoadReport:
     """Copies the matching entries of ``state_dict`` into ``model`` (unwrapped).
+
+    With ``strict``, a missing, unexpected or shape-mismatched key raises a
+    :class:`CheckpointError` summarizing them, before anything is loaded: for
+    a resume, where the checkpoint must be of this very model.
 
     Keys are compared by canonical name (see :func:`canonical_keys`), after
     ``prefix_map`` (``{old prefix: new prefix}``, applied to canonical
@@ -286,6 +307,8 @@ def load_model_state(
     report.missing = [name for name in own_names if name not in ckpt_names]
     for name in report.missing:
         report.shapes[name] = ("-", _shape_text(own[own_names[name]]))
+    if strict and not report.complete:
+        raise CheckpointError(f"The model does not match the weights in {source}: {report.summary()}.")
 
     to_load = _with_metadata(to_load, own, state_dict, pairs)
     if is_fsdp_model(target):

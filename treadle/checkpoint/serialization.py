@@ -402,7 +402,10 @@ def check_checkpoint_file(path: str) -> None:
     anything, and loads them later."""
     try:
         exists = PathManager.isfile(path)
+        is_dir = not exists and PathManager.isdir(path)
     except OSError as e:
         raise CheckpointError(f"Checkpoint file '{path}' cannot be reached: {e}") from None
+    if is_dir:
+        raise CheckpointError(f"Checkpoint file '{path}' is a directory, not a checkpoint file.")
     if not exists:
         raise CheckpointError(f"Checkpoint file '{path}' does not exist.")

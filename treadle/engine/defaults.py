@@ -473,9 +473,11 @@ class DefaultTrainer(TrainerBase):
         self._last_eval_results: Optional[Dict[str, Any]] = None
         self._claim(resume=self.start_iter > 0)
         try:
-            save_run_config(self.cfg, self.cfg.train.output_dir)
-            start_log_files()
-            start_log_files("fvcore")
+            if self.has_work(self.start_iter, self.max_iter):
+                # A finished run resumed writes nothing: its config and log stay as they are.
+                save_run_config(self.cfg, self.cfg.train.output_dir)
+                start_log_files()
+                start_log_files("fvcore")
             super().train(self.start_iter, self.max_iter)
         finally:
             self._release()

@@ -10,6 +10,7 @@ process group it describes. NCCL is used with CUDA, gloo otherwise, so
 from __future__ import annotations
 
 import datetime
+import inspect
 import logging
 import os
 import signal
@@ -24,6 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from treadle.hooks.preemption import PREEMPTED_EXIT_CODE
 from treadle.utils import comm
 
 __all__ = [
@@ -147,7 +149,10 @@ def _wait_for_workers(context: Any) -> None:
     scheduler sees the preemption, not a crash.
     """
 
+    forwarded = set()
+
     def forward(signum: int, frame: Any) -> None:
+        forwarded.add(signum)
         for process in context.processes:
             if process.is_alive():
                 os.kill(process.pid, signum)
@@ -164,6 +169,11 @@ def _wait_for_workers(context: Any) -> None:
             # to show a traceback for, but the job's exit status.
             logger.info("Process %d exited with status %d.", e.error_index, e.exit_code)
             raise SystemExit(e.exit_code) from None
+        if e.exit_code is not None and e.exit_code < 0 and -e.exit_code in forwarded:
+            # A signal passed on to a worker still starting (no handler yet):
+            # the job was stopped before it began, as a preemption says.
+            logger.info("Process %d ended by the %s passed on to it.", e.error_index, signal.Signals(-e.exit_code).name)
+            raise SystemExit(PREEMPTED_EXIT_CODE) from None
         if e.exit_code is not None and e.exit_code < 0:
             # Killed by a signal (the OOM killer's SIGKILL, say): one line, and
             # the shell's status for it, 128 + the signal number.
@@ -254,6 +264,13 @@ def create_ddp_model(model: nn.Module, *, fp16_compression: bool = False, **kwar
         return model
     if torch.cuda.is_available() and next(model.parameters()).is_cuda:
         kwargs.setdefault("device_ids", [comm.get_local_rank()])
+    if "broadcast_buffers" in kwargs and "forward_sync_buffers" in inspect.signature(
+        nn.parallel.DistributedDataParallel.__init__
+    ).parameters:
+        # torch >= 2.13 renamed it (and warns on every rank). The new name also
+        # syncs buffers once at wrapping, from rank 0, which every rank's
+        # freshly initialized buffers (BatchNorm's zeros and ones) already equal.
+        kwargs["forward_sync_buffers"] = kwargs.pop("broadcast_buffers")
     ddp = nn.parallel.DistributedDataParallel(model, **kwargs)
     if fp16_compression:
         from torch.distributed.algorithms.ddp_comm_hooks import default as comm_hooks

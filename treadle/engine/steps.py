@@ -50,7 +50,17 @@ def _forward_losses(model: nn.Module, loss_fn: Optional[Callable], batch: Any) -
         out, source = loss_fn(model(inputs), targets), "loss_fn"
     else:
         # A mapping (a Hugging Face batch) is spread into keywords, as in evaluation.
-        out, source = (call_model(model, batch) if isinstance(batch, Mapping) else model(batch)), "the model"
+        try:
+            out = call_model(model, batch) if isinstance(batch, Mapping) else model(batch)
+        except (TypeError, AttributeError) as e:
+            if isinstance(batch, (tuple, list)) and len(batch) == 2:
+                # The usual cause: a model that returns predictions, trained without a loss function.
+                raise (TypeError if isinstance(e, TypeError) else AttributeError)(
+                    f"the model was given the whole (inputs, targets) batch, as there is no loss_fn, and raised: "
+                    f"{e}. A model that returns predictions needs a loss_fn (train.step.loss_fn in a config)"
+                ) from e
+            raise
+        source = "the model"
     if isinstance(out, torch.Tensor) and out.numel() == 1:  # the common case, checked first
         return {"total_loss": out}
     return _as_losses(out, source)
@@ -93,9 +103,10 @@ def _as_losses(out: Any, source: str) -> Dict[str, torch.Tensor]:
 
 
 def _raise_not_scalar(value: torch.Tensor, source: str, name: str) -> None:
+    hint = " or, for a model that returns predictions, give a loss_fn" if source == "the model" else ""
     raise ValueError(
         f"{source} returned loss '{name}' of shape {tuple(value.shape)}; a loss must be a scalar "
-        "(reduce it, e.g. with .mean())"
+        f"(reduce it, e.g. with .mean(){hint})"
     )
 
 

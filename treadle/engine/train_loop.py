@@ -51,7 +51,7 @@ def _stage_caller(stage: str, doc: str) -> Callable[["TrainerBase"], None]:
         for _, method, key in hooks:
             try:
                 method()
-            except Exception as e:
+            except (Exception, KeyboardInterrupt) as e:
                 _note_failing_hook(e, key, self.iter)
                 raise
             end = clock()
@@ -149,6 +149,7 @@ class TrainerBase:
         # Whether the checkpoint loaded into this trainer was of a finished
         # run; None when nothing was loaded or the checkpoint predates the flag.
         self._loaded_finished: Optional[bool] = None
+        self._loaded_max_iter: Optional[int] = None
         self.iter_start_time = 0.0
         self.step_end_time = 0.0
         self._timings: Dict[str, float] = defaultdict(float)
@@ -234,7 +235,7 @@ class TrainerBase:
         """
         finishing = False
         if start_iter >= max_iter:
-            if start_iter == max_iter and self._loaded_finished is False:
+            if self.has_work(start_iter, max_iter):
                 # Stopped after its last iteration but before its end (a
                 # preemption): what after_train does is still to be done.
                 finishing = True
@@ -255,6 +256,13 @@ class TrainerBase:
                 return
         else:
             logger.info("Starting training from iteration %d", start_iter)
+            if self._loaded_max_iter is not None and self._loaded_max_iter != max_iter and start_iter > 0:
+                logger.warning(
+                    "Resuming a run of max_iter=%d with max_iter=%d: a schedule over the whole run (an fvcore "
+                    "multiplier is a function of iteration / max_iter) changes from here on.",
+                    self._loaded_max_iter,
+                    max_iter,
+                )
         self.iter = self.start_iter = start_iter
         self._last_run_iter = start_iter - 1
         self.max_iter = max_iter
@@ -279,10 +287,16 @@ class TrainerBase:
                     self._run_iterations(start_iter, max_iter)
                     # Like detectron2: after_train sees the first iteration not run.
                     self.iter += 1
-            except Exception as e:
+            except (Exception, KeyboardInterrupt, SystemExit) as e:
+                # Ctrl-C and an exit (a second preemption signal) too: the
+                # hooks' after_train still runs (writers flush and close), as
+                # for an error; then it propagates.
                 _note_origin(e, f"iteration {self.iter}")
-                # One line on the console, the traceback in log.txt (see setup_logger).
-                logger.exception("Exception during training at iteration %d:", self.iter)
+                if isinstance(e, SystemExit):
+                    logger.warning("Exiting with status %s at iteration %d.", e.code, self.iter)
+                else:
+                    # One line on the console, the traceback in log.txt (see setup_logger).
+                    logger.exception("Exception during training at iteration %d:", self.iter)
                 self.training_error = e
                 # Other ranks may be inside a collective this rank will never
                 # join: no more collectives here; the launcher ends them.
@@ -324,6 +338,11 @@ class TrainerBase:
         finally:
             self._loop_seconds = clock() - self._loop_started
             self._loop_started = None
+
+    def has_work(self, start_iter: int, max_iter: int) -> bool:
+        """Whether :meth:`train` would run anything: iterations, or the end of a
+        run that stopped after its last iteration without finishing."""
+        return start_iter < max_iter or (start_iter == max_iter and self._loaded_finished is False)
 
     def run_step(self) -> None:
         """Runs one iteration through the step object."""
@@ -454,7 +473,12 @@ class TrainerBase:
         every rank must call this at the same point). Resuming continues at
         ``iteration + 1``."""
         rng = get_rng_state()
-        state: Dict[str, Any] = {"iteration": self._last_run_iter, "rng": rng, "finished": self.finished}
+        state: Dict[str, Any] = {
+            "iteration": self._last_run_iter,
+            "rng": rng,
+            "finished": self.finished,
+            "max_iter": self.max_iter,
+        }
         if comm.get_world_size() > 1:
             # Each rank draws its own dropout masks: all of them are needed for
             # an exact resume. A collective: every rank calls this together.
@@ -476,6 +500,7 @@ class TrainerBase:
         self.iter = self._last_run_iter = int(state["iteration"])
         finished = state.get("finished")
         self._loaded_finished = bool(finished) if finished is not None else None
+        self._loaded_max_iter = state.get("max_iter")
         keyed = self.hook_state_keys()
         for key, hook_state in state.get("hooks", {}).items():
             if key in keyed:

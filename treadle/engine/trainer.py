@@ -370,11 +370,12 @@ class Trainer(TrainerBase):
                 if resume is True:
                     extra = self.checkpointer.resume_or_load("", resume=True)  # type: ignore[union-attr]
                 else:
-                    extra = self._checkpoint_io().load(os.fspath(resume))
+                    extra = self._checkpoint_io().load(os.fspath(resume), strict=True)
                 if "iteration" in extra:
                     start_iter = int(extra["iteration"]) + 1
                     restore_hyperparameters(snapshot, self.optimizer, self.hooks)
-            start_log_files()
+            if self.has_work(start_iter, self.max_iter):
+                start_log_files()
             super().train(start_iter, self.max_iter)
         finally:
             if self.run_folder is not None:

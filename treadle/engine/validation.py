@@ -352,6 +352,11 @@ def check_run_config(cfg: DictConfig, *, world_size: int = 1, eval_only: bool = 
             f"The config has no {', '.join(repr(m) for m in missing)}: a runnable config defines model, "
             "optimizer, lr_multiplier, dataloader (train, test, evaluator) and train"
         )
+    for key in required:
+        node = cfg._get_node(key)
+        if not isinstance(node, DictConfig) or node._is_none():
+            shown = _shown(node._value()) if node is not None else "nothing"
+            raise ConfigError(f"{key} must be a config node (a LazyCall or a dict), got {shown}")
     # train first: other sections interpolate its values (``${train.max_iter}``),
     # and the error should name the key whose own value is broken.
     _check_readable(cfg.train, "train")
@@ -364,6 +369,15 @@ def check_run_config(cfg: DictConfig, *, world_size: int = 1, eval_only: bool = 
         raise ConfigError("--eval-only needs dataloader.test, and the config has none")
     _check_schema(cfg.train, TRAIN_KEYS, "train")
     train = cfg.train
+    for key in ("step", "checkpointer"):
+        if key in train and train[key] is None:
+            hint = " (train.checkpointer.period=0 turns periodic checkpoints off)" if key == "checkpointer" else ""
+            raise ConfigError(f"train.{key} must be a config node, got None{hint}")
+    seed = train.get("seed")
+    if _is_int(seed) and seed >= 0 and seed + world_size > 2**32:
+        raise ConfigError(
+            f"train.seed={seed} is too large: each process seeds with train.seed + rank, which must be below 2**32"
+        )
     step = train.get("step")
     if isinstance(step, DictConfig) and "_target_" not in step and step.get("precision") == "fp16":
         device = train.get("device", "auto")
@@ -380,6 +394,11 @@ def check_run_config(cfg: DictConfig, *, world_size: int = 1, eval_only: bool = 
     for section in ("best_checkpointer", "early_stopping"):
         node = train.get(section)
         metric = node.get("metric") if isinstance(node, DictConfig) else None
+        if metric and not has_test and not eval_only:
+            raise ConfigError(
+                f"train.{section}.metric={metric!r} watches an evaluation, and dataloader.test is None: nothing "
+                f"is evaluated. Give a test loader, or set train.{section}.metric=None"
+            )
         if metric and has_test:
             check_watched_metric(f"train.{section}.metric", metric, known)
 

@@ -47,7 +47,7 @@ from treadle.events import NonFiniteLossError
 from treadle.hooks import PREEMPTED_EXIT_CODE
 from treadle.utils import comm
 from treadle.utils.atomic import atomic_write
-from treadle.utils.logger import one_line_error, start_log_files
+from treadle.utils.logger import one_line_error, setup_logger, start_log_files
 from treadle.utils.run_folder import RunFolderError, check_output_dir
 
 __all__ = ["JobError", "load_config", "check_job", "main", "cli"]
@@ -67,6 +67,7 @@ class _BuildError(JobError):
 _USER_ERRORS = (ConfigError, CheckpointError, JobError, RunFolderError, PermissionError, FileNotFoundError)
 _EXIT_USER_ERROR = 2
 _EXIT_RUN_FAILED = 1
+_EXIT_INTERRUPTED = 130  # the shell's status for SIGINT
 
 
 def load_config(args: argparse.Namespace) -> DictConfig:
@@ -74,7 +75,15 @@ def load_config(args: argparse.Namespace) -> DictConfig:
     cfg = LazyConfig.load(args.config_file)
     if not isinstance(cfg, DictConfig) or "train" not in cfg:
         raise ConfigError(f"{args.config_file} has no 'train' section; is it a runnable config?")
-    return LazyConfig.apply_overrides(cfg, args.opts)
+    cfg = LazyConfig.apply_overrides(cfg, args.opts)
+    train = cfg.train
+    if isinstance(train, DictConfig):
+        for key in ("output_dir", "init_checkpoint"):
+            # "train.output_dir=~/runs/x" is not expanded by the shell (the ~ is not a word's start).
+            value = train._get_node(key)._value() if key in train else None
+            if isinstance(value, str) and value.startswith("~"):
+                train[key] = os.path.expanduser(value)
+    return cfg
 
 
 def check_job(cfg: DictConfig, args: argparse.Namespace) -> Optional[str]:
@@ -87,6 +96,8 @@ def check_job(cfg: DictConfig, args: argparse.Namespace) -> Optional[str]:
     """
     if args.resume and args.move_aside:
         raise JobError("--resume continues the run in train.output_dir and --move-aside starts a new one; give one")
+    if args.eval_only and args.move_aside:
+        raise JobError("--move-aside starts a new training run; --eval-only trains nothing and writes into OUTPUT_DIR/eval/")
     world_size = check_world_size(args.num_gpus, args.num_machines, args.machine_rank)
     check_run_config(cfg, world_size=world_size, eval_only=args.eval_only)
     check_output_dir(cfg.train.output_dir)
@@ -148,7 +159,8 @@ def _evaluate(cfg: DictConfig, args: argparse.Namespace, weights: str) -> Dict[s
     """``--eval-only``: evaluates ``weights``; the results, the config and the
     log go to a new ``OUTPUT_DIR/eval/DATE-TIME/``, never over the run's files."""
     model = _build("the model", lambda: DefaultTrainer.build_model(cfg))
-    Checkpointer(model, cfg.train.output_dir).load(weights, checkpointables=[])
+    # The weights to evaluate must be this model's, every key of them.
+    Checkpointer(model, cfg.train.output_dir).load(weights, checkpointables=[], strict=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     eval_dir = comm.broadcast_object(_new_dir(os.path.join(cfg.train.output_dir, "eval", stamp)))
     start_log_files(output=eval_dir)
@@ -187,8 +199,13 @@ def main(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
         return _evaluate(cfg, args, weights)
     trainer = _build("the run", lambda: DefaultTrainer(cfg))
     trainer.resume_or_load(resume=args.resume, move_aside=args.move_aside)
-    results = trainer.train()
-    _JobSignals.training_over()
+    _JobSignals.phase = "training"
+    try:
+        results = trainer.train()
+    except BaseException:
+        _JobSignals.phase = "stopping"
+        raise
+    _JobSignals.phase = "over"
     return results
 
 
@@ -204,17 +221,19 @@ def _error_line(error: BaseException) -> str:
     """The one line that reports ``error``: the message of an error treadle
     words for users; otherwise the exception's type and first line, where
     it was raised and where its traceback is."""
+    origin = getattr(error, "treadle_origin", None)
     if isinstance(error, NonFiniteLossError) or (
         isinstance(error, _USER_ERRORS) and not (isinstance(error, OSError) and error.filename)
     ):
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-        return "; ".join(lines) or type(error).__name__
+        text = "; ".join(lines) or type(error).__name__
+        # A message of treadle's own says what happened; where is still news.
+        return f"{text} (raised by {origin})" if origin and not isinstance(error, NonFiniteLossError) else text
     if isinstance(error, OSError) and error.filename:
         text = f"cannot use '{error.filename}': {error.strerror or error}"
     else:
         text = one_line_error(error)
     details = []
-    origin = getattr(error, "treadle_origin", None)
     if origin:
         details.append(f"raised by {origin}")
     log = _log_file()
@@ -226,7 +245,7 @@ def _error_line(error: BaseException) -> str:
 def _log_file() -> Optional[str]:
     for handler in logging.getLogger("treadle").handlers:
         filename = getattr(handler, "filename", None) or getattr(getattr(handler, "stream", None), "name", None)
-        started = getattr(handler, "started", True)
+        started = getattr(handler, "started", True) and not getattr(handler, "failed", False)
         if isinstance(filename, str) and started and os.path.exists(filename):
             return filename
     return None
@@ -238,16 +257,17 @@ class _JobSignals:
     During training the :class:`~treadle.hooks.PreemptionHandler` owns these
     signals (checkpoint, then exit 75). Before training starts nothing is
     saved and nothing needs to be: the job exits at once with status 75 (retry
-    later). After training ended the work is done: the signal is noted and
-    the job ends normally. No traceback in either case.
+    later), as it does while a stopping job finishes (a second signal after a
+    preemption checkpoint). After training ended the work is done: the signal
+    is noted and the job ends normally. No traceback in any case.
     """
 
-    _over = False
+    phase = "starting"  # then "training", "stopping" or "over"
 
     @classmethod
     def install(cls) -> Dict[int, Any]:
         """Installs the handlers; returns the previous ones."""
-        cls._over = False
+        cls.phase = "starting"
         if threading.current_thread() is not threading.main_thread():
             return {}
         return {sig: signal.signal(sig, cls._handle) for sig in (signal.SIGTERM, signal.SIGUSR1)}
@@ -258,20 +278,17 @@ class _JobSignals:
             signal.signal(sig, handler)
 
     @classmethod
-    def training_over(cls) -> None:
-        cls._over = True
-
-    @classmethod
     def _handle(cls, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
-        if cls._over:
+        if cls.phase == "over":
             logger.info("Received %s after training ended; finishing.", name)
             return
-        logger.warning("Received %s before training started; exiting.", name)
+        when = "before training started" if cls.phase == "starting" else "while the job stops"
+        logger.warning("Received %s %s; exiting with status %d.", name, when, PREEMPTED_EXIT_CODE)
         raise SystemExit(PREEMPTED_EXIT_CODE)
 
 
-def _job(args: argparse.Namespace, prog: str) -> Optional[Dict[str, Any]]:
+def _job(args: argparse.Namespace, prog: str, standalone: bool = False) -> Optional[Dict[str, Any]]:
     """:func:`main` in one process of the job, its failures as one line.
 
     A user error is the same on every rank and printed once, by rank 0. A
@@ -283,26 +300,41 @@ def _job(args: argparse.Namespace, prog: str) -> Optional[Dict[str, Any]]:
     single = comm.get_world_size() == 1
     try:
         return main(args)
+    except KeyboardInterrupt as e:
+        if comm.is_main_process():
+            origin = getattr(e, "treadle_origin", None)
+            where = f" at {origin}" if origin else ""
+            print(f"{prog}: interrupted (Ctrl-C){where}; --resume continues from the last checkpoint", file=sys.stderr, flush=True)
+        raise SystemExit(_EXIT_INTERRUPTED) from None
     except Exception as e:
-        user_error = isinstance(e, _USER_ERRORS)
+        user_error = isinstance(e, _USER_ERRORS) and not getattr(e, "treadle_origin", None)
         if comm.is_main_process() or not user_error:
             rank = "" if single or user_error else f" (rank {comm.get_rank()})"
             print(f"{prog}: error{rank}: {_error_line(e)}", file=sys.stderr, flush=True)
         raise SystemExit(_exit_status(e)) from None
     finally:
-        if single:
+        if single and not standalone:
             # In the caller's process (cli() called from Python): give the
-            # signals back. A spawned worker keeps them until it exits.
+            # signals back. A command's process keeps them until it exits, so
+            # that a signal while it shuts down is not a death by signal.
             _JobSignals.restore(previous)
 
 
-def cli(argv: Optional[List[str]] = None) -> int:
-    """Parses the command line, checks the config, launches the job; returns the exit status."""
+def cli(argv: Optional[List[str]] = None, *, standalone: bool = False) -> int:
+    """Parses the command line, checks the config, launches the job; returns the exit status.
+
+    ``standalone``: this process is the command's own (``treadle-train``,
+    ``tools/train_net.py``), which keeps its signal handlers until it exits;
+    from Python (``cli([...])`` in a test or a notebook) they are given back.
+    """
     parser = default_argument_parser()
     try:
         args = parser.parse_intermixed_args(argv)
     except SystemExit as e:  # a usage error, already printed in one line, or --help
         return int(e.code or 0)
+    # The console before anything logs (an override's parse warning): stdout,
+    # so that stderr holds only the job's one error line.
+    setup_logger(None, distributed_rank=0)
     try:
         # Checked once here, so that a bad file, override or missing weights
         # fail before any process starts; each process checks again.
@@ -313,10 +345,13 @@ def cli(argv: Optional[List[str]] = None) -> int:
             num_machines=args.num_machines,
             machine_rank=args.machine_rank,
             dist_url=args.dist_url,
-            args=(args, parser.prog),
+            args=(args, parser.prog, standalone),
         )
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted (Ctrl-C)", file=sys.stderr)
+        return _EXIT_INTERRUPTED
     except _USER_ERRORS as e:
         print(f"{parser.prog}: error: {_error_line(e)}", file=sys.stderr)
         return _EXIT_USER_ERROR

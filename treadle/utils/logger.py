@@ -90,7 +90,25 @@ class _ConsoleHandler(logging.StreamHandler):
         pass
 
 
-class _FileHandler(logging.StreamHandler):
+class _GivesUpOnIOError:
+    """A log file that cannot be written (a full disk) is given up after its
+    first failure, with one console warning naming it and the OS error,
+    instead of ``logging``'s traceback on stderr for every record."""
+
+    failed = False
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        error = sys.exc_info()[1]
+        if self.failed:
+            return
+        self.failed = True
+        self.setLevel(logging.CRITICAL + 1)  # type: ignore[attr-defined]
+        reason = getattr(error, "strerror", None) or error
+        name = getattr(self, "filename", None) or getattr(getattr(self, "stream", None), "name", "the log file")
+        logging.getLogger("treadle").warning("Cannot write the log file %s (%s); logging to the console only.", name, reason)
+
+
+class _FileHandler(_GivesUpOnIOError, logging.StreamHandler):
     """A stream handler on a file opened through ``PathManager``, which it owns:
     ``logging.FileHandler`` opens local paths only, and ``StreamHandler.close``
     leaves its stream open."""
@@ -100,15 +118,19 @@ class _FileHandler(logging.StreamHandler):
             self.acquire()
             try:
                 if not self.stream.closed:
-                    self.flush()
-                    self.stream.close()
+                    try:
+                        self.flush()
+                    finally:
+                        self.stream.close()
+            except OSError:
+                pass  # a full disk: reported once by handleError
             finally:
                 self.release()
         finally:
             super().close()
 
 
-class _DeferredFileHandler(logging.Handler):
+class _DeferredFileHandler(_GivesUpOnIOError, logging.Handler):
     """A file handler that keeps its records in memory until :meth:`start`.
 
     A job logs from its first line (environment, model, config errors), but
@@ -166,8 +188,12 @@ class _DeferredFileHandler(logging.Handler):
     def close(self) -> None:
         try:
             if self._stream is not None and not self._stream.closed:
-                self._stream.flush()
-                self._stream.close()
+                try:
+                    self._stream.flush()
+                finally:
+                    self._stream.close()
+        except OSError:
+            pass  # a full disk: reported once by handleError
         finally:
             self._pending = []
             super().close()

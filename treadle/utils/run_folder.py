@@ -198,6 +198,10 @@ class RunFolder:
             os.lseek(fd, 0, os.SEEK_SET)
             os.write(fd, (json.dumps(info) + "\n").encode("utf-8"))
         except OSError as e:
+            try:
+                os.unlink(self.lock_path)  # empty or partial: no use to anyone
+            except OSError:
+                pass
             os.close(fd)
             raise RunFolderError(f"Cannot write the lock file '{self.lock_path}': {e.strerror or e}") from None
         self._fd = fd
@@ -294,6 +298,14 @@ class RunFolder:
                 f"Cannot move '{self.path}' aside: it is not a local path. Choose another {self._names['output_dir']}."
             )
         path = os.path.normpath(os.path.abspath(self.path))
+        cwd = os.path.normpath(os.getcwd())
+        if cwd == path or cwd.startswith(path + os.sep):
+            # Relative paths of the job (its own output_dir) would follow the
+            # renamed folder: the new run would write into the old one.
+            raise RunFolderError(
+                f"Cannot move '{self.path}' aside: it holds the current directory. Run the job from elsewhere, "
+                f"or choose another {self._names['output_dir']}."
+            )
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         target, n = f"{path}.old-{stamp}", 1
         while os.path.exists(target):
@@ -339,7 +351,7 @@ def check_output_dir(path: str) -> None:
         if not os.path.isdir(target):
             raise PermissionError(f"The output directory '{path}' cannot be written: it is a file, not a directory")
         if not os.access(target, os.W_OK | os.X_OK):
-            raise PermissionError(f"The output directory '{path}' cannot be written: permission denied")
+            raise PermissionError(f"The output directory '{path}' cannot be written: {_why_not_writable(target)}")
         return
     parent = target
     while not os.path.exists(parent):
@@ -349,7 +361,19 @@ def check_output_dir(path: str) -> None:
             f"The output directory '{path}' cannot be written: '{parent}' is a file, not a directory"
         )
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise PermissionError(f"The output directory '{path}' cannot be written: no permission to create it in '{parent}'")
+        raise PermissionError(
+            f"The output directory '{path}' cannot be written: it cannot be created in '{parent}' "
+            f"({_why_not_writable(parent)})"
+        )
+
+
+def _why_not_writable(directory: str) -> str:
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return "read-only file system"
+    except (OSError, AttributeError):  # no statvfs on this platform
+        pass
+    return "permission denied"
 
 
 def claim_on_main_process(folder: RunFolder, *, resume: bool, move_aside: bool = False) -> None:
