@@ -1267,3 +1267,18 @@ def test_checkpointable_load_error_names_file_and_entry(tmp_path):
     with pytest.raises(ValueError) as info:
         Checkpointer(Net(), str(tmp_path), optimizer=wrong_opt).load(str(tmp_path / "m.pth"))
     assert f"while loading 'optimizer' from checkpoint '{tmp_path / 'm.pth'}'" in "\n".join(info.value.__notes__)
+
+
+def test_garbage_pointer_of_a_finished_run_resumes_from_its_final_checkpoint(tmp_path):
+    """model_final is written after the periodic files: it is the newest, and
+    resuming from an older periodic one would train its iterations again."""
+    ckpt = Checkpointer(Net(), str(tmp_path))
+    for it in (3, 7):
+        ckpt.save(f"model_{it:07d}", iteration=it)
+    ckpt.save("model_best", tag_last_checkpoint=False, iteration=5)
+    ckpt.save("model_final", iteration=9)
+    (tmp_path / "last_checkpoint").write_bytes(b"\x00garbage")
+    assert Checkpointer(Net(), str(tmp_path)).resume_or_load() == {"iteration": 9}
+    (tmp_path / "model_final.pth").unlink()
+    # Never model_best: it is a point in the past, not where the run stopped.
+    assert Checkpointer(Net(), str(tmp_path)).resume_or_load() == {"iteration": 7}

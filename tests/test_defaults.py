@@ -145,3 +145,12 @@ def test_weight_decay_override_reaches_the_decayed_param_group():
         optimizer = DefaultTrainer.build_optimizer(cfg, small)
         decays = sorted(g["weight_decay"] for g in optimizer.param_groups)
         assert decays == [0.0, pytest.approx(0.5)], name
+
+
+def test_charlm_corpus_overrides_reach_the_datasets_and_the_model():
+    cfg = LazyConfig.load(str(ROOT / "configs" / "charlm_transformer.py"))
+    cfg = LazyConfig.apply_overrides(cfg, ["corpus.seq_len=64", "corpus.max_chars=20000"])
+    assert cfg.model.seq_len == 64
+    for split in ("train", "test"):
+        dataset = cfg.dataloader[split].dataset
+        assert (dataset.seq_len, dataset.max_chars) == (64, 20000)

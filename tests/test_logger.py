@@ -39,3 +39,40 @@ def test_log_files_hold_no_color_codes(tmp_path):
             logger.removeHandler(handler)
             handler.close()
     assert strip_ansi(colored("x", "red", attrs=["bold"])) == "x"
+
+
+def test_a_log_file_that_cannot_be_written_is_one_warning(tmp_path, capfd):
+    import errno
+    import logging
+
+    name = "treadle"
+    logger = setup_logger(str(tmp_path), name=name)
+    handler = next(h for h in logger.handlers if str(getattr(getattr(h, "stream", None), "name", "")).endswith("log.txt"))
+
+    class FullDisk:
+        name = str(tmp_path / "log.txt")
+        closed = False
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            self.closed = True
+
+    real, handler.stream = handler.stream, FullDisk()
+    try:
+        for i in range(5):
+            logger.info("record %d", i)
+        out, err = capfd.readouterr()
+        assert err == ""  # no "--- Logging error ---" tracebacks
+        assert out.count("Cannot write the log file") == 1 and "No space left on device" in out
+        assert out.count("record") == 5  # the console goes on
+    finally:
+        real.close()
+        for h in list(logger.handlers):
+            logger.removeHandler(h)
+            h.close()
+        logging.getLogger(name).propagate = True
