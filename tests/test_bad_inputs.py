@@ -12,17 +12,17 @@ script in a subprocess, the way users run it.
 
 from __future__ import annotations
 
-import hashlib
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Tuple
+from typing import List, NamedTuple, Tuple
 
 import pytest
 
 from treadle.tools.train_net import cli
+
+from run_files import snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_NET = ROOT / "tools" / "train_net.py"
@@ -151,14 +151,6 @@ CASES: List[Case] = [
 ]
 
 
-def _snapshot(folder: Path) -> Dict[str, str]:
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
-    }
-
-
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("finished") / "run"
@@ -203,7 +195,7 @@ def test_there_are_at_least_60_cases():
 def test_bad_input_is_one_line_and_changes_nothing(bad_case, mode, finished_run, tmp_path, capfd, monkeypatch):
     monkeypatch.chdir(ROOT)  # as users run it, from the checkout (config files import configs.*)
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # build errors leave their traceback there
-    before = _snapshot(finished_run)
+    before = snapshot(finished_run)
     code = cli(_argv(bad_case, finished_run, tmp_path, mode))
     out, err = capfd.readouterr()
     lines = [line for line in err.splitlines() if line.strip()]
@@ -212,7 +204,7 @@ def test_bad_input_is_one_line_and_changes_nothing(bad_case, mode, finished_run,
     assert bad_case.culprit in lines[0], lines[0]
     assert lines[0].startswith(("train_net.py: error: ", "__main__.py: error: ", "pytest: error: ")) or ": error: " in lines[0]
     assert "Traceback" not in out + err
-    assert _snapshot(finished_run) == before
+    assert snapshot(finished_run) == before
 
 
 @pytest.mark.parametrize(
@@ -226,7 +218,7 @@ def test_bad_input_is_one_line_and_changes_nothing(bad_case, mode, finished_run,
 )
 def test_bad_input_through_the_script(argv, culprit, finished_run):
     """The real script, in its own process: same one line, same untouched folder."""
-    before = _snapshot(finished_run)
+    before = snapshot(finished_run)
     result = subprocess.run(
         [sys.executable, str(TRAIN_NET), f"train.output_dir={finished_run}", *FAST, *argv],
         capture_output=True, text=True, cwd=ROOT, timeout=300,
@@ -235,7 +227,7 @@ def test_bad_input_through_the_script(argv, culprit, finished_run):
     assert result.returncode == 2, result.stderr[-2000:]
     assert len(errors) == 1 and culprit in errors[0], result.stderr[-2000:]
     assert "Traceback" not in result.stdout + result.stderr
-    assert _snapshot(finished_run) == before
+    assert snapshot(finished_run) == before
 
 
 def test_every_checkpoint_corrupt_on_resume_is_one_line_and_changes_nothing(finished_run, tmp_path, capfd, monkeypatch):
@@ -244,10 +236,10 @@ def test_every_checkpoint_corrupt_on_resume_is_one_line_and_changes_nothing(fini
     shutil.copytree(finished_run, run)
     for ckpt in run.glob("*.pth"):
         ckpt.write_bytes(ckpt.read_bytes()[:100])
-    before = _snapshot(run)
+    before = snapshot(run)
     code = cli([f"train.output_dir={run}", *FAST, "--resume"])
     out, err = capfd.readouterr()
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and "Cannot resume" in lines[0], err
     assert "Traceback" not in out + err
-    assert _snapshot(run) == before
+    assert snapshot(run) == before

@@ -6,7 +6,6 @@ and the plain ``Trainer`` apply them.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -30,6 +29,8 @@ from treadle.utils.run_folder import (
     check_output_dir,
 )
 
+from run_files import snapshot
+
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_NET = ROOT / "tools" / "train_net.py"
 FAULTS_CONFIG = str(ROOT / "tests" / "dist_scripts" / "digits_faults.py")
@@ -40,14 +41,6 @@ SHORT = [
     "train.log_period=10",
     "lr_multiplier.warmup_iters=5",
 ]
-
-
-def snapshot(folder: Path) -> Dict[str, str]:
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
-    }
 
 
 # ---------------------------------------------------------------------- RunFolder

@@ -15,14 +15,7 @@ from torch import nn
 from treadle.engine import Trainer
 from treadle.hooks import EMA, PreciseBN
 
-from tiny_models import CountingTokens, tiny_gpt2
-
-
-def classification(n=256, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 6, generator=g)
-    y = (x[:, :3].sum(1) > 0).long()
-    return torch.utils.data.TensorDataset(x, y)
+from tiny_models import CountingTokens, classification, tiny_gpt2
 
 
 def mlp(seed=0, bn=False):

@@ -1,4 +1,4 @@
-"""Small models built from configs (random weights, nothing downloaded) for tests."""
+"""Small models built from configs (random weights, nothing downloaded) and small data, for tests."""
 
 from __future__ import annotations
 
@@ -36,3 +36,11 @@ class CountingTokens(torch.utils.data.Dataset):
     def __getitem__(self, i: int):
         ids = self.ids[i]
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
+
+def classification(n: int = 256, seed: int = 0) -> torch.utils.data.TensorDataset:
+    """Six features, two classes: the sign of the first three's sum."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g)
+    y = (x[:, :3].sum(1) > 0).long()
+    return torch.utils.data.TensorDataset(x, y)
