@@ -15,6 +15,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import List, NamedTuple, Tuple
 
@@ -194,7 +195,7 @@ def test_there_are_at_least_60_cases():
 @pytest.mark.parametrize("bad_case,mode", PARAMS, ids=_ids())
 def test_bad_input_is_one_line_and_changes_nothing(bad_case, mode, finished_run, tmp_path, capfd, monkeypatch):
     monkeypatch.chdir(ROOT)  # as users run it, from the checkout (config files import configs.*)
-    monkeypatch.setenv("TMPDIR", str(tmp_path))  # build errors leave their traceback there
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # build errors leave their traceback there
     before = snapshot(finished_run)
     code = cli(_argv(bad_case, finished_run, tmp_path, mode))
     out, err = capfd.readouterr()
