@@ -176,8 +176,9 @@ def test_best_checkpoint_holds_the_best_iteration_and_leaves_the_pointer(tmp_pat
     # Evaluations after iterations 1, 3, 5, 7 and after training (put at 10).
     script = {1: 0.5, 3: 0.7, 5: 0.6, 7: math.nan, 10: 0.65}
     calls, pointers = [], {}
+    # Read when the next iteration starts: checkpoints are taken when an iteration ends.
     record = lambda r: CallbackHook(
-        after_step=lambda t: pointers.__setitem__(t.iter, (tmp_path / "last_checkpoint").exists() and r.pointer())
+        before_step=lambda t: pointers.__setitem__(t.iter - 1, (tmp_path / "last_checkpoint").exists() and r.pointer())
     )
     run = best_run(tmp_path, script, calls, extra=[record])
     run.trainer.train(0, 10)
@@ -298,15 +299,16 @@ def test_values_before_a_checkpoint_are_written_before_it(tmp_path):
     seen_at_save = {}
 
     def lines_now(trainer):
-        if trainer.iter in (3, 7):
-            seen_at_save[trainer.iter] = [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()]
+        # Checkpoints are taken when an iteration ends: look right after, as the next one starts.
+        if trainer.iter in (4, 8):
+            seen_at_save[trainer.iter - 1] = [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()]
 
     script = {3: 0.1, 7: 0.2, 10: 0.3}
     run = make_run(
         tmp_path,
         lambda r: EvalHook(4, scripted_eval(lambda: r.trainer, script, [])),
         lambda r: PeriodicCheckpointer(r.checkpointer, period=4),
-        lambda r: CallbackHook(after_step=lines_now),  # runs right after the save, before the writer
+        lambda r: CallbackHook(before_step=lines_now),  # before the writer's next flush
         lambda r: PeriodicWriter([JSONWriter(str(metrics), window_size=1)], period=10),
     )
     run.trainer.train(0, 10)
@@ -319,7 +321,9 @@ def test_values_before_a_checkpoint_are_written_before_it(tmp_path):
 
 # ---------------------------------------------------------------- PreemptionHandler
 def test_an_error_after_a_preemption_stop_propagates_and_every_after_train_runs(tmp_path, treadle_caplog):
-    """A hook crashing in the step where the preemption stop was requested: the crash wins over the exit."""
+    """A hook crashing in the iteration where the preemption was asked for: the
+    crash wins over the exit, and that failed iteration is not checkpointed (the
+    checkpoint waits for the iteration's end, which never comes)."""
     previous_handler = signal.getsignal(signal.SIGUSR1)
     finished = []
     run = make_run(
@@ -331,12 +335,12 @@ def test_an_error_after_a_preemption_stop_propagates_and_every_after_train_runs(
     )
     with pytest.raises(RuntimeError, match="crash at 2"):
         run.trainer.train(0, 10)
-    assert run.trainer.stop_reason == "preempted by SIGUSR1"
+    assert run.trainer.stop_reason is None
     assert finished == [2]  # the hook after PreemptionHandler still closed up
     # The handler itself saw the error and did not try to exit.
     assert "PreemptionHandler.after_train failed" not in treadle_caplog.text
     assert "Exiting with status" not in treadle_caplog.text
-    assert run.pointer() == "model_0000002.pth"
+    assert not (tmp_path / "model_0000002.pth").exists()
     assert signal.getsignal(signal.SIGUSR1) == previous_handler
 
 
@@ -422,3 +426,67 @@ def test_registered_metric_declares_its_direction():
 def test_detectron2_argument_order_is_enforced():
     with pytest.raises(TypeError, match="takes the metric third"):
         BestCheckpointer("accuracy", None, "max")
+
+
+# ---------------------------------------------------------------- any order resumes exactly
+@pytest.mark.parametrize(
+    "order",
+    [
+        ("checkpointer", "scheduler", "ema", "preemption"),  # the checkpointer before what it saves
+        ("scheduler", "ema", "checkpointer", "preemption"),
+        ("preemption", "ema", "checkpointer", "scheduler"),
+    ],
+)
+def test_any_registration_order_resumes_exactly(tmp_path, order):
+    """The periodic checkpoint is taken when the iteration ends, after every
+    hook's after_step: registered first, it still saves the scheduler's and the
+    EMA's state of its iteration, and the resumed run ends equal."""
+    from treadle.hooks import EMA, LRScheduler
+
+    def make(out, *extra):
+        factories = {
+            "checkpointer": lambda r: PeriodicCheckpointer(r.checkpointer, 4),
+            "scheduler": lambda r: LRScheduler(r.optimizer, torch.optim.lr_scheduler.StepLR(r.optimizer, 3, 0.5)),
+            "ema": lambda r: EMA(0.8),
+            "preemption": lambda r: PreemptionHandler(r.checkpointer, exit_code=None),
+        }
+        return make_run(out, *[factories[name] for name in order], *extra)
+
+    straight = make(tmp_path / "straight")
+    straight.trainer.train(0, 12)
+    crashed = make(tmp_path / "crashed", lambda r: crash_at(9))
+    with pytest.raises(RuntimeError):
+        crashed.trainer.train(0, 12)
+    assert crashed.pointer() == "model_0000007.pth"
+    resumed = make(tmp_path / "crashed")
+    resumed.trainer.train(resumed.resume(), 12)
+    assert same(resumed.model.state_dict(), straight.model.state_dict())
+    ema = lambda run: next(h for h in run.trainer.hooks if type(h).__name__ == "EMA").averaged_state_dict()  # noqa: E731
+    assert same(ema(resumed), ema(straight))
+    assert resumed.optimizer.param_groups[0]["lr"] == straight.optimizer.param_groups[0]["lr"]
+
+
+def test_detectron2s_standard_hook_order_is_accepted(tmp_path):
+    """detectron2's tools/lazyconfig_train_net.py order: IterationTimer, LRScheduler,
+    PreciseBN, PeriodicCheckpointer, EvalHook, PeriodicWriter."""
+    from treadle.hooks import IterationTimer, LRScheduler, PreciseBN
+
+    run = make_run(
+        tmp_path,
+        lambda r: IterationTimer(),
+        lambda r: LRScheduler(r.optimizer, torch.optim.lr_scheduler.StepLR(r.optimizer, 3)),
+        lambda r: PreciseBN(4, r.model, r.loader, 2),
+        lambda r: PeriodicCheckpointer(r.checkpointer, 4),
+        lambda r: EvalHook(4, lambda: {"acc": 1.0}),
+        lambda r: PeriodicWriter([JSONWriter(str(tmp_path / "metrics.json"))], 4),
+    )
+    run.trainer.train(0, 8)
+    assert run.files() == ["last_checkpoint", "metrics.json", "model_0000003.pth", "model_final.pth"]
+
+
+def test_an_order_no_design_can_serve_is_refused_with_the_reason(tmp_path):
+    from treadle.engine import HookOrderError
+    from treadle.hooks import EMA
+
+    with pytest.raises(HookOrderError, match="EvalHook must be registered after EMA: it evaluates the averaged weights"):
+        make_run(tmp_path, lambda r: EvalHook(4, lambda: {}), lambda r: EMA(0.9))

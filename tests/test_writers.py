@@ -82,7 +82,7 @@ def test_json_smoothed_scalar_goes_to_the_iteration_it_was_last_put_at(tmp_path)
         writer.write()
     writer.close()
     assert read_json_lines(path) == [
-        {"iteration": 6, "grad_norm": 4.0},  # median of the values put at 2 and 6
+        {"iteration": 6, "grad_norm": 6.0},  # the window is 2 iterations (5 and 6): the value put at 6 only
         {"iteration": 9, "total_loss": 8.5},
     ]
 
@@ -526,3 +526,18 @@ def test_unsmoothed_training_scalars_are_written_once_per_write_at_their_latest_
     assert [line["iteration"] for line in lines] == [19, 39]
     assert lines[0]["lr"] == pytest.approx(0.1 * 21 / 40)  # the latest value, not a median
     assert lines[1]["total_loss"] == 29.5  # median of 20..39
+
+
+def test_smoothing_windows_count_iterations_not_values(tmp_path):
+    """detectron2's count_samples rule: a scalar put every 5 iterations is
+    smoothed over the same 20 iterations as one put every iteration."""
+    with EventStorage(0) as s:
+        for it in range(40):
+            s.iter = it
+            s.put_scalar("every", float(it))
+            if it % 5 == 4:
+                s.put_scalar("sparse", float(it))
+        assert s.count_samples("every", 20) == 20
+        assert s.count_samples("sparse", 20) == 4  # 24, 29, 34, 39
+        assert s.smoothed("sparse", 20) == 31.5
+        assert s.latest_with_smoothing_hint(20)["sparse"] == (31.5, 39)

@@ -229,6 +229,8 @@ class DefaultTrainer(TrainerBase):
         self.run_folder = RunFolder(train.output_dir)
         self._claimed = False
         self._check_evaluation(cfg)
+        # The schedule, for LRScheduler() without arguments (LiBai's build_hooks).
+        self.scheduler = self.build_lr_scheduler(cfg, self.optimizer)
         self.register_hooks(self.build_hooks())
 
     # ------------------------------------------------------------------ builders
@@ -378,7 +380,7 @@ class DefaultTrainer(TrainerBase):
 
         return [
             IterationTimer(),
-            LRScheduler(self.optimizer, s) if (s := self.build_lr_scheduler(cfg, self.optimizer)) is not None else None,
+            LRScheduler(self.optimizer, self.scheduler) if self.scheduler is not None else None,
             EMA(float(ema_cfg.get("decay", 0.999)), model=unwrap_model(self.model)) if ema_cfg.get("enabled", False) else None,
             EvalHook(eval_period, test_and_save_results) if has_eval else None,
             BestCheckpointer(eval_period, self.checkpointer, best_cfg.metric, best_cfg.get("mode"))
@@ -392,7 +394,9 @@ class DefaultTrainer(TrainerBase):
             )
             if has_eval and stop_cfg.get("metric")
             else None,
-            PeriodicCheckpointer(self.checkpointer, int(ckpt_cfg.get("period", 5000)), ckpt_cfg.get("max_to_keep")),
+            PeriodicCheckpointer(
+                self.checkpointer, int(ckpt_cfg.get("period", 5000)), max_to_keep=ckpt_cfg.get("max_to_keep")
+            ),
             PreemptionHandler(self.checkpointer) if train.get("handle_preemption", True) else None,
             PeriodicWriter(self.build_writers(), period=int(train.get("log_period", 20))),
         ]

@@ -153,6 +153,8 @@ class TrainerBase:
         self.iter_start_time = 0.0
         self.step_end_time = 0.0
         self._timings: Dict[str, float] = defaultdict(float)
+        # Work hooks asked to run when the current iteration ends (at_iteration_end).
+        self._boundary: List[Any] = []
         self._loop_started: Optional[float] = None
         self._loop_seconds: Optional[float] = None
         if step is not None:
@@ -271,6 +273,7 @@ class TrainerBase:
         self.finished = False
         self.training_error = None
         self._epochs_done_through = start_iter - 1
+        self._boundary = []
         self._timings = defaultdict(float)
         self._loop_seconds = None
         with EventStorage(
@@ -333,11 +336,37 @@ class TrainerBase:
                     self.epoch = self.iter // epoch_length
                     self.after_epoch()
                     self._epochs_done_through = self.iter
+                if self._boundary:
+                    self._run_boundary()
                 if self._stop_reason is not None:
                     break
         finally:
             self._loop_seconds = clock() - self._loop_started
             self._loop_started = None
+
+    def at_iteration_end(self, task: Callable[[], None], key: str) -> None:
+        """Runs ``task()`` once, when the current iteration ends: after every
+        hook's ``after_step`` (and ``after_epoch``) of the iteration, before
+        the next one starts. For work that needs the state every hook leaves,
+        whatever order the hooks were registered in: a checkpoint taken there
+        holds each hook's finished state (``PeriodicCheckpointer`` and
+        ``PreemptionHandler`` use it). ``key`` is where its time is counted
+        (``"Hook.after_step"``) and what an error names. Tasks run in the
+        order they were asked for; a failed iteration runs none.
+        """
+        self._boundary.append((task, key))
+
+    def _run_boundary(self) -> None:
+        tasks, self._boundary = self._boundary, []
+        timings = self._timings
+        for task, key in tasks:
+            start = time.perf_counter()
+            try:
+                task()
+            except (Exception, KeyboardInterrupt) as e:
+                _note_failing_hook(e, key, self.iter)
+                raise
+            timings[key] += time.perf_counter() - start
 
     def has_work(self, start_iter: int, max_iter: int) -> bool:
         """Whether :meth:`train` would run anything: iterations, or the end of a
@@ -530,7 +559,8 @@ def _check_hook_order(hooks: Sequence[HookBase]) -> None:
             later = [j for j in range(i + 1, len(hooks)) if isinstance(hooks[j], required)]
             if later:
                 order = ", ".join(type(x).__name__ for x in hooks)
+                reason = h.order_reason or f"it reads what {required.__name__} produces"
                 raise HookOrderError(
-                    f"{type(h).__name__} must be registered after {required.__name__}, "
-                    f"because it reads what {required.__name__} produces; got the order [{order}]."
+                    f"{type(h).__name__} must be registered after {required.__name__}: {reason}. "
+                    f"Got the order [{order}]."
                 )

@@ -281,7 +281,7 @@ class Trainer(TrainerBase):
             BestCheckpointer(eval_period, self.checkpointer, watched, mode) if best_metric else None,
             EarlyStopping(watched, early_stopping_patience, mode=mode) if early_stopping_patience else None,
             EpochHistory(self.history.epochs, callbacks) if epoch_length else None,
-            PeriodicCheckpointer(self.checkpointer, checkpoint_period, max_to_keep) if self.checkpointer else None,
+            PeriodicCheckpointer(self.checkpointer, checkpoint_period, max_to_keep=max_to_keep) if self.checkpointer else None,
             PeriodicWriter(self._writers(loggers, show_bar), log_period),
             show_bar if not show_bar._disable else None,
         ]

@@ -13,7 +13,9 @@ from .writers import (
     CSVWriter,
     EventWriter,
     JSONWriter,
+    TensorBoardXWriter,
     TensorboardWriter,
+    TensorboardXWriter,
     get_default_writers,
 )
 
@@ -23,6 +25,8 @@ __all__ = [
     "EventWriter",
     "JSONWriter",
     "TensorboardWriter",
+    "TensorboardXWriter",
+    "TensorBoardXWriter",
     "get_default_writers",
     "EventStorage",
     "HistoryBuffer",

@@ -41,7 +41,9 @@ class CommonMetricPrinter(EventWriter):
       iteration since the previous line (or since :meth:`set_start_iter`).
       Shown only with ``max_iter``.
     - every scalar of kind ``"loss"`` (medians), in the order first put, then
-      ``grad_norm``, ``time`` and ``data_time`` (medians);
+      ``grad_norm``, ``time`` and ``data_time`` (medians); a scalar put
+      without a kind whose name contains ``"loss"`` counts as a loss
+      (detectron2 models publish ``loss_cls`` so);
     - ``samples/s``: ``samples_per_iter`` over the median ``time``;
     - ``lr``: the latest value, not a median;
     - ``max_mem``: ``torch.cuda.max_memory_allocated()`` in MiB, only once CUDA
@@ -55,7 +57,8 @@ class CommonMetricPrinter(EventWriter):
 
     Args:
         max_iter: the iteration training ends before; ``None`` shows no eta.
-        window_size: number of values the medians cover.
+        window_size: iterations the medians cover (values put in the last
+            ``window_size`` iterations, see ``EventStorage.count_samples``).
         samples_per_iter: samples one iteration consumes (over all ranks),
             for ``samples/s``; ``None`` leaves it out.
         color: highlight values with ANSI colors; ``None`` colors when stdout
@@ -83,6 +86,7 @@ class CommonMetricPrinter(EventWriter):
         self._samples_per_iter = samples_per_iter
         self._color = sys.stdout.isatty() if color is None else bool(color)
         self._logger = logging.getLogger("treadle")
+        self.logger = self._logger  # detectron2's attribute
         self._first_iter = 0
         # The iteration of the last training line.
         self._last_iter = -1
@@ -125,7 +129,7 @@ class CommonMetricPrinter(EventWriter):
         def median(name: str) -> Optional[float]:
             if name not in fresh:
                 return None
-            return histories[name].median(self._window_size) if hints[name] else histories[name].latest()
+            return storage.smoothed(name, self._window_size) if hints[name] else histories[name].latest()
 
         seconds_per_iter = median("time")
         parts: List[str] = []
@@ -135,9 +139,11 @@ class CommonMetricPrinter(EventWriter):
         shown_iter = str(iteration) if self._max_iter is None else f"{iteration}/{self._max_iter}"
         parts.append(self._field("iter", shown_iter))
         # Storage keeps names in the order first put: the step's total_loss, then its terms.
+        # A scalar put without a kind whose name says "loss" (a detectron2
+        # model's storage.put_scalar("loss_cls", ...)) is a loss too.
         for name in histories:
-            if name in fresh and kinds[name] == ScalarKind.LOSS:
-                parts.append(self._field(name, histories[name].median(self._window_size), ".4g"))
+            if name in fresh and (kinds[name] == ScalarKind.LOSS or (kinds[name] is None and "loss" in name)):
+                parts.append(self._field(name, storage.smoothed(name, self._window_size), ".4g"))
         for name, fmt in (("grad_norm", ".4g"), ("time", ".4f"), ("data_time", ".4f")):
             value = median(name)
             if value is not None:

@@ -354,14 +354,39 @@ class EventStorage:
         self.materialize()
         return self._latest
 
+    def count_samples(self, name: str, window_size: int = 20) -> int:
+        """How many values of ``name`` were put in the last ``window_size``
+        iterations (up to and including the iteration of its latest value).
+
+        detectron2's rule, which every smoothing window of treadle follows: a
+        window counts iterations, not values, so a scalar put every 5
+        iterations is smoothed over the same stretch of training as one put
+        every iteration (4 values, not 20, for a window of 20).
+        """
+        values = self.history(name).values()
+        if not values:
+            return 0
+        newest = values[-1][1]
+        count = 0
+        for _, it in reversed(values):
+            if it <= newest - window_size:
+                break
+            count += 1
+        return count
+
+    def smoothed(self, name: str, window_size: int = 20) -> float:
+        """The median of ``name``'s values over its last ``window_size``
+        iterations (see :meth:`count_samples`)."""
+        return self.history(name).median(max(self.count_samples(name, window_size), 1))
+
     def latest_with_smoothing_hint(self, window_size: int = 20) -> Dict[str, Tuple[float, int]]:
         """Like :meth:`latest`, but scalars with a smoothing hint are the median of
-        their last ``window_size`` values."""
+        their values over the last ``window_size`` iterations."""
         self.materialize()
         result = {}
         for name, (value, it) in self._latest.items():
             if self._smoothing_hints[name]:
-                value = self._history[name].median(window_size)
+                value = self.smoothed(name, window_size)
             result[name] = (value, it)
         return result
 

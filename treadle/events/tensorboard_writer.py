@@ -9,7 +9,7 @@ from typing import Any, Optional
 from .storage import get_event_storage
 from .writer import _IterationRowWriter
 
-__all__ = ["TensorboardWriter"]
+__all__ = ["TensorboardWriter", "TensorboardXWriter", "TensorBoardXWriter"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class TensorboardWriter(_IterationRowWriter):
         self._log_dir = log_dir
         self._kwargs = kwargs
         self._purge_step: Optional[int] = None
-        self._writer: Optional[Any] = None
+        self._summary: Optional[Any] = None
 
     @property
     def log_dir(self) -> str:
@@ -70,11 +70,17 @@ class TensorboardWriter(_IterationRowWriter):
         self._purge_step = start_iter
 
     def _get_writer(self) -> Any:
-        if self._writer is None:
-            self._writer = self._summary_writer_cls(self._log_dir, purge_step=self._purge_step, **self._kwargs)
+        if self._summary is None:
+            self._summary = self._summary_writer_cls(self._log_dir, purge_step=self._purge_step, **self._kwargs)
             # Purge once: reopening after close() must not hide this run's own points.
             self._purge_step = None
-        return self._writer
+        return self._summary
+
+    @property
+    def _writer(self) -> Any:
+        """The ``SummaryWriter``, opened on first use (detectron2's attribute:
+        ``writer._writer.add_scalar(...)``). No file exists before."""
+        return self._get_writer()
 
     def write(self) -> None:
         storage = get_event_storage()
@@ -95,6 +101,11 @@ class TensorboardWriter(_IterationRowWriter):
         self._commit(rows)
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        if self._summary is not None:
+            self._summary.close()
+            self._summary = None
+
+
+#: detectron2's names for the TensorBoard writer (it once used tensorboardX).
+TensorboardXWriter = TensorboardWriter
+TensorBoardXWriter = TensorboardWriter

@@ -10,7 +10,7 @@ The three file writers (:class:`JSONWriter`, :class:`CSVWriter`,
 
 - a training scalar (any kind but ``"metric"``) is emitted once per write, at
   the iteration it was last put at, provided that iteration is newer than the
-  last iteration the writer emitted: the median of its last ``window_size``
+  last iteration the writer emitted: the median of its values over the last ``window_size`` iterations
   values when put with ``smoothing_hint=True``, else its latest value (the
   learning rate);
 - an evaluation result (put with ``kind="metric"``, as ``EvalHook`` does) is
@@ -145,7 +145,7 @@ class _IterationRowWriter(EventWriter):
                     rows.setdefault(i, {})[name] = v
             elif it > last_write:
                 # Training series: one value per write, smoothed when hinted.
-                rows.setdefault(it, {})[name] = histories[name].median(self._window_size) if hints[name] else value
+                rows.setdefault(it, {})[name] = storage.smoothed(name, self._window_size) if hints[name] else value
             if self._first_iter <= it <= last_write:
                 seen = self._seen_latest.get(name)
                 if seen is None or not _same_point(seen, point):

@@ -15,7 +15,7 @@ from treadle.utils.comm import is_main_process
 from .csv_writer import CSVWriter
 from .json_writer import JSONWriter
 from .printer import CommonMetricPrinter
-from .tensorboard_writer import TensorboardWriter
+from .tensorboard_writer import TensorBoardXWriter, TensorboardWriter, TensorboardXWriter
 from .writer import EventWriter
 
 __all__ = [
@@ -23,6 +23,8 @@ __all__ = [
     "JSONWriter",
     "CSVWriter",
     "TensorboardWriter",
+    "TensorboardXWriter",
+    "TensorBoardXWriter",
     "CommonMetricPrinter",
     "get_default_writers",
 ]

@@ -61,6 +61,9 @@ class HookBase:
     state_attributes: Sequence[str] = ()
     # Hook classes that must come earlier in the hook list when both are registered.
     runs_after: Tuple[Type["HookBase"], ...] = ()
+    # Why, for the HookOrderError's message (no order rule without a reason
+    # that no other design could remove).
+    order_reason: str = ""
 
     def before_train(self) -> None:
         """Called once, before the first iteration."""

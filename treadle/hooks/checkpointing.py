@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from treadle.evaluation.registry import metric_mode
 
 from .base import HookBase
-from .early_stopping import EarlyStopping, _better, _latest_metric
+from .early_stopping import _better, _latest_metric
 from .ema import EMA
 from .evaluation import EvalHook
 from .periods import Period
@@ -82,6 +82,7 @@ class BestCheckpointer(HookBase):
     """
 
     runs_after = (EvalHook,)
+    order_reason = "it reads the evaluation's result of the same iteration"
     state_attributes = ("best_metric", "best_iter")
 
     def __init__(
@@ -172,31 +173,40 @@ class PeriodicCheckpointer(HookBase):
     :class:`PeriodicWriter` hooks, so that no value at or before the saved
     iteration is lost if the process dies right after the save.
 
-    Order: after the hooks whose state it saves must have finished their
-    work for the iteration (:class:`EMA`, :class:`EvalHook`,
-    :class:`BestCheckpointer`, :class:`EarlyStopping`), so that a resumed run
-    continues exactly where the saved one was. Register writers after it.
+    Any registration order resumes exactly: the periodic checkpoint is taken
+    at the iteration boundary (:meth:`TrainerBase.at_iteration_end`), after
+    every hook's ``after_step`` (and ``after_epoch``) of that iteration ran,
+    so it holds each hook's finished state (an EMA or a scheduler registered
+    after this hook included).
+
+    The signature is detectron2's.
 
     Args:
         checkpointer: defaults to ``trainer.checkpointer``.
         period: iterations (or a :class:`Period`, e.g. ``Period(1, "epoch")``).
+        max_iter: detectron2's: the run's length, after which ``model_final``
+            is saved. treadle saves ``model_final`` when training ends
+            (``trainer.max_iter``); a different value given here is reported
+            when training starts.
         max_to_keep: periodic checkpoints kept on disk; None keeps all.
         file_prefix: prefix of the periodic files.
     """
 
-    runs_after = (EMA, EvalHook, BestCheckpointer, EarlyStopping)
     state_attributes = ("lineage",)
 
     def __init__(
         self,
         checkpointer: Optional["Checkpointer"] = None,
         period: int | Period = 5000,
+        max_iter: Optional[int] = None,
         max_to_keep: Optional[int] = None,
-        *,
         file_prefix: str = "model",
     ) -> None:
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1 or None, got {max_to_keep}")
+        if max_iter is not None and (isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1):
+            raise ValueError(f"max_iter must be a positive integer or None, got {max_iter!r}")
+        self.max_iter = max_iter
         self._checkpointer = checkpointer
         self._period = period if isinstance(period, Period) else Period(period)
         self.max_to_keep = max_to_keep
@@ -208,6 +218,8 @@ class PeriodicCheckpointer(HookBase):
         self.lineage: List[str] = []
         self._lineage_known = True
         self._state_loaded = False
+        # The iteration whose save waits for the iteration's end.
+        self._scheduled: Optional[int] = None
 
     @property
     def checkpointer(self) -> "Checkpointer":
@@ -217,6 +229,14 @@ class PeriodicCheckpointer(HookBase):
         self._checkpointer = self.checkpointer
         self._period.resolve(self.trainer, "PeriodicCheckpointer")
         self.last_saved_iter = None
+        self._scheduled = None
+        if self.max_iter is not None and self.max_iter != self.trainer.max_iter:
+            logger.warning(
+                "PeriodicCheckpointer(max_iter=%d), but training ends after %d iterations: model_final is saved "
+                "when training ends.",
+                self.max_iter,
+                self.trainer.max_iter,
+            )
         if self.trainer.start_iter > 0 and not self._state_loaded:
             self._lineage_known = False  # resumed from a checkpoint without this hook's state
         self._state_loaded = False
@@ -246,11 +266,29 @@ class PeriodicCheckpointer(HookBase):
             self.checkpointer.prune(prefix=f"{self.file_prefix}_", keep_last=self.max_to_keep, only=self.lineage)
             self.lineage = self.lineage[-self.max_to_keep :]
 
+    def fires_at(self, iteration: int) -> bool:
+        """Whether a periodic checkpoint is due after ``iteration``."""
+        return self._period.fires_after(iteration) and iteration + 1 != self.trainer.max_iter
+
     def after_step(self) -> None:
         it = self.trainer.iter
-        if self._period.fires_after(it) and it + 1 != self.trainer.max_iter:
-            _flush_writers(self)
-            self.save(it)
+        if self.fires_at(it):
+            self.save_at_iteration_end(it)
+
+    def save_at_iteration_end(self, iteration: int) -> None:
+        """Saves ``iteration``'s checkpoint once the iteration ends (once, however
+        often it is asked for)."""
+        if self._scheduled == iteration:
+            return
+        self._scheduled = iteration
+        self.trainer.at_iteration_end(self._save_scheduled, f"{type(self).__name__}.after_step")
+
+    def _save_scheduled(self) -> None:
+        iteration, self._scheduled = self._scheduled, None
+        if iteration is None or self.last_saved_iter == iteration:
+            return
+        _flush_writers(self)
+        self.save(iteration)
 
     def after_train(self) -> None:
         if self.trainer.training_error is not None:

@@ -46,6 +46,7 @@ class EarlyStopping(HookBase):
     """
 
     runs_after = (EvalHook,)
+    order_reason = "it reads the evaluation's result of the same iteration"
     state_attributes = ("best_metric", "best_iter", "num_bad_evals")
 
     def __init__(self, metric: str, patience: int, min_delta: float = 0.0, mode: Optional[str] = None) -> None:

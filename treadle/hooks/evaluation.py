@@ -49,6 +49,10 @@ class EvalHook(HookBase):
     """
 
     runs_after = (EMA, PreciseBN)
+    order_reason = (
+        "it evaluates the averaged weights and the BatchNorm statistics those hooks produce at the same "
+        "iteration; registered before them, it would evaluate the previous iteration's"
+    )
 
     def __init__(
         self,

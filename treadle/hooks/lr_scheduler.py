@@ -172,7 +172,9 @@ class LRScheduler(HookBase):
     Accepts any ``torch.optim.lr_scheduler.LRScheduler`` stepped per
     iteration, or an fvcore ``ParamScheduler``, which becomes an
     :class:`LRMultiplier` over ``max_iter`` (default: the trainer's) when
-    training starts. The optimizer defaults to ``trainer.step.optimizer``.
+    training starts. The optimizer defaults to ``trainer.step.optimizer`` and
+    the scheduler to ``trainer.scheduler`` (``LRScheduler()``, as LiBai's and
+    detectron2's ``build_hooks`` write it; ``DefaultTrainer`` sets it).
 
     Runs after_step; ``lr`` is the rate that the iteration just run used.
     Its state (the scheduler's) is saved with the trainer's state; one loaded
@@ -225,6 +227,20 @@ class LRScheduler(HookBase):
         return self._optimizer
 
     def before_train(self) -> None:
+        if self._scheduler_arg is None and self.scheduler is None:
+            # LRScheduler() in LiBai's and detectron2's build_hooks: the trainer's schedule.
+            found = getattr(self.trainer, "scheduler", None)
+            if not isinstance(found, (torch.optim.lr_scheduler.LRScheduler, ParamScheduler)):
+                raise ValueError(
+                    "LRScheduler was given no scheduler, and the trainer has none (trainer.scheduler): give "
+                    "LRScheduler(optimizer, scheduler)"
+                )
+            self._scheduler_arg = found
+            if isinstance(found, torch.optim.lr_scheduler.LRScheduler):
+                self.scheduler = found
+                if self._pending_state is not None:
+                    found.load_state_dict(self._pending_state)
+                    self._pending_state = None
         if isinstance(self._scheduler_arg, ParamScheduler):
             start = self.trainer.start_iter
             if start > 0:

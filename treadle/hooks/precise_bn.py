@@ -64,6 +64,7 @@ class PreciseBN(HookBase):
     """
 
     runs_after = (EMA,)
+    order_reason = "under EMA evaluation it recomputes the statistics of this iteration's averaged weights"
 
     def __init__(
         self,

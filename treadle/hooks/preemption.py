@@ -55,13 +55,12 @@ class PreemptionHandler(HookBase):
     ``sync_period`` stops the run there; the resumed run then only does what
     the end of training does (see :attr:`TrainerBase.finished`).
 
-    Register it after :class:`PeriodicCheckpointer` and before the writers.
-    Handlers are installed in ``before_train`` (main thread only) and the
+    Any registration order works: the checkpoint is taken at the iteration
+    boundary (:meth:`TrainerBase.at_iteration_end`), after every hook's
+    ``after_step`` of that iteration. Handlers are installed in ``before_train`` (main thread only) and the
     previous ones restored in ``after_train`` (``tools/train_net.py``'s own
     handler then exits with status 75 on a further signal).
     """
-
-    runs_after = (PeriodicCheckpointer,)
 
     def __init__(
         self,
@@ -79,6 +78,7 @@ class PreemptionHandler(HookBase):
         self.file_prefix = file_prefix
         self._received: Optional[int] = None
         self._preempted = False
+        self._stopping_at: Optional[int] = None
         self._previous: Dict[int, Any] = {}
         self._world_size = 1
 
@@ -95,6 +95,7 @@ class PreemptionHandler(HookBase):
         self._checkpointer = _trainer_checkpointer(self, self._checkpointer)
         self._received = None
         self._preempted = False
+        self._stopping_at = None
         # Fixed for the whole run; after_step reads it every iteration.
         self._world_size = comm.get_world_size()
         if threading.current_thread() is not threading.main_thread():
@@ -120,9 +121,16 @@ class PreemptionHandler(HookBase):
         return bool(flag.item() > 0)
 
     def after_step(self) -> None:
-        if self._preempted or not self._should_stop():
+        if self._preempted or self._stopping_at is not None or not self._should_stop():
             return
-        it = self.trainer.iter
+        # The checkpoint waits for the iteration's end, after every hook's
+        # after_step, so that it holds their finished state whatever the order.
+        self._stopping_at = self.trainer.iter
+        self.trainer.at_iteration_end(self._checkpoint_and_stop, f"{type(self).__name__}.after_step")
+
+    def _checkpoint_and_stop(self) -> None:
+        it = self._stopping_at
+        self._stopping_at = None
         name = signal.Signals(self._received).name if self._received else "a signal on another rank"
         logger.warning("Received %s: saving a checkpoint at iteration %d and stopping.", name, it)
         periodic = self._periodic_checkpointer()
