@@ -17,7 +17,7 @@ from treadle.utils.file_io import PathManager
 
 from treadle.utils.atomic import TEMP_MARKER, atomic_write, is_local_path
 from .fsdp import full_optimizer_state_dict, is_fsdp_model, load_full_optimizer_state_dict
-from .key_matching import extract_model_state, load_model_state, model_state_for_saving, unwrap_model
+from .key_matching import align_by_suffix, extract_model_state, load_model_state, model_state_for_saving, unwrap_model
 from .serialization import (
     CheckpointError,
     UnsafeCheckpointError,
@@ -89,6 +89,9 @@ class Checkpointer:
             raise TypeError(f"Checkpointer expects an nn.Module as model, got {type(model).__name__}")
         self.model = model
         self.save_dir = save_dir
+        # Every file of this checkpointer goes through it (detectron2's
+        # per-checkpointer path_manager: a handler for another store).
+        self.path_manager = PathManager
         self._save_to_disk = save_to_disk
         self._noted_non_local = False
         self.checkpointables: Dict[str, Any] = {}
@@ -124,15 +127,15 @@ class Checkpointer:
         return os.path.join(self.save_dir, filename)
 
     def _list_dir(self) -> List[str]:
-        if not self.save_dir or not PathManager.isdir(self.save_dir):
+        if not self.save_dir or not self.path_manager.isdir(self.save_dir):
             return []
-        return sorted(PathManager.ls(self.save_dir))
+        return sorted(self.path_manager.ls(self.save_dir))
 
     def _mtime(self, path: str) -> float:
-        if not is_local_path(path):
+        if not is_local_path(path, self.path_manager):
             return 0.0  # iopath has no portable mtime; the number in the name decides
         try:
-            return os.path.getmtime(PathManager.get_local_path(path))
+            return os.path.getmtime(self.path_manager.get_local_path(path))
         except OSError:
             return 0.0
 
@@ -157,7 +160,7 @@ class Checkpointer:
         if not self.save_dir:
             return "", ""
         try:
-            with PathManager.open(self._path(self.POINTER_FILE), "rb") as f:
+            with self.path_manager.open(self._path(self.POINTER_FILE), "rb") as f:
                 raw = f.read(_MAX_POINTER_BYTES + 1)
         except FileNotFoundError:
             return "", ""
@@ -190,7 +193,7 @@ class Checkpointer:
         it exists, else the newest ``model_*.pth``; "" when there is none.
         The file is not read (it may still turn out unreadable)."""
         pointed = self.get_checkpoint_file()
-        if pointed and PathManager.exists(pointed):
+        if pointed and self.path_manager.exists(pointed):
             return pointed
         files = self._resume_files()
         return self._path(files[0]) if files else ""
@@ -307,7 +310,7 @@ class Checkpointer:
         check_weights_only_loadable(data, what=f"checkpoint '{path}'")
 
         self._make_dir(directory)
-        if not self._noted_non_local and not is_local_path(path):
+        if not self._noted_non_local and not is_local_path(path, self.path_manager):
             self._noted_non_local = True
             logger.info(
                 "Checkpoints in '%s' are not on the local filesystem: they are written in place, so whether "
@@ -315,7 +318,7 @@ class Checkpointer:
                 directory,
             )
         try:
-            atomic_write(path, lambda f: save_with_checksums(data, f))
+            atomic_write(path, lambda f: save_with_checksums(data, f), self.path_manager)
         except (OSError, RuntimeError) as e:
             if not isinstance(e, OSError) and not _is_torch_write_failure(e):
                 raise  # a RuntimeError of torch.save that is not about writing (a device error)
@@ -333,9 +336,9 @@ class Checkpointer:
     def _torch_write_failure(self, error: BaseException, directory: str) -> str:
         """What a failed ``torch.save`` without an OS error to show says, and the free space left."""
         said = f"torch.save failed ({_first_line(error)})"
-        if is_local_path(directory):
+        if is_local_path(directory, self.path_manager):
             try:
-                free = shutil.disk_usage(PathManager.get_local_path(directory)).free
+                free = shutil.disk_usage(self.path_manager.get_local_path(directory)).free
             except OSError:
                 return said
             # A full disk is the usual cause; the free space says whether it is this one.
@@ -345,10 +348,9 @@ class Checkpointer:
     def _make_save_dir(self) -> None:
         self._make_dir(self.save_dir)
 
-    @staticmethod
-    def _make_dir(directory: str) -> None:
+    def _make_dir(self, directory: str) -> None:
         try:
-            PathManager.mkdirs(directory)
+            self.path_manager.mkdirs(directory)
         except OSError as e:
             raise CheckpointError(f"Cannot create the checkpoint directory '{directory}': {_describe_os_error(e)}.") from e
 
@@ -359,7 +361,7 @@ class Checkpointer:
         pointer = self._path(self.POINTER_FILE)
         self._make_save_dir()
         try:
-            atomic_write(pointer, lambda f: f.write(filename.encode("utf-8")))
+            atomic_write(pointer, lambda f: f.write(filename.encode("utf-8")), self.path_manager)
         except OSError as e:
             raise CheckpointError(
                 f"Cannot update '{pointer}' in directory '{self.save_dir}': {_describe_os_error(e)}. "
@@ -368,14 +370,23 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ load
     def load(
-        self, path: str, checkpointables: Optional[Sequence[str]] = None, *, strict: bool = False
+        self,
+        path: str,
+        checkpointables: Optional[Sequence[str]] = None,
+        *,
+        strict: bool = False,
+        matching_heuristics: bool = False,
     ) -> Dict[str, Any]:
         """Loads ``path`` into the model and the checkpointables.
 
         The model takes every key that matches by name (DDP ``module.`` and
         compile ``_orig_mod.`` prefixes are accepted on either side);
         shape-mismatched keys are skipped; missing, unexpected and mismatched
-        keys are logged as a table. With ``strict`` any such key is a
+        keys are logged as a table. With ``matching_heuristics`` (also
+        ``path + "?matching_heuristics=True"``, detectron2's form), a
+        checkpoint key matches the model key it is the longest dotted suffix
+        of (``layer1.weight`` loads into ``block1.layer1.weight``): for
+        weights saved from a part of another model. With ``strict`` any such key is a
         :class:`CheckpointError` instead, raised before anything is loaded
         (evaluating or continuing a run needs the model's own weights). Each
         checkpointable (all of them, or those named in ``checkpointables``;
@@ -394,9 +405,11 @@ class Checkpointer:
         if not path:
             logger.info("No checkpoint given: the model keeps its current weights.")
             return {}
+        path, matching_heuristics = _split_query(path, matching_heuristics)
         names = self._select(checkpointables)
         logger.info("Loading checkpoint from %s", path)
-        return self._restore(load_checkpoint_file(path), path, names, strict=strict)
+        checkpoint = load_checkpoint_file(path, self.path_manager)
+        return self._restore(checkpoint, path, names, strict=strict, matching_heuristics=matching_heuristics)
 
     def _select(self, checkpointables: Optional[Sequence[str]]) -> List[str]:
         if checkpointables is None:
@@ -410,8 +423,18 @@ class Checkpointer:
             )
         return list(checkpointables)
 
-    def _restore(self, checkpoint: Dict[str, Any], path: str, names: Iterable[str], *, strict: bool = False) -> Dict[str, Any]:
+    def _restore(
+        self,
+        checkpoint: Dict[str, Any],
+        path: str,
+        names: Iterable[str],
+        *,
+        strict: bool = False,
+        matching_heuristics: bool = False,
+    ) -> Dict[str, Any]:
         state, container = extract_model_state(checkpoint, path)
+        if matching_heuristics:
+            state = align_by_suffix(unwrap_model(self.model).state_dict().keys(), state)
         report = load_model_state(self.model, state, source=f"checkpoint '{path}'", strict=strict)
         if report.complete:
             logger.info("Loaded all %d model keys from %s", len(report.loaded), path)
@@ -472,7 +495,7 @@ class Checkpointer:
         """
         if resume:
             pointed, problem = self._read_pointer()
-            if pointed and not PathManager.exists(self._path(pointed)):
+            if pointed and not self.path_manager.exists(self._path(pointed)):
                 pointed, problem = "", f"it names {pointed}, which does not exist in '{self.save_dir}'"
             # The pointer's file first: it is the last one the run saved.
             names = ([pointed] if pointed else []) + [n for n in self._resume_files() if n != pointed]
@@ -501,7 +524,7 @@ class Checkpointer:
         for i, name in enumerate(names):
             path = self._path(name)
             try:
-                checkpoint = load_checkpoint_file(path)
+                checkpoint = load_checkpoint_file(path, self.path_manager)
             except UnsafeCheckpointError:
                 raise
             except CheckpointError as e:
@@ -600,7 +623,7 @@ class Checkpointer:
         deleted = []
         for n in doomed:
             path = self._path(n)
-            PathManager.rm(path)
+            self.path_manager.rm(path)
             deleted.append(path)
         if deleted:
             logger.info("Removed old checkpoint files: %s", ", ".join(os.path.basename(p) for p in deleted))
@@ -630,6 +653,21 @@ class Checkpointer:
             if m is not None and int(m.group(1)) != os.getpid():
                 out.append(n)
         return out
+
+
+def _split_query(path: str, matching_heuristics: bool) -> Tuple[str, bool]:
+    """``("x.pth", True)`` for detectron2's ``"x.pth?matching_heuristics=True"``."""
+    base, sep, query = path.partition("?")
+    if not sep:
+        return path, matching_heuristics
+    options = dict(item.partition("=")[::2] for item in query.split("&") if item)
+    unknown = sorted(set(options) - {"matching_heuristics"})
+    if unknown:
+        raise ValueError(f"Unknown checkpoint path option(s) {unknown} in {path!r}; known: matching_heuristics")
+    value = options.get("matching_heuristics", "false").lower()
+    if value not in ("true", "false", "1", "0"):
+        raise ValueError(f"matching_heuristics must be True or False in {path!r}, got {value!r}")
+    return base, matching_heuristics or value in ("true", "1")
 
 
 def _preview(raw: bytes, limit: int = 40) -> str:

@@ -27,6 +27,7 @@ from .fsdp import full_model_state_dict, is_fsdp_model, shard_model_state_dict
 from .serialization import CheckpointError, load_checkpoint_file
 
 __all__ = [
+    "align_by_suffix",
     "LoadReport",
     "ShapeMismatch",
     "unwrap_model",
@@ -254,6 +255,36 @@ def extract_model_state(checkpoint: Mapping[str, Any], source: str) -> Tuple[Map
         f"Checkpoint '{source}' holds no model weights: no 'model' or 'state_dict' entry and it is not "
         f"a state dict of tensors (top-level keys: {shown})."
     )
+
+
+def align_by_suffix(model_keys: Iterable[str], state_dict: Mapping[str, Any]) -> Dict[str, Any]:
+    """``state_dict`` with each key renamed to the model key it is the longest
+    dotted suffix of (detectron2's matching heuristics): weights saved from a
+    part of a model (a backbone's ``layer1.weight``) find their place in the
+    whole one (``backbone.layer1.weight``).
+
+    A checkpoint key that is the best match of several model keys is loaded
+    into none of them, with a warning: guessing would load a tensor twice.
+    Keys that match no model key keep their names (reported as unexpected).
+    """
+    model_keys = list(canonical_keys(model_keys))
+    ckpt_names = canonical_keys(state_dict.keys())
+    chosen: Dict[str, List[str]] = {}
+    for model_key in model_keys:
+        best = None
+        for name in ckpt_names:
+            if (model_key == name or model_key.endswith("." + name)) and (best is None or len(name) > len(best)):
+                best = name
+        if best is not None:
+            chosen.setdefault(best, []).append(model_key)
+    out: Dict[str, Any] = {}
+    for name, ckpt_key in ckpt_names.items():
+        targets = chosen.get(name, [])
+        if len(targets) > 1:
+            logger.warning("Checkpoint key %s matches several model keys (%s); it is not loaded.", name, ", ".join(targets))
+            continue
+        out[targets[0] if targets else name] = state_dict[ckpt_key]
+    return out
 
 
 def load_model_state(

@@ -195,13 +195,13 @@ def _reject_message(what: str, path: str, obj: Any) -> str:
 _UNSAFE_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
 
 
-def _unsafe_globals(path: str, error: BaseException) -> List[str]:
+def _unsafe_globals(path: str, error: BaseException, path_manager: Any = PathManager) -> List[str]:
     """The disallowed globals a refused file references, found without running it."""
     names = _UNSAFE_GLOBAL.findall(strip_ansi(str(error)))
     try:
         # Static disassembly of the pickle: lists every offending global, not
         # only the first one the unpickler met. Zip-format files only.
-        with PathManager.open(path, "rb") as f:
+        with path_manager.open(path, "rb") as f:
             names += torch.serialization.get_unsafe_globals_in_checkpoint(f)
     except Exception:  # legacy or damaged file: keep what the error message said
         pass
@@ -333,7 +333,7 @@ def _inflates_cleanly(archive: zipfile.ZipFile, record: zipfile.ZipInfo) -> bool
     return True
 
 
-def load_checkpoint_file(path: str) -> Dict[str, Any]:
+def load_checkpoint_file(path: str, path_manager: Any = PathManager) -> Dict[str, Any]:
     """Reads a checkpoint with ``torch.load(map_location="cpu", weights_only=True)``.
 
     First checks every record of the file against its CRC-32 (see the module
@@ -350,14 +350,14 @@ def load_checkpoint_file(path: str) -> Dict[str, Any]:
             or corrupt (a checksum mismatch included), or does not hold a dict.
     """
     try:
-        with PathManager.open(path, "rb") as f:
+        with path_manager.open(path, "rb") as f:
             verified = _verify_checksums(f, path)
             f.seek(0)
             obj = torch.load(f, map_location="cpu", weights_only=True)
     except CheckpointError:
         raise
     except pickle.UnpicklingError as e:
-        unsafe = _unsafe_globals(path, e)
+        unsafe = _unsafe_globals(path, e, path_manager)
         if unsafe:
             raise UnsafeCheckpointError(
                 f"Refusing to load checkpoint '{path}': it needs unsafe unpickling of "
@@ -396,13 +396,13 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else "(no message)"
 
 
-def check_checkpoint_file(path: str) -> None:
+def check_checkpoint_file(path: str, path_manager: Any = PathManager) -> None:
     """Raises :class:`CheckpointError` when ``path`` is not a readable file,
     without reading it: a job checks its initial weights before it writes
     anything, and loads them later."""
     try:
-        exists = PathManager.isfile(path)
-        is_dir = not exists and PathManager.isdir(path)
+        exists = path_manager.isfile(path)
+        is_dir = not exists and path_manager.isdir(path)
     except OSError as e:
         raise CheckpointError(f"Checkpoint file '{path}' cannot be reached: {e}") from None
     if is_dir:

@@ -22,6 +22,8 @@ __all__ = [
     "OPTIMIZERS",
     "build_optimizer",
     "get_param_groups",
+    "get_default_optimizer_params",
+    "reduce_param_groups",
     "trainable_parameters",
     "resolve_scheduler",
     "build_step",
@@ -93,6 +95,84 @@ def get_param_groups(
             group["lr"] = base_lr
         groups.append(group)
     return groups
+
+
+def get_default_optimizer_params(
+    model: nn.Module,
+    base_lr: Optional[float] = None,
+    weight_decay: Optional[float] = None,
+    weight_decay_norm: Optional[float] = None,
+    bias_lr_factor: Optional[float] = 1.0,
+    weight_decay_bias: Optional[float] = None,
+    lr_factor_func: Optional[Callable[[str], float]] = None,
+    overrides: Optional[Dict[str, Dict[str, float]]] = None,
+) -> List[Dict[str, Any]]:
+    """detectron2's parameter groups, with its signature: per parameter, the
+    ``base_lr`` and ``weight_decay`` given, ``weight_decay_norm`` for
+    normalization layers, ``bias_lr_factor`` and ``weight_decay_bias`` for
+    biases, ``lr_factor_func(full_name)`` scaling the rate (layer-wise decay),
+    and ``overrides`` keyed by a parameter's own name (``{"bias": {...}}``).
+    Groups with the same settings are merged (:func:`reduce_param_groups`).
+    :func:`get_param_groups` is treadle's shorter form for the usual case.
+    """
+    overrides = dict(overrides or {})
+    bias_settings: Dict[str, float] = {}
+    if bias_lr_factor is not None and bias_lr_factor != 1.0:
+        if base_lr is None:
+            raise ValueError("bias_lr_factor needs base_lr")
+        bias_settings["lr"] = base_lr * bias_lr_factor
+    if weight_decay_bias is not None:
+        bias_settings["weight_decay"] = weight_decay_bias
+    if bias_settings:
+        if "bias" in overrides:
+            raise ValueError("overrides['bias'] and bias_lr_factor/weight_decay_bias both set the biases; give one")
+        overrides["bias"] = bias_settings
+    if lr_factor_func is not None and base_lr is None:
+        raise ValueError("lr_factor_func needs base_lr")
+    defaults: Dict[str, float] = {}
+    if base_lr is not None:
+        defaults["lr"] = base_lr
+    if weight_decay is not None:
+        defaults["weight_decay"] = weight_decay
+    groups: List[Dict[str, Any]] = []
+    seen = set()
+    for module_name, module in model.named_modules():
+        for name, param in module.named_parameters(recurse=False):
+            if not param.requires_grad or id(param) in seen:
+                continue
+            seen.add(id(param))
+            settings = dict(defaults)
+            if isinstance(module, _NORM_TYPES) and weight_decay_norm is not None:
+                settings["weight_decay"] = weight_decay_norm
+            if lr_factor_func is not None:
+                settings["lr"] = settings["lr"] * lr_factor_func(f"{module_name}.{name}" if module_name else name)
+            settings.update(overrides.get(name, {}))
+            groups.append({"params": [param], **settings})
+    return reduce_param_groups(groups)
+
+
+def _expand_param_groups(groups: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One group per parameter, with the settings of every group that lists it
+    (a later group's setting wins), in the order parameters first appear."""
+    per_param: Dict[Any, Dict[str, Any]] = {}
+    for group in groups:
+        settings = {k: v for k, v in group.items() if k != "params"}
+        for param in group["params"]:
+            per_param.setdefault(param, {"params": [param]}).update(settings)
+    return list(per_param.values())
+
+
+def reduce_param_groups(groups: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Merges parameter groups with identical settings (fewer groups, faster
+    optimizer steps); a parameter listed in several groups takes their
+    settings together, a later group's winning. detectron2's function."""
+    merged: Dict[Any, Dict[str, Any]] = {}
+    for group in _expand_param_groups(groups):
+        settings = {k: v for k, v in group.items() if k != "params"}
+        key = tuple(sorted(settings.items()))
+        target = merged.setdefault(key, {**settings, "params": []})
+        target["params"].extend(group["params"])
+    return list(merged.values())
 
 
 def build_optimizer(

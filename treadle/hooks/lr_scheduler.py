@@ -73,11 +73,17 @@ class WarmupParamScheduler(CompositeParamScheduler):
     """``scheduler`` preceded by a warm-up over the first ``warmup_length``
     (a fraction of training) from ``warmup_factor`` times its start value.
 
+    detectron2's signature and behaviour.
+
     Args:
         scheduler: the schedule after warm-up, over the whole of training.
         warmup_factor: the multiplier at iteration 0, relative to the schedule's start.
-        warmup_length: the fraction of training spent warming up.
+        warmup_length: the fraction of training spent warming up, in [0, 1);
+            0 is no warm-up (the schedule itself).
         warmup_method: ``"linear"`` ramp or ``"constant"`` factor.
+        rescale_interval: after the warm-up, squeeze the whole schedule into
+            the rest of training (True), or continue it where it is at
+            ``warmup_length`` (False, the default).
     """
 
     def __init__(
@@ -86,22 +92,27 @@ class WarmupParamScheduler(CompositeParamScheduler):
         warmup_factor: float,
         warmup_length: float,
         warmup_method: str = "linear",
+        rescale_interval: bool = False,
     ) -> None:
-        if not 0.0 < warmup_length < 1.0:
-            raise ValueError(f"warmup_length is a fraction of training in (0, 1), got {warmup_length}")
-        end_value = scheduler(warmup_length)
+        if not 0.0 <= warmup_length < 1.0:
+            raise ValueError(f"warmup_length is a fraction of training in [0, 1), got {warmup_length}")
+        if warmup_method not in ("linear", "constant"):
+            raise ValueError(f"warmup_method must be 'linear' or 'constant', got {warmup_method!r}")
+        end_value = scheduler(0.0 if rescale_interval else warmup_length)
         start_value = warmup_factor * scheduler(0.0)
         if warmup_method == "linear":
             warmup: ParamScheduler = LinearParamScheduler(start_value, end_value)
-        elif warmup_method == "constant":
-            warmup = ConstantParamScheduler(start_value)
         else:
-            raise ValueError(f"warmup_method must be 'linear' or 'constant', got {warmup_method!r}")
+            warmup = ConstantParamScheduler(start_value)
+        if warmup_length == 0.0:
+            # No warm-up: the schedule alone, over the whole run.
+            super().__init__([scheduler], interval_scaling=["rescaled"], lengths=[1.0])
+            return
         # "fixed": after warm-up the schedule continues where it is at
-        # warmup_length, rather than being squeezed into the rest.
+        # warmup_length; "rescaled": the whole schedule fits in the rest.
         super().__init__(
             [warmup, scheduler],
-            interval_scaling=["rescaled", "fixed"],
+            interval_scaling=["rescaled", "rescaled" if rescale_interval else "fixed"],
             lengths=[warmup_length, 1.0 - warmup_length],
         )
 

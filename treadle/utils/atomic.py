@@ -17,7 +17,7 @@ import errno
 import logging
 import os
 import secrets
-from typing import BinaryIO, Callable
+from typing import Any, BinaryIO, Callable
 
 from iopath.common.file_io import NativePathHandler
 
@@ -32,10 +32,10 @@ TEMP_MARKER = ".tmp."
 """Part of every temporary file name: ``.{final name}.tmp.{pid}.{random}``."""
 
 
-def is_local_path(path: str) -> bool:
+def is_local_path(path: str, path_manager: Any = PathManager) -> bool:
     """True when ``path`` is served by iopath's native (local filesystem) handler."""
     # iopath keeps handler lookup private; without it, fall back on the URI shape.
-    get_handler = getattr(PathManager, "_PathManager__get_path_handler", None)
+    get_handler = getattr(path_manager, "_PathManager__get_path_handler", None)
     if get_handler is None:
         return "://" not in path or path.startswith("file://")
     return isinstance(get_handler(path), NativePathHandler)
@@ -52,7 +52,7 @@ def temporary_name(final_path: str) -> str:
     return os.path.join(directory, f".{name}{TEMP_MARKER}{os.getpid()}.{secrets.token_hex(4)}")
 
 
-def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
+def atomic_write(path: str, write: Callable[[BinaryIO], None], path_manager: Any = PathManager) -> None:
     """Calls ``write(f)`` on a binary file that appears at ``path`` only once complete.
 
     For a local ``path``: if ``write``, the flush, the fsync or the rename fails
@@ -63,13 +63,13 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
     For a non-local ``path``: a plain write through ``PathManager``, since
     iopath has no atomic rename for those backends (callers say so to the user).
     """
-    if not is_local_path(path):
+    if not is_local_path(path, path_manager):
         logger.debug("'%s' is not a local path: written in place, without a rename.", path)
-        with PathManager.open(path, "wb") as f:
+        with path_manager.open(path, "wb") as f:
             write(f)
         return
 
-    final = os.path.abspath(PathManager.get_local_path(path))
+    final = os.path.abspath(path_manager.get_local_path(path))
     tmp = temporary_name(final)
     try:
         # "x": never write into a file someone else has open under this name.
