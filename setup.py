@@ -9,7 +9,11 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["treadle", "treadle.*"]),
     # The digits data ships with the package: the default example runs offline.
-    package_data={"treadle.data.datasets": ["files/*.csv.gz", "files/README.md"]},
+    # So do the example and common configs: get_config and the default job find them installed.
+    package_data={
+        "treadle.data.datasets": ["files/*.csv.gz", "files/README.md"],
+        "treadle.model_zoo": ["configs/*.py", "configs/common/*.py", "configs/common/data/*.py"],
+    },
     install_requires=[
         "torch>=2.4",
         "fvcore>=0.1.5",

@@ -14,6 +14,15 @@ def _deterministic_torch():
 
 
 @pytest.fixture(autouse=True)
+def _no_pending_run_start():
+    """What a test's default_setup left for training to write does not reach another test."""
+    yield
+    from treadle.utils.run_start import forget_pending_starts
+
+    forget_pending_starts()
+
+
+@pytest.fixture(autouse=True)
 def _restore_treadle_logger():
     """Undoes what setup_logger did during a test (handlers, no propagation),
     so that later tests' caplog sees treadle's records."""

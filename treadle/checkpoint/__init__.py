@@ -5,6 +5,10 @@ See ``docs/checkpoints.md``.
 
 from treadle.utils.atomic import atomic_write, is_local_path
 from .checkpointer import Checkpointer
+
+#: detectron2's name: the same checkpointer (its key-matching heuristics are
+#: ``load(path, matching_heuristics=True)`` or ``path + "?matching_heuristics=True"``).
+DetectionCheckpointer = Checkpointer
 from .key_matching import (
     LoadReport,
     ShapeMismatch,
@@ -26,6 +30,7 @@ from .serialization import (
 
 __all__ = [
     "Checkpointer",
+    "DetectionCheckpointer",
     "CheckpointError",
     "UnsafeCheckpointError",
     "LoadReport",

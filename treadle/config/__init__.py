@@ -11,6 +11,7 @@ from .lazy_call import L, LazyCall
 from .locate import import_path, locate
 from .override_parser import Override, parse_override, parse_value
 from .overrides import apply_overrides
+from .zoo import get_config, get_config_file, shipped_configs
 
 __all__ = [
     "ConfigError",
@@ -19,6 +20,9 @@ __all__ = [
     "LazyConfig",
     "Override",
     "apply_overrides",
+    "get_config",
+    "get_config_file",
+    "shipped_configs",
     "import_path",
     "instantiate",
     "locate",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from pathlib import Path
 from typing import Any, Dict, List, NoReturn, Optional
 
 import torch
@@ -18,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from treadle.checkpoint import Checkpointer, check_checkpoint_file, unwrap_model
-from treadle.config import LazyCall, LazyConfig, instantiate
+from treadle.config import LazyCall, LazyConfig, get_config_file, instantiate
 from treadle.evaluation import forward_for, inference_on_dataset
 from treadle.events import CommonMetricPrinter, JSONWriter, TensorboardWriter
 from treadle.hooks import (
@@ -37,8 +36,10 @@ from treadle.utils import comm
 from treadle.utils.device import resolve_device
 from treadle.utils.env import collect_env_info, seed_all_rng
 from treadle.utils.atomic import atomic_write
+from treadle.utils.file_io import PathManager
 from treadle.utils.logger import setup_logger, start_log_files
 from treadle.utils.run_folder import RunFolder, check_output_dir, claim_on_main_process
+from treadle.utils.run_start import training_starts, when_training_starts
 
 from .build import build_step, loader_epoch_length, trainable_parameters
 from .resume import restore_hyperparameters, take_hyperparameters
@@ -59,8 +60,9 @@ logger = logging.getLogger(__name__)
 
 
 def default_config_file() -> str:
-    """The config ``tools/train_net.py`` runs without ``--config-file``: the digits example."""
-    return str(Path(__file__).resolve().parents[2] / "configs" / "digits_mlp.py")
+    """The config ``tools/train_net.py`` runs without ``--config-file``: the
+    digits example, shipped inside the package (found installed too)."""
+    return get_config_file("digits_mlp.py")
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -149,7 +151,9 @@ def default_setup(cfg: DictConfig, args: Optional[argparse.Namespace] = None) ->
     - python, numpy and torch are seeded with ``train.seed + rank``; a
       negative seed picks one, logs it, and writes it back to ``cfg.train.seed``.
 
-    ``config.yaml`` is written by ``DefaultTrainer.train`` when training starts.
+    ``config.yaml`` and ``log.txt`` are written when training starts
+    (``TrainerBase.train`` or ``DefaultTrainer.train``; see
+    :mod:`treadle.utils.run_start`).
     """
     train = cfg.train
     rank = comm.get_rank()
@@ -161,7 +165,8 @@ def default_setup(cfg: DictConfig, args: Optional[argparse.Namespace] = None) ->
     logger.info("Rank of current process: %d. World size: %d", rank, comm.get_world_size())
     logger.info("Environment info:\n%s", collect_env_info())
     if args is not None:
-        logger.info("Command line arguments: %s", vars(args))
+        # detectron2's tests pass a dict; the command line passes a Namespace.
+        logger.info("Command line arguments: %s", vars(args) if hasattr(args, "__dict__") else args)
     seed = train.get("seed", 0)
     if seed is None or seed < 0:
         seed = comm.broadcast_object(seed_all_rng(None))
@@ -170,6 +175,14 @@ def default_setup(cfg: DictConfig, args: Optional[argparse.Namespace] = None) ->
     OmegaConf.update(cfg, "train.seed", int(seed), force_add=True)
     if torch.cuda.is_available():
         torch.backends.cudnn.benchmark = bool(train.get("cudnn_benchmark", False))
+    # Written when training starts (TrainerBase.train), not now: see treadle.utils.run_start.
+    when_training_starts("config", lambda: save_run_config(cfg, output_dir))
+    when_training_starts("logs", _start_logs)
+
+
+def _start_logs() -> None:
+    start_log_files()
+    start_log_files("fvcore")
 
 
 def save_run_config(cfg: DictConfig, output_dir: str) -> Optional[str]:
@@ -179,6 +192,7 @@ def save_run_config(cfg: DictConfig, output_dir: str) -> Optional[str]:
         return None
     path = os.path.join(output_dir, "config.yaml")
     text = LazyConfig.to_yaml(cfg)
+    PathManager.mkdirs(output_dir)
     # Atomic: a resume rewrites the config of a run that has files to lose.
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
     logger.info("Full config saved to %s", path)
@@ -401,6 +415,18 @@ class DefaultTrainer(TrainerBase):
             PeriodicWriter(self.build_writers(), period=int(train.get("log_period", 20))),
         ]
 
+    @property
+    def _trainer(self) -> StepBase:
+        """LiBai's and detectron2's name for the object that runs each iteration:
+        the step object. ``self._trainer = MyStep(...)`` in a subclass's
+        ``__init__`` (LiBai's documented way to replace ``run_step``) sets
+        :attr:`step`."""
+        return self.step
+
+    @_trainer.setter
+    def _trainer(self, step: StepBase) -> None:
+        self.step = step
+
     def _check_evaluation(self, cfg: DictConfig) -> None:
         """Builds the evaluator once, so that a bad metric name fails now, and
         checks the metrics that the best checkpointer and early stopping
@@ -479,9 +505,11 @@ class DefaultTrainer(TrainerBase):
         try:
             if self.has_work(self.start_iter, self.max_iter):
                 # A finished run resumed writes nothing: its config and log stay as they are.
-                save_run_config(self.cfg, self.cfg.train.output_dir)
-                start_log_files()
-                start_log_files("fvcore")
+                done = training_starts()  # what default_setup left to do, if it ran
+                if "config" not in done:
+                    save_run_config(self.cfg, self.cfg.train.output_dir)
+                if "logs" not in done:
+                    _start_logs()
             super().train(self.start_iter, self.max_iter)
         finally:
             self._release()

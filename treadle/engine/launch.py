@@ -253,13 +253,18 @@ def _run_and_clean_up(main_func: Callable[..., Any], args: Sequence[Any]) -> Non
                 time.sleep(_GLOO_EXIT_GRACE_S)
 
 
-def create_ddp_model(model: nn.Module, *, fp16_compression: bool = False, **kwargs: Any) -> nn.Module:
+def create_ddp_model(model: nn.Module, *, fp16_compression: bool = False, kind: str = "ddp", **kwargs: Any) -> nn.Module:
     """Wraps ``model`` in ``DistributedDataParallel`` when the world size is above one.
 
     Args:
         fp16_compression: all-reduce gradients in fp16 (halves the traffic).
+        kind: ``"ddp"``, so that ``create_ddp_model(model, **cfg.train.ddp)``
+            (detectron2's call) takes a treadle config's ``train.ddp``;
+            ``"fsdp"`` is :func:`create_fsdp_model`'s.
         kwargs: passed to ``DistributedDataParallel`` (e.g. ``find_unused_parameters``).
     """
+    if kind != "ddp":
+        raise ValueError(f"create_ddp_model wraps in DDP (kind='ddp'); for kind={kind!r} use create_fsdp_model")
     if comm.get_world_size() == 1:
         return model
     if torch.cuda.is_available() and next(model.parameters()).is_cuda:

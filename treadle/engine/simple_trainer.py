@@ -10,7 +10,7 @@ The model, data loader and optimizer are the step's, reachable as
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -90,6 +90,19 @@ class SimpleTrainer(TrainerBase):
         if self._data_loader_iter_obj is None:
             self._data_loader_iter_obj = iter(self.data_loader)
         return self._data_loader_iter_obj
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The trainer's state with the optimizer's, as detectron2's
+        ``SimpleTrainer`` saves it: a checkpointer given only ``trainer=``
+        resumes the optimizer too."""
+        state = super().state_dict()
+        state["optimizer"] = self.optimizer.state_dict()
+        return state
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
 
     def reset_data_loader(self, data_loader_builder: Callable[[], Iterable[Any]]) -> None:
         """Replaces the data loader by ``data_loader_builder()``; the next batch

@@ -15,6 +15,7 @@ from treadle.events.distributed import reduce_across_ranks
 from treadle.hooks.base import HOOK_STAGES, HookBase
 from treadle.utils import comm
 from treadle.utils.rng import get_rng_state, set_rng_state
+from treadle.utils.run_start import training_starts
 
 from .steps import StepBase
 
@@ -241,6 +242,7 @@ class TrainerBase:
                 # Stopped after its last iteration but before its end (a
                 # preemption): what after_train does is still to be done.
                 finishing = True
+                training_starts()
                 logger.info(
                     "The run stopped after its last iteration (%d) before it finished: running the end of "
                     "training (final evaluation and checkpoint).",
@@ -257,6 +259,8 @@ class TrainerBase:
                 self.max_iter = max_iter
                 return
         else:
+            # What default_setup left for this moment (config.yaml, log.txt).
+            training_starts()
             logger.info("Starting training from iteration %d", start_iter)
             if self._loaded_max_iter is not None and self._loaded_max_iter != max_iter and start_iter > 0:
                 logger.warning(

@@ -39,7 +39,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from treadle.checkpoint import CheckpointError, Checkpointer, check_checkpoint_file
-from treadle.config import ConfigError, LazyConfig
+from treadle.config import ConfigError, LazyConfig, get_config_file
 from treadle.engine.defaults import DefaultTrainer, default_argument_parser, default_setup, save_run_config
 from treadle.engine.launch import launch
 from treadle.engine.validation import check_run_config, check_world_size
@@ -47,10 +47,12 @@ from treadle.events import NonFiniteLossError
 from treadle.hooks import PREEMPTED_EXIT_CODE
 from treadle.utils import comm
 from treadle.utils.atomic import atomic_write
+from treadle.utils.file_io import PathManager
 from treadle.utils.logger import one_line_error, setup_logger, start_log_files
 from treadle.utils.run_folder import RunFolderError, check_output_dir
+from treadle.utils.run_start import forget_pending_starts
 
-__all__ = ["JobError", "load_config", "check_job", "main", "cli"]
+__all__ = ["JobError", "config_path", "load_config", "check_job", "main", "cli"]
 
 logger = logging.getLogger("treadle.train_net")
 
@@ -70,8 +72,27 @@ _EXIT_RUN_FAILED = 1
 _EXIT_INTERRUPTED = 130  # the shell's status for SIGINT
 
 
+def config_path(name: str) -> str:
+    """``name`` if it is a file; else the shipped config of that name
+    (``configs/charlm_transformer.py`` or ``charlm_transformer.py`` from any
+    directory, after a plain ``pip install``).
+
+    Raises:
+        ConfigError: neither; the message suggests the closest shipped names.
+    """
+    if PathManager.isfile(name) or "://" in name:
+        return name
+    try:
+        shipped = get_config_file(name)
+    except ConfigError as e:
+        raise ConfigError(f"Config file not found: '{name}'. {e}") from None
+    logger.info("Using the shipped config %s", shipped)
+    return shipped
+
+
 def load_config(args: argparse.Namespace) -> DictConfig:
     """The config file with the command line's overrides applied."""
+    args.config_file = config_path(args.config_file)
     cfg = LazyConfig.load(args.config_file)
     if not isinstance(cfg, DictConfig) or "train" not in cfg:
         raise ConfigError(f"{args.config_file} has no 'train' section; is it a runnable config?")
@@ -313,6 +334,7 @@ def _job(args: argparse.Namespace, prog: str, standalone: bool = False) -> Optio
             print(f"{prog}: error{rank}: {_error_line(e)}", file=sys.stderr, flush=True)
         raise SystemExit(_exit_status(e)) from None
     finally:
+        forget_pending_starts()  # a job that failed before training leaves nothing for the next
         if single and not standalone:
             # In the caller's process (cli() called from Python): give the
             # signals back. A command's process keeps them until it exits, so
