@@ -18,11 +18,14 @@ def test_public_names_are_reexported():
         "LazyConfig",
         "Override",
         "apply_overrides",
+        "get_config",
+        "get_config_file",
         "import_path",
         "instantiate",
         "locate",
         "parse_override",
         "parse_value",
+        "shipped_configs",
     ]
     for name in config.__all__:
         assert getattr(config, name) is not None

@@ -308,10 +308,10 @@ def test_disk_full_at_a_checkpoint_is_one_line_and_the_last_checkpoint_loads(tmp
 
     real_write = checkpointer_module.atomic_write
 
-    def full_disk(path, write):
+    def full_disk(path, write, *args, **kwargs):
         if str(path).endswith("model_0000039.pth"):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        return real_write(path, write)
+        return real_write(path, write, *args, **kwargs)
 
     monkeypatch.setattr(checkpointer_module, "atomic_write", full_disk)
     out = tmp_path / "run"
