@@ -398,7 +398,7 @@ def test_tensorboard_writer_is_lazy_and_checks_its_arguments(tmp_path):
 def printed(caplog):
     # treadle_caplog's handler sits on "treadle" and, through propagation, on the
     # root logger: one record can arrive twice. One log call is one record object.
-    records = {id(r): r for r in caplog.records if r.name == "treadle"}
+    records = {id(r): r for r in caplog.records if r.name == "treadle.events.printer"}
     return [r.getMessage() for r in records.values()]
 
 

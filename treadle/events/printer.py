@@ -28,7 +28,8 @@ _now = time.perf_counter
 class CommonMetricPrinter(EventWriter):
     """Prints the usual training status to the console, one line per write.
 
-    The line, logged at INFO on the ``"treadle"`` logger, looks like::
+    The line, logged at INFO on the ``"treadle.events.printer"`` logger (also
+    :attr:`logger`), looks like::
 
         eta: 0:01:23  iter: 199/1000  total_loss: 0.1234  loss_cls: 0.05  grad_norm: 1.2  time: 0.0123  data_time: 0.0010  samples/s: 2600  lr: 0.01  max_mem: 123M
 
@@ -43,7 +44,9 @@ class CommonMetricPrinter(EventWriter):
     - every scalar of kind ``"loss"`` (medians), in the order first put, then
       ``grad_norm``, ``time`` and ``data_time`` (medians); a scalar put
       without a kind whose name contains ``"loss"`` counts as a loss
-      (detectron2 models publish ``loss_cls`` so);
+      (detectron2 models publish ``loss_cls`` so); then scalars put without
+      a kind whose name contains ``"[metric]"``, detectron2's mark for a
+      training statistic (``[metric]grad_scaler``);
     - ``samples/s``: ``samples_per_iter`` over the median ``time``;
     - ``lr``: the latest value, not a median;
     - ``max_mem``: ``torch.cuda.max_memory_allocated()`` in MiB, only once CUDA
@@ -85,7 +88,10 @@ class CommonMetricPrinter(EventWriter):
         self._window_size = _check_window_size(window_size)
         self._samples_per_iter = samples_per_iter
         self._color = sys.stdout.isatty() if color is None else bool(color)
-        self._logger = logging.getLogger("treadle")
+        # This module's logger (a child of "treadle", whose handlers print it), as
+        # detectron2's printer logs to its module's: a test or a filter can
+        # take the status lines apart from the rest of the log.
+        self._logger = logger
         self.logger = self._logger  # detectron2's attribute
         self._first_iter = 0
         # The iteration of the last training line.
@@ -144,6 +150,10 @@ class CommonMetricPrinter(EventWriter):
         for name in histories:
             if name in fresh and (kinds[name] == ScalarKind.LOSS or (kinds[name] is None and "loss" in name)):
                 parts.append(self._field(name, storage.smoothed(name, self._window_size), ".4g"))
+        # detectron2's mark for a training statistic that is not a loss ("[metric]grad_scaler").
+        for name in histories:
+            if name in fresh and kinds[name] is None and "[metric]" in name and "loss" not in name:
+                parts.append(self._field(name, median(name), ".4g"))
         for name, fmt in (("grad_norm", ".4g"), ("time", ".4f"), ("data_time", ".4f")):
             value = median(name)
             if value is not None:

@@ -59,13 +59,18 @@ class LRMultiplier(torch.optim.lr_scheduler.LRScheduler):
         self._last_lr = self.get_lr()
 
     def get_lr(self) -> List[float]:
-        # The rate after the last step (last_epoch == max_iter) is never used
-        # for training; it is that of the last iteration. Clamping to an
-        # iteration keeps ``where`` a whole step below 1: fvcore's step
-        # schedulers index ``int(where * num_updates + 1e-6)``, which an
-        # epsilon clamp (1 - 1e-12) pushes past their last value.
-        step = min(max(self.last_epoch, 0), self._max_iter - 1)
-        factor = self._multiplier(step / self._max_iter)
+        step = min(max(self.last_epoch, 0), self._max_iter)
+        try:
+            factor = self._multiplier(step / self._max_iter)
+        except (IndexError, RuntimeError):
+            # Some fvcore schedulers have no value at ``where == 1``, the
+            # position after the last step (detectron2 raises there): the step
+            # schedulers index past their list, ConstantParamScheduler refuses
+            # it. That rate is never used for training: hold the last
+            # iteration's.
+            if step < self._max_iter:
+                raise
+            factor = self._multiplier((self._max_iter - 1) / self._max_iter)
         return [base_lr * factor for base_lr in self.base_lrs]
 
 

@@ -31,9 +31,15 @@ class IterationTimer(HookBase):
     device catches up, but the median that writers show is accurate because
     the host waits for the device at least once per flush.
 
+    The first iterations of a run are slow for reasons that do not last
+    (compilation, allocator warm-up, the data loader's first fetch); they are
+    neither published nor counted in the speed summary, so that the medians,
+    the ETA and ``samples/s`` describe the steady state.
+
     Args:
-        warmup_iter: the first iterations left out of the speed summary
-            (compilation, allocator warm-up, first data loader fetch).
+        warmup_iter: timing starts at the ``warmup_iter``-th iteration of
+            the run, counted from 1 as detectron2 counts: the default 3 leaves
+            out the first two (0 or 1 leaves out none).
     """
 
     def __init__(self, warmup_iter: int = 3) -> None:
@@ -46,7 +52,7 @@ class IterationTimer(HookBase):
     def before_train(self) -> None:
         self._start_time = time.perf_counter()
         self._timed_seconds = 0.0
-        self._first_timed_iter = self.trainer.start_iter + self._warmup_iter
+        self._first_timed_iter = self.trainer.start_iter + max(self._warmup_iter - 1, 0)
 
     def after_step(self) -> None:
         # The trainer's clock reads, not fvcore's Timer: this runs every iteration.
@@ -54,7 +60,7 @@ class IterationTimer(HookBase):
         seconds = trainer.step_end_time - trainer.iter_start_time
         if trainer.iter >= self._first_timed_iter:
             self._timed_seconds += seconds
-        trainer.storage.put_scalar("time", seconds, kind=ScalarKind.TIME)
+            trainer.storage.put_scalar("time", seconds, kind=ScalarKind.TIME)
 
     def after_train(self) -> None:
         if self._start_time is None:  # training failed before this hook's before_train
@@ -62,7 +68,7 @@ class IterationTimer(HookBase):
         total = time.perf_counter() - self._start_time
         in_iterations = self._timed_seconds
         outside = total - in_iterations
-        timed = self.trainer.iter - self.trainer.start_iter - self._warmup_iter
+        timed = self.trainer.iter - self._first_timed_iter
         if timed > 0 and in_iterations > 0:
             logger.info(
                 "Overall training speed: %d iterations in %s (%.4f s / it)",
