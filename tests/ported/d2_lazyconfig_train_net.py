@@ -1,10 +1,15 @@
-"""detectron2's tools/lazyconfig_train_net.py, ported by renaming its imports.
+"""A detectron2-style lazy-config training script whose only treadle-specific
+lines are its imports.
 
-Only the import lines differ from a detectron2 training script: module names
-(detectron2.* -> treadle.*), nothing else. tests/test_ported.py runs it,
-kills it with kill -9, resumes it and compares the weights with an
-uninterrupted run. The hooks are in detectron2's standard order, PreciseBN
-included.
+It uses detectron2's API the way detectron2's ``tools/lazyconfig_train_net.py``
+does: ``SimpleTrainer``/``AMPTrainer`` built by hand, ``DetectionCheckpointer``
+with ``trainer=`` and ``resume_or_load``, ``create_ddp_model`` from
+``engine.defaults``, ``inference_on_dataset`` + ``print_csv_format``, and the
+hooks in detectron2's standard order (IterationTimer, LRScheduler, PreciseBN,
+PeriodicCheckpointer, EvalHook, PeriodicWriter). Written with
+``from detectron2...`` imports it would run under detectron2; here the module
+names are treadle's. tests/test_ported.py runs it, kills it with kill -9,
+resumes it and compares the weights with an uninterrupted run.
 """
 
 import logging
@@ -20,80 +25,73 @@ from treadle.engine import (
     hooks,
     launch,
 )
-from treadle.engine.launch import create_ddp_model
-from treadle.evaluation import inference_on_dataset
+from treadle.engine.defaults import create_ddp_model
+from treadle.evaluation import inference_on_dataset, print_csv_format
 from treadle.utils import comm
 
 logger = logging.getLogger("detectron2")
 
 
-def do_test(cfg, model):
-    if "evaluator" in cfg.dataloader:
-        ret = inference_on_dataset(model, instantiate(cfg.dataloader.test), instantiate(cfg.dataloader.evaluator))
-        return ret
+def evaluate(cfg, model):
+    if "evaluator" not in cfg.dataloader:
+        return None
+    results = inference_on_dataset(model, instantiate(cfg.dataloader.test), instantiate(cfg.dataloader.evaluator))
+    print_csv_format(results)
+    return results
 
 
-def do_train(args, cfg):
+def main_only(hook):
+    return hook if comm.is_main_process() else None
+
+
+def train(args, cfg):
     model = instantiate(cfg.model)
-    logger.info("Model:\n{}".format(model))
+    logger.info("Model:\n%s", model)
     model.to(cfg.train.device)
 
     cfg.optimizer.params.model = model
-    optim = instantiate(cfg.optimizer)
-
+    optimizer = instantiate(cfg.optimizer)
     train_loader = instantiate(cfg.dataloader.train)
 
     model = create_ddp_model(model, **cfg.train.ddp)
-    trainer = (AMPTrainer if cfg.train.amp.enabled else SimpleTrainer)(model, train_loader, optim)
-    checkpointer = DetectionCheckpointer(
-        model,
-        cfg.train.output_dir,
-        trainer=trainer,
-    )
+    trainer_class = AMPTrainer if cfg.train.amp.enabled else SimpleTrainer
+    trainer = trainer_class(model, train_loader, optimizer)
+    checkpointer = DetectionCheckpointer(model, cfg.train.output_dir, trainer=trainer)
     trainer.register_hooks(
         [
             hooks.IterationTimer(),
             hooks.LRScheduler(scheduler=instantiate(cfg.lr_multiplier)),
             hooks.PreciseBN(cfg.train.eval_period, model, instantiate(cfg.dataloader.test), 2),
-            hooks.PeriodicCheckpointer(checkpointer, **cfg.train.checkpointer)
-            if comm.is_main_process()
-            else None,
-            hooks.EvalHook(cfg.train.eval_period, lambda: do_test(cfg, model)),
-            hooks.PeriodicWriter(
-                default_writers(cfg.train.output_dir, cfg.train.max_iter),
-                period=cfg.train.log_period,
-            )
-            if comm.is_main_process()
-            else None,
+            main_only(hooks.PeriodicCheckpointer(checkpointer, **cfg.train.checkpointer)),
+            hooks.EvalHook(cfg.train.eval_period, lambda: evaluate(cfg, model)),
+            main_only(
+                hooks.PeriodicWriter(
+                    default_writers(cfg.train.output_dir, cfg.train.max_iter), period=cfg.train.log_period
+                )
+            ),
         ]
     )
 
     checkpointer.resume_or_load(cfg.train.init_checkpoint, resume=args.resume)
-    if args.resume and checkpointer.has_checkpoint():
-        # The checkpoint stores the training iteration that just finished, thus we start
-        # at the next iteration
-        start_iter = trainer.iter + 1
-    else:
-        start_iter = 0
+    # A checkpoint holds the iteration it finished: continue with the next one.
+    start_iter = trainer.iter + 1 if args.resume and checkpointer.has_checkpoint() else 0
     trainer.train(start_iter, cfg.train.max_iter)
 
 
 def main(args):
-    cfg = LazyConfig.load(args.config_file)
-    cfg = LazyConfig.apply_overrides(cfg, args.opts)
+    cfg = LazyConfig.apply_overrides(LazyConfig.load(args.config_file), args.opts)
     default_setup(cfg, args)
+    if not args.eval_only:
+        train(args, cfg)
+        return
+    model = instantiate(cfg.model)
+    model.to(cfg.train.device)
+    model = create_ddp_model(model)
+    DetectionCheckpointer(model).load(cfg.train.init_checkpoint)
+    print(evaluate(cfg, model))
 
-    if args.eval_only:
-        model = instantiate(cfg.model)
-        model.to(cfg.train.device)
-        model = create_ddp_model(model)
-        DetectionCheckpointer(model).load(cfg.train.init_checkpoint)
-        print(do_test(cfg, model))
-    else:
-        do_train(args, cfg)
 
-
-def invoke_main() -> None:
+if __name__ == "__main__":
     args = default_argument_parser().parse_args()
     launch(
         main,
@@ -103,7 +101,3 @@ def invoke_main() -> None:
         dist_url=args.dist_url,
         args=(args,),
     )
-
-
-if __name__ == "__main__":
-    invoke_main()  # pragma: no cover

@@ -42,6 +42,7 @@ from treadle.utils.run_folder import RunFolder, check_output_dir, claim_on_main_
 from treadle.utils.run_start import training_starts, when_training_starts
 
 from .build import build_step, loader_epoch_length, trainable_parameters
+from .launch import create_ddp_model, create_fsdp_model
 from .resume import restore_hyperparameters, take_hyperparameters
 from .validation import check_watched_metric
 from .steps import StepBase
@@ -54,6 +55,8 @@ __all__ = [
     "default_config_file",
     "save_run_config",
     "DefaultTrainer",
+    # Where detectron2 has it (detectron2.engine.defaults.create_ddp_model).
+    "create_ddp_model",
 ]
 
 logger = logging.getLogger(__name__)
@@ -296,8 +299,6 @@ class DefaultTrainer(TrainerBase):
                     "train.ema.enabled=True is not supported with train.ddp.kind='fsdp': the EMA hook keeps an "
                     "unsharded copy of the weights. Use kind='ddp', or disable EMA."
                 )
-        from .launch import create_ddp_model, create_fsdp_model
-
         if kind == "fsdp":
             return create_fsdp_model(model, **options)  # checks its options; unchanged on one process
         return create_ddp_model(model, **options) if comm.get_world_size() > 1 else model

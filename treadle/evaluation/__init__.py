@@ -20,7 +20,7 @@ from .batch import (
 from .evaluator import DatasetEvaluator, DatasetEvaluators
 from .inference import inference_context, inference_on_dataset
 from .registry import MetricSpec, available_metrics, build_evaluator, metric_mode, register_metric, unregister_metric
-from .results import Results, flatten_results, format_results
+from .results import Results, flatten_results, format_results, print_csv_format
 from .statistics import StatisticsEvaluator, all_reduce_statistics, float_accumulator_dtype
 
 # The built-in evaluators register their metric names when imported.
@@ -57,6 +57,7 @@ __all__ = [
     "Results",
     "flatten_results",
     "format_results",
+    "print_csv_format",
     "all_reduce_statistics",
     "float_accumulator_dtype",
     "edit_distance",

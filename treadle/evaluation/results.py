@@ -7,11 +7,14 @@ a value may be a nested dict (e.g. per-class scores), which
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Dict, Mapping
 
 from tabulate import tabulate
 
-__all__ = ["Results", "flatten_results", "format_results"]
+__all__ = ["Results", "flatten_results", "format_results", "print_csv_format"]
+
+logger = logging.getLogger(__name__)
 
 # A result value is a float, or a nested dict of them.
 Results = Dict[str, Any]
@@ -43,3 +46,25 @@ def format_results(results: Mapping[str, Any], digits: int = 4) -> str:
     """A two-column table (metric, value) of the flattened results."""
     rows = list(flatten_results(results).items())
     return tabulate(rows, headers=["metric", "value"], tablefmt="pipe", floatfmt=f".{digits}f")
+
+
+def print_csv_format(results: Mapping[str, Any]) -> None:
+    """Logs ``results`` as comma-separated lines that paste into a spreadsheet
+    (detectron2's function, for a ported ``do_test``).
+
+    A nested dict is a task (``{"bbox": {"AP": 40.1, "AP50": 60.2}}``): a
+    ``copypaste: Task: bbox`` line, then its metric names and values, each
+    line comma-separated; names with a ``-`` (per-class scores) are left out
+    of that summary, as detectron2 does. A top-level number is logged as
+    ``copypaste: name=value``.
+    """
+    if not isinstance(results, Mapping):
+        raise TypeError(f"print_csv_format takes a dict of results, got {type(results).__name__}")
+    for task, value in results.items():
+        if isinstance(value, Mapping):
+            summary = [(name, v) for name, v in value.items() if "-" not in name]
+            logger.info("copypaste: Task: %s", task)
+            logger.info("copypaste: %s", ",".join(name for name, _ in summary))
+            logger.info("copypaste: %s", ",".join(f"{float(v):.4f}" for _, v in summary))
+        else:
+            logger.info("copypaste: %s=%s", task, value)
