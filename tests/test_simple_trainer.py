@@ -134,3 +134,40 @@ def test_simple_trainer_checkpointed_through_trainer_alone_resumes_the_optimizer
     resumed.train(resumed.iter + 1, 10)
     for a, b in zip(resumed.model.parameters(), expected):
         assert torch.equal(a, b)
+
+
+def test_libai_style_step_subclass_takes_batches_with_next_batch():
+    from treadle.engine import TrainerBase
+
+    class MyEagerStep(EagerStep):
+        """LiBai's documented MyEagerTrainer: keeps the model's last output."""
+
+        def __init__(self, model, data_loader, optimizer):
+            super().__init__(model, data_loader, optimizer)
+            self.previous_output = None
+
+        def run_step(self):
+            data = self.next_batch()
+            loss_dict = self.model(data)
+            self.previous_output = loss_dict
+            total = sum(loss_dict.values())
+            self.optimizer.zero_grad()
+            total.backward()
+            self.optimizer.step()
+            self.storage.put_scalar("total_loss", total.detach())
+
+    torch.manual_seed(0)
+    model = LossDictModel()
+    step = MyEagerStep(model, list(itertools.islice(endless(), 3)), torch.optim.SGD(model.parameters(), 0.1))
+    TrainerBase(step).train(0, 7)  # 7 iterations over 3 batches: passes restart
+    assert set(step.previous_output) == {"loss_reg", "loss_l1"}
+    torch.manual_seed(0)
+    expected = LossDictModel()
+    opt = torch.optim.SGD(expected.parameters(), 0.1)
+    batches = list(itertools.islice(endless(), 3))
+    for i in range(7):
+        opt.zero_grad()
+        sum(expected(batches[i % 3]).values()).backward()
+        opt.step()
+    for a, b in zip(model.parameters(), expected.parameters()):
+        assert torch.equal(a, b)

@@ -404,6 +404,12 @@ class EagerStep(StepBase):
             raise
         return {name: value / k for name, value in totals.items()}, data_time
 
+    def next_batch(self) -> Any:
+        """The next training batch, on the model's device; a new pass over
+        the data loader starts when one ends. For a subclass's own
+        ``run_step`` (LiBai's and detectron2's ``next(self._data_loader_iter)``)."""
+        return self._next_batch()
+
     def _next_batch(self) -> Any:
         data_iter = self._data_iter
         if data_iter is None:
