@@ -4,7 +4,7 @@ Run as a script (the tests start it in subprocesses and kill it)::
 
     python tests/resume_job.py --output-dir D --max-iter N [--checkpoint-period P]
         [--resume] [--pause-in-save-marker FILE] [--pause-on checkpoint|pointer|after-pointer]
-        [--progress-file F] [--num-workers W] [--log-period L] [--fail-at K]
+        [--progress-file F] [--num-workers W] [--log-period L] [--fail-at K] [--async-save]
 
 or import it and call :func:`run` (the in-process tests do).
 
@@ -132,6 +132,7 @@ def build_job(
     progress_file: Optional[str] = None,
     log_period: int = 1,
     extra_hooks: Sequence[Optional[HookBase]] = (),
+    async_save: bool = False,
 ) -> Job:
     """Builds the job's objects; the caller seeds the generators first (model init draws from them).
 
@@ -158,7 +159,7 @@ def build_job(
             IterationTimer(),
             LRScheduler(optimizer, scheduler),
             *extra_hooks,
-            PeriodicCheckpointer(checkpointer, period=checkpoint_period, max_to_keep=max_to_keep),
+            PeriodicCheckpointer(checkpointer, period=checkpoint_period, max_to_keep=max_to_keep, async_save=async_save),
             PreemptionHandler(checkpointer),
             PeriodicWriter(writers, period=log_period),
         ]
@@ -177,6 +178,7 @@ def run(
     progress_file: Optional[str] = None,
     log_period: int = 1,
     fail_at: Optional[int] = None,
+    async_save: bool = False,
 ) -> Job:
     """Seeds, builds, resumes (with ``resume``) and trains; returns the job's objects."""
     # The same thread count in every run: reductions may split differently otherwise.
@@ -192,6 +194,7 @@ def run(
         progress_file=progress_file,
         log_period=log_period,
         extra_hooks=[FailAt(fail_at)] if fail_at is not None else [],
+        async_save=async_save,
     )
     start_iter = 0
     if resume:
@@ -250,6 +253,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--progress-file", help="append each iteration's number to this file as it starts")
     parser.add_argument("--log-period", type=int, default=1, help="PeriodicWriter period")
     parser.add_argument("--fail-at", type=int, help="raise an exception after this iteration")
+    parser.add_argument("--async-save", action="store_true", help="periodic checkpoints written in the background")
     return parser.parse_args(argv)
 
 
@@ -268,6 +272,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         progress_file=args.progress_file,
         log_period=args.log_period,
         fail_at=args.fail_at,
+        async_save=args.async_save,
     )
     return 0
 

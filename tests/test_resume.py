@@ -252,6 +252,41 @@ def test_exact_resume_after_sigkill_at_random_moments(reference, tmp_path):
     assert hidden_files(run_dir) == []
 
 
+@pytest.mark.slow
+def test_kill_9_during_a_background_save_resumes_exactly_from_the_previous_checkpoint(reference, tmp_path):
+    run_dir = tmp_path / "run"
+    progress_file = tmp_path / "progress"
+    first = Launch(run_dir, N_ITERS, tmp_path / "first.log", "--async-save", "--progress-file", str(progress_file))
+    first.wait_until(
+        lambda: len(progress(progress_file)) >= 7 and (run_dir / "last_checkpoint").exists(),
+        "7 iterations started and a checkpoint written",
+    )
+    first.kill()
+    before = (run_dir / "last_checkpoint").read_text()
+
+    # The first background save of the resumed job stops before its file is
+    # renamed into place; training goes on meanwhile, and the job is killed.
+    marker = tmp_path / "paused"
+    second = Launch(
+        run_dir, N_ITERS, tmp_path / "second.log", "--resume", "--async-save",
+        "--pause-in-save-marker", str(marker), "--pause-on", "checkpoint",
+    )
+    second.wait_until(marker.exists, "the background save paused")
+    in_flight = marker.read_text().split(" -> ")[1].strip()
+    second.kill()
+    assert (run_dir / "last_checkpoint").read_text() == before
+    assert not Path(in_flight).exists(), "the file of the save in flight never appeared"
+
+    final = Launch(run_dir, N_ITERS, tmp_path / "final.log", "--resume", "--async-save")
+    assert final.wait() == 0, final.output()[-3000:]
+    assert f"Resuming from {run_dir / before}" in final.output()
+    assert_bit_identical(final_state(run_dir), final_state(reference))
+    lines, expected = read_metrics(run_dir), read_metrics(reference)
+    assert iterations(lines) == list(range(N_ITERS))
+    assert deterministic(lines) == deterministic(expected)
+    assert checkpoint_files(run_dir) == checkpoint_files(reference)
+
+
 # ---------------------------------------------------------------- SIGTERM
 @pytest.mark.slow
 def test_sigterm_checkpoints_within_an_iteration_and_exits_75(reference, tmp_path):

@@ -7,7 +7,8 @@ import logging
 import os
 import re
 import shutil
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -68,7 +69,19 @@ class Checkpointer:
             stripped when saving and accepted when loading.
         save_dir: where checkpoints live; created on the first save.
         save_to_disk: whether :meth:`save` and :meth:`prune` touch the disk.
+        async_save: the default of :meth:`save`'s ``asynchronous``: write
+            in a background thread from a snapshot of the state in host
+            memory, so that training stalls only for the snapshot.
         **checkpointables: name -> object with ``state_dict``/``load_state_dict``.
+
+    Asynchronous saves: at most one is in flight (a save waits for the
+    previous one first); :meth:`wait` waits for it and raises its failure,
+    :meth:`raise_if_failed` raises a failure without waiting (the
+    :class:`~treadle.hooks.PeriodicCheckpointer` calls it every iteration, so a
+    failed background save stops training within one iteration). The file
+    and ``last_checkpoint`` appear only once the write is complete: until
+    then, and after a failure or a ``kill -9``, the previous checkpoint is the
+    resume point.
     """
 
     POINTER_FILE = "last_checkpoint"
@@ -83,6 +96,7 @@ class Checkpointer:
         save_dir: str = "",
         *,
         save_to_disk: Optional[bool] = None,
+        async_save: bool = False,
         **checkpointables: Any,
     ) -> None:
         if not isinstance(model, nn.Module):
@@ -94,6 +108,10 @@ class Checkpointer:
         self.path_manager = PathManager
         self._save_to_disk = save_to_disk
         self._noted_non_local = False
+        self.async_save = bool(async_save)
+        # One background writer: saves are written in order, one at a time.
+        self._writer_pool: Optional[ThreadPoolExecutor] = None
+        self._in_flight: Optional[Tuple[str, "Future[None]"]] = None
         self.checkpointables: Dict[str, Any] = {}
         for name, obj in checkpointables.items():
             self.add_checkpointable(name, obj)
@@ -232,8 +250,22 @@ class Checkpointer:
         return order
 
     # ------------------------------------------------------------------ save
-    def save(self, name: str, *, tag_last_checkpoint: bool = True, **extra: Any) -> Optional[str]:
+    def save(
+        self,
+        name: str,
+        *,
+        tag_last_checkpoint: bool = True,
+        asynchronous: Optional[bool] = None,
+        then: Optional[Callable[[], None]] = None,
+        **extra: Any,
+    ) -> Optional[str]:
         """Writes ``{save_dir}/{name}.pth`` atomically; returns its path.
+
+        ``asynchronous`` (default: the checkpointer's ``async_save``) returns
+        once the state is copied to host memory and writes it in the
+        background (see the class docstring); ``then`` runs after the file
+        and the pointer are written (in the background thread for an
+        asynchronous save), e.g. to prune older checkpoints.
 
         Holds ``{"model": ..., <checkpointable>: state, ..., **extra}``. With
         ``tag_last_checkpoint`` (the default) ``last_checkpoint`` then names it;
@@ -276,10 +308,15 @@ class Checkpointer:
                 raise ValueError(f"save(..., {key}=...) collides with the checkpointable '{key}'; rename it.")
 
         filename = f"{name}.pth"
-        path = self._write(self._path(filename), extra, sharded)
-        if path is not None and tag_last_checkpoint:
-            self.tag_last_checkpoint(filename)
-        return path
+
+        def finish() -> None:
+            if tag_last_checkpoint:
+                self.tag_last_checkpoint(filename)
+            if then is not None:
+                then()
+
+        asynchronous = self.async_save if asynchronous is None else asynchronous
+        return self._write(self._path(filename), extra, sharded, asynchronous=asynchronous, then=finish)
 
     def save_file(self, path: str, **extra: Any) -> Optional[str]:
         """Writes the same checkpoint as :meth:`save` to any ``path`` (its
@@ -293,10 +330,19 @@ class Checkpointer:
         for key in extra:
             if key == "model" or key in self.checkpointables:
                 raise ValueError(f"save_file(..., {key}=...) collides with the checkpointable '{key}'; rename it.")
-        return self._write(path, extra, sharded)
+        return self._write(path, extra, sharded, asynchronous=False, then=None)
 
-    def _write(self, path: str, extra: Dict[str, Any], sharded: bool) -> Optional[str]:
-        """Gathers the state (every rank) and writes it to ``path`` (main process)."""
+    def _write(
+        self,
+        path: str,
+        extra: Dict[str, Any],
+        sharded: bool,
+        *,
+        asynchronous: bool,
+        then: Optional[Callable[[], None]],
+    ) -> Optional[str]:
+        """Gathers the state (every rank) and writes it to ``path`` (main process),
+        now or from a host-memory snapshot in the background."""
         directory = os.path.dirname(path) or "."
         data: Dict[str, Any] = {"model": model_state_for_saving(self.model)}
         for key, obj in self.checkpointables.items():
@@ -317,6 +363,19 @@ class Checkpointer:
                 "a crash mid-write can leave a partial file depends on the storage backend.",
                 directory,
             )
+        self.wait()  # at most one save in flight, and files appear in the order they were saved
+        if not asynchronous:
+            self._write_file(path, directory, data, then)
+            return path
+        snapshot = host_snapshot(data)
+        if self._writer_pool is None:
+            self._writer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="treadle-checkpoint")
+        self._in_flight = (path, self._writer_pool.submit(self._write_file, path, directory, snapshot, then))
+        return path
+
+    def _write_file(
+        self, path: str, directory: str, data: Dict[str, Any], then: Optional[Callable[[], None]]
+    ) -> None:
         try:
             atomic_write(path, lambda f: save_with_checksums(data, f), self.path_manager)
         except (OSError, RuntimeError) as e:
@@ -331,7 +390,35 @@ class Checkpointer:
                 f"The previous checkpoints and {self.POINTER_FILE} are untouched."
             ) from e
         logger.info("Saved checkpoint to %s", path)
-        return path
+        if then is not None:
+            then()
+
+    # ------------------------------------------------------------------ background saves
+    @property
+    def saving(self) -> bool:
+        """Whether an asynchronous save is still being written."""
+        return self._in_flight is not None and not self._in_flight[1].done()
+
+    def wait(self) -> None:
+        """Waits for the asynchronous save in flight, if any.
+
+        Raises:
+            CheckpointError: that save failed; its file and ``last_checkpoint``
+                were not written (the previous checkpoint is the resume point).
+        """
+        if self._in_flight is None:
+            return
+        path, future = self._in_flight
+        self._in_flight = None
+        error = future.exception()
+        if error is not None:
+            raise _background_failure(path, error) from error
+
+    def raise_if_failed(self) -> None:
+        """Raises the failure of a finished asynchronous save, without waiting
+        for one still in flight (cheap enough to call every iteration)."""
+        if self._in_flight is not None and self._in_flight[1].done():
+            self.wait()
 
     def _torch_write_failure(self, error: BaseException, directory: str) -> str:
         """What a failed ``torch.save`` without an OS error to show says, and the free space left."""
@@ -653,6 +740,32 @@ class Checkpointer:
             if m is not None and int(m.group(1)) != os.getpid():
                 out.append(n)
         return out
+
+
+def host_snapshot(obj: Any) -> Any:
+    """A copy of ``obj`` whose tensors are copies in host memory, detached from
+    training: what an asynchronous save writes while training goes on."""
+    if isinstance(obj, torch.Tensor):
+        tensor = obj.detach()
+        return tensor.clone() if tensor.device.type == "cpu" else tensor.to("cpu")
+    if isinstance(obj, dict):
+        copied = {k: host_snapshot(v) for k, v in obj.items()}
+        return copied if type(obj) is dict else type(obj)(copied)  # an OrderedDict stays one
+    if isinstance(obj, list):
+        return [host_snapshot(v) for v in obj]
+    if isinstance(obj, tuple):
+        items = [host_snapshot(v) for v in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    return obj
+
+
+def _background_failure(path: str, error: BaseException) -> CheckpointError:
+    if isinstance(error, CheckpointError):
+        return CheckpointError(f"Background save failed: {error}")
+    return CheckpointError(
+        f"Background save of checkpoint '{path}' failed: {_first_line(error)}. It was not written; "
+        f"the previous checkpoint is the resume point."
+    )
 
 
 def _split_query(path: str, matching_heuristics: bool) -> Tuple[str, bool]:

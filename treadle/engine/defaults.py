@@ -410,7 +410,10 @@ class DefaultTrainer(TrainerBase):
             if has_eval and stop_cfg.get("metric")
             else None,
             PeriodicCheckpointer(
-                self.checkpointer, int(ckpt_cfg.get("period", 5000)), max_to_keep=ckpt_cfg.get("max_to_keep")
+                self.checkpointer,
+                int(ckpt_cfg.get("period", 5000)),
+                max_to_keep=ckpt_cfg.get("max_to_keep"),
+                async_save=bool(ckpt_cfg.get("async_save", False)),
             ),
             PreemptionHandler(self.checkpointer) if train.get("handle_preemption", True) else None,
             PeriodicWriter(self.build_writers(), period=int(train.get("log_period", 20))),

@@ -139,9 +139,11 @@ class BestCheckpointer(HookBase):
             if self._ema is not None:
                 # The weights that were scored: the evaluation ran on the average.
                 with self._ema.averaged_weights():
-                    self._checkpointer.save(self.file_prefix, iteration=iteration, tag_last_checkpoint=False, weights="ema")
+                    self._checkpointer.save(
+                        self.file_prefix, iteration=iteration, tag_last_checkpoint=False, asynchronous=False, weights="ema"
+                    )
             else:
-                self._checkpointer.save(self.file_prefix, iteration=iteration, tag_last_checkpoint=False)
+                self._checkpointer.save(self.file_prefix, iteration=iteration, tag_last_checkpoint=False, asynchronous=False)
             logger.info(
                 "Saved %s: %s = %.6g at iteration %d (previous best: %s)",
                 self.file_prefix, self.metric, value, metric_iter, "none" if previous is None else f"{previous:.6g}",
@@ -190,6 +192,13 @@ class PeriodicCheckpointer(HookBase):
             when training starts.
         max_to_keep: periodic checkpoints kept on disk; None keeps all.
         file_prefix: prefix of the periodic files.
+        async_save: write periodic checkpoints in the background (training
+            stalls only to copy the state to host memory); ``None`` follows
+            the checkpointer's ``async_save``. A background save that fails
+            stops training at the next iteration with a
+            :class:`~treadle.checkpoint.CheckpointError`; the previous
+            checkpoint stays the resume point. The final checkpoint is
+            written synchronously, after the one in flight.
     """
 
     state_attributes = ("lineage",)
@@ -201,6 +210,8 @@ class PeriodicCheckpointer(HookBase):
         max_iter: Optional[int] = None,
         max_to_keep: Optional[int] = None,
         file_prefix: str = "model",
+        *,
+        async_save: Optional[bool] = None,
     ) -> None:
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1 or None, got {max_to_keep}")
@@ -211,6 +222,7 @@ class PeriodicCheckpointer(HookBase):
         self._period = period if isinstance(period, Period) else Period(period)
         self.max_to_keep = max_to_keep
         self.file_prefix = file_prefix
+        self.async_save = async_save
         # The iteration of the last periodic save of this training, for
         # PreemptionHandler (which does not save the same state twice).
         self.last_saved_iter: Optional[int] = None
@@ -250,8 +262,9 @@ class PeriodicCheckpointer(HookBase):
         self._lineage_known = "lineage" in state
         self._state_loaded = True
 
-    def save(self, iteration: int) -> None:
-        """Writes the checkpoint of ``iteration`` and prunes old ones of the lineage."""
+    def save(self, iteration: int, *, asynchronous: Optional[bool] = None) -> None:
+        """Writes the checkpoint of ``iteration`` and prunes old ones of the
+        lineage; ``asynchronous`` overrides the hook's ``async_save``."""
         name = f"{self.file_prefix}_{iteration:07d}"
         if not self._lineage_known:
             # Resumed from a checkpoint that predates the lineage: the periodic
@@ -260,10 +273,18 @@ class PeriodicCheckpointer(HookBase):
             self._lineage_known = True
         # Listed before saving: the state inside the file includes the file itself.
         self.lineage = [n for n in self.lineage if n != f"{name}.pth"] + [f"{name}.pth"]
-        self.checkpointer.save(name, iteration=iteration)
+        prune = None
+        if self.max_to_keep is not None:
+            checkpointer, prefix, keep, lineage = self.checkpointer, f"{self.file_prefix}_", self.max_to_keep, list(self.lineage)
+
+            def prune() -> None:
+                # Once the new file is written (in the background for an asynchronous save).
+                checkpointer.prune(prefix=prefix, keep_last=keep, only=lineage)
+
+        asynchronous = self.async_save if asynchronous is None else asynchronous
+        self.checkpointer.save(name, iteration=iteration, asynchronous=asynchronous, then=prune)
         self.last_saved_iter = iteration
         if self.max_to_keep is not None:
-            self.checkpointer.prune(prefix=f"{self.file_prefix}_", keep_last=self.max_to_keep, only=self.lineage)
             self.lineage = self.lineage[-self.max_to_keep :]
 
     def fires_at(self, iteration: int) -> bool:
@@ -274,6 +295,9 @@ class PeriodicCheckpointer(HookBase):
         it = self.trainer.iter
         if self.fires_at(it):
             self.save_at_iteration_end(it)
+        checkpointer = self._checkpointer
+        if checkpointer is not None and checkpointer._in_flight is not None:
+            checkpointer.raise_if_failed()  # a background save's failure, within one iteration
 
     def save_at_iteration_end(self, iteration: int) -> None:
         """Saves ``iteration``'s checkpoint once the iteration ends (once, however
@@ -292,9 +316,16 @@ class PeriodicCheckpointer(HookBase):
 
     def after_train(self) -> None:
         if self.trainer.training_error is not None:
+            # Let the save in flight finish (it is a good checkpoint); its own
+            # failure must not hide the error that ended training.
+            try:
+                self.checkpointer.wait()
+            except Exception as e:  # noqa: BLE001
+                logger.error("%s", e)
             return
+        self.checkpointer.wait()
         if self.trainer.interrupted:  # to be resumed: not a final state
             return
         _flush_writers(self)
         # trainer.iter is one past the last iteration run.
-        self.checkpointer.save(f"{self.file_prefix}_final", iteration=self.trainer.iter - 1)
+        self.checkpointer.save(f"{self.file_prefix}_final", iteration=self.trainer.iter - 1, asynchronous=False)

@@ -137,12 +137,14 @@ class PreemptionHandler(HookBase):
         if periodic is not None and periodic.last_saved_iter == it:
             # Same file, same state: in a grace period a second write is time lost.
             logger.info("The periodic checkpoint of iteration %d was just written; not writing it again.", it)
+            self._checkpointer.wait()  # written in the background: complete it before the grace period ends
         else:
             _flush_writers(self)
+            # Synchronous: the process is about to exit.
             if periodic is not None:
-                periodic.save(it)  # one of the run's periodic files: counted by its max_to_keep
+                periodic.save(it, asynchronous=False)  # one of the run's periodic files: counted by its max_to_keep
             else:
-                self._checkpointer.save(f"{self.file_prefix}_{it:07d}", iteration=it)
+                self._checkpointer.save(f"{self.file_prefix}_{it:07d}", iteration=it, asynchronous=False)
         self._preempted = True
         self.trainer.request_stop(f"preempted by {name}", interrupted=True)
 

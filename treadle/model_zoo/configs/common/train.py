@@ -16,7 +16,11 @@ train = dict(
     log_period=20,
     # 0 evaluates only after training.
     eval_period=200,
-    checkpointer=dict(period=200, max_to_keep=3),
+    # async_save: write periodic checkpoints in a background thread from a copy in
+    # host memory (training stalls only for the copy); a failed background save
+    # stops training at the next iteration, the previous checkpoint staying the
+    # resume point. See docs/checkpoints.md.
+    checkpointer=dict(period=200, max_to_keep=3, async_save=False),
     step=dict(
         kind="eager",  # or "compiled" (torch.compile)
         precision="fp32",  # "bf16" (CPU or GPU) or "fp16" (CUDA, with a GradScaler)
