@@ -18,3 +18,16 @@ def test_overhead_benchmark_prints_every_section():
     ).stdout
     for expected in ("~1 ms", "~0.2 ms", "paired", "fastest", "without the JSON and console writers", "PeriodicWriter.after_step", "+ LRScheduler", "the torch operations alone"):
         assert expected in out, f"{expected!r} missing from:\n{out}"
+
+
+def test_checkpoint_benchmark_prints_sync_and_async_figures():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "checkpoint.py"), "--sizes", "1", "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    for expected in ("sync save s", "MiB/s", "first stall s", "stall/sync", "extra host MiB"):
+        assert expected in out, f"{expected!r} missing from:\n{out}"
+    assert len([line for line in out.splitlines() if line.strip().endswith(tuple("0123456789"))]) == 1

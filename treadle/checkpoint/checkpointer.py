@@ -112,6 +112,8 @@ class Checkpointer:
         # One background writer: saves are written in order, one at a time.
         self._writer_pool: Optional[ThreadPoolExecutor] = None
         self._in_flight: Optional[Tuple[str, "Future[None]"]] = None
+        # Host copies of the state kept between asynchronous saves (host_snapshot).
+        self._snapshot_buffers: Dict[Tuple[Any, ...], torch.Tensor] = {}
         self.checkpointables: Dict[str, Any] = {}
         for name, obj in checkpointables.items():
             self.add_checkpointable(name, obj)
@@ -367,7 +369,8 @@ class Checkpointer:
         if not asynchronous:
             self._write_file(path, directory, data, then)
             return path
-        snapshot = host_snapshot(data)
+        # The previous save is complete (waited for above): its buffers can be reused.
+        snapshot = host_snapshot(data, self._snapshot_buffers)
         if self._writer_pool is None:
             self._writer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="treadle-checkpoint")
         self._in_flight = (path, self._writer_pool.submit(self._write_file, path, directory, snapshot, then))
@@ -742,19 +745,33 @@ class Checkpointer:
         return out
 
 
-def host_snapshot(obj: Any) -> Any:
+def host_snapshot(obj: Any, buffers: Optional[Dict[Tuple[Any, ...], torch.Tensor]] = None, key: Tuple[Any, ...] = ()) -> Any:
     """A copy of ``obj`` whose tensors are copies in host memory, detached from
-    training: what an asynchronous save writes while training goes on."""
+    training: what an asynchronous save writes while training goes on.
+
+    ``buffers`` (path in ``obj`` -> tensor) keeps the copies between saves:
+    a tensor of the same shape and dtype is copied into its previous buffer
+    instead of freshly allocated memory, which is several times faster (no
+    page faults) and keeps the host memory at one copy of the state.
+    """
     if isinstance(obj, torch.Tensor):
         tensor = obj.detach()
-        return tensor.clone() if tensor.device.type == "cpu" else tensor.to("cpu")
+        if buffers is None:
+            return tensor.clone() if tensor.device.type == "cpu" else tensor.to("cpu")
+        buffer = buffers.get(key)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype or tensor.is_sparse:
+            buffer = tensor.clone() if tensor.device.type == "cpu" else tensor.to("cpu")
+            buffers[key] = buffer
+        else:
+            buffer.copy_(tensor)
+        return buffer
     if isinstance(obj, dict):
-        copied = {k: host_snapshot(v) for k, v in obj.items()}
+        copied = {k: host_snapshot(v, buffers, key + (k,)) for k, v in obj.items()}
         return copied if type(obj) is dict else type(obj)(copied)  # an OrderedDict stays one
     if isinstance(obj, list):
-        return [host_snapshot(v) for v in obj]
+        return [host_snapshot(v, buffers, key + (i,)) for i, v in enumerate(obj)]
     if isinstance(obj, tuple):
-        items = [host_snapshot(v) for v in obj]
+        items = [host_snapshot(v, buffers, key + (i,)) for i, v in enumerate(obj)]
         return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
     return obj
 
