@@ -14,6 +14,7 @@ conversion are out of scope.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -69,6 +70,25 @@ def _trainer(**kwargs) -> SimpleTrainer:
     return SimpleTrainer(model, _data_loader(), torch.optim.SGD(model.parameters(), 0.1), **kwargs)
 
 
+@contextlib.contextmanager
+def _captured(logger: logging.Logger):
+    """The messages ``logger`` logs at INFO and above inside the block (unittest's assertLogs)."""
+    records: list = []
+
+    class Capture(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    handler, level = Capture(level=logging.INFO), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def _json_lines(path) -> list:
     with open(path) as f:
         return [json.loads(line) for line in f]
@@ -110,21 +130,8 @@ def test_writer_hooks_write_at_periods_the_last_iteration_and_the_final_evaluati
     writers = [CommonMetricPrinter(max_iter), JSONWriter(str(json_file))]
     trainer.register_hooks([hooks.EvalHook(0, lambda: {"metric": 100}), hooks.PeriodicWriter(writers)])
 
-    records = []
-
-    class Capture(logging.Handler):
-        def emit(self, record):
-            records.append(record.getMessage())
-
-    handler = Capture(level=logging.INFO)
-    writers[0].logger.addHandler(handler)
-    level = writers[0].logger.level
-    writers[0].logger.setLevel(logging.INFO)
-    try:
+    with _captured(writers[0].logger) as records:
         trainer.train(0, max_iter)
-    finally:
-        writers[0].logger.removeHandler(handler)
-        writers[0].logger.setLevel(level)
 
     data = _json_lines(json_file)
     assert [x["iteration"] for x in data] == [19, 39, 49, 50]
@@ -271,21 +278,8 @@ def test_json_writer_keeps_scalars_of_another_period_at_their_own_iteration(tmp_
 
 
 def _printed(printer: CommonMetricPrinter) -> str:
-    records = []
-
-    class Capture(logging.Handler):
-        def emit(self, record):
-            records.append(record.getMessage())
-
-    handler = Capture(level=logging.INFO)
-    level = printer.logger.level
-    printer.logger.addHandler(handler)
-    printer.logger.setLevel(logging.INFO)
-    try:
+    with _captured(printer.logger) as records:
         printer.write()
-    finally:
-        printer.logger.removeHandler(handler)
-        printer.logger.setLevel(level)
     assert len(records) == 1
     return records[0]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import logging
 import math
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
@@ -275,11 +277,10 @@ class PeriodicCheckpointer(HookBase):
         self.lineage = [n for n in self.lineage if n != f"{name}.pth"] + [f"{name}.pth"]
         prune = None
         if self.max_to_keep is not None:
-            checkpointer, prefix, keep, lineage = self.checkpointer, f"{self.file_prefix}_", self.max_to_keep, list(self.lineage)
-
-            def prune() -> None:
-                # Once the new file is written (in the background for an asynchronous save).
-                checkpointer.prune(prefix=prefix, keep_last=keep, only=lineage)
+            # Runs once the new file is written (in the background for an asynchronous save).
+            prune = functools.partial(
+                self.checkpointer.prune, prefix=f"{self.file_prefix}_", keep_last=self.max_to_keep, only=list(self.lineage)
+            )
 
         asynchronous = self.async_save if asynchronous is None else asynchronous
         self.checkpointer.save(name, iteration=iteration, asynchronous=asynchronous, then=prune)
