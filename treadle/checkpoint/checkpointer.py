@@ -19,6 +19,7 @@ from treadle.utils.file_io import PathManager
 from treadle.utils.atomic import TEMP_MARKER, atomic_write, is_local_path
 from .fsdp import full_optimizer_state_dict, is_fsdp_model, load_full_optimizer_state_dict
 from .key_matching import align_by_suffix, extract_model_state, load_model_state, model_state_for_saving, unwrap_model
+from . import sharded as dcp_format
 from .serialization import (
     CheckpointError,
     UnsafeCheckpointError,
@@ -32,11 +33,14 @@ __all__ = ["Checkpointer"]
 
 logger = logging.getLogger(__name__)
 
-_TRAILING_NUMBER = re.compile(r"(\d+)\.pth$")
+_TRAILING_NUMBER = re.compile(r"(\d+)\.(?:pth|dcp)$")
+FORMATS = ("file", "dcp")
 # A file name is at most 255 bytes on common filesystems; a longer pointer is junk.
 _MAX_POINTER_BYTES = 1024
 # What atomic.temporary_name produces: .{final name}.tmp.{pid}.{8 hex digits}
 _TEMP_FILE = re.compile(r"\..+" + re.escape(TEMP_MARKER) + r"(\d+)\.[0-9a-f]{8}")
+# What an unfinished DCP save leaves: .{name}.dcp.partial, or .{name}.dcp.replaced
+_TEMP_DIR = re.compile(r"\..+\.dcp\.(?:partial|replaced)")
 
 
 class Checkpointer:
@@ -72,6 +76,12 @@ class Checkpointer:
         async_save: the default of :meth:`save`'s ``asynchronous``: write
             in a background thread from a snapshot of the state in host
             memory, so that training stalls only for the snapshot.
+        format: ``"file"`` (one weights-only ``.pth`` file, written by the
+            main process) or ``"dcp"`` (a ``torch.distributed.checkpoint``
+            directory ``.dcp`` that every rank writes its shards into; see
+            :mod:`treadle.checkpoint.sharded`); ``None`` (the default):
+            ``"dcp"`` for an FSDP2 model, ``"file"`` otherwise. Either format
+            is read whatever this says.
         **checkpointables: name -> object with ``state_dict``/``load_state_dict``.
 
     Asynchronous saves: at most one is in flight (a save waits for the
@@ -85,7 +95,7 @@ class Checkpointer:
     """
 
     POINTER_FILE = "last_checkpoint"
-    RESUME_PATTERN = re.compile(r"model_(?!best\.pth$).*\.pth")
+    RESUME_PATTERN = re.compile(r"model_(?!best\.(?:pth|dcp)$).*\.(?:pth|dcp)")
     """Files :meth:`resume_or_load` falls back to when the pointed-to file is
     unreadable. Not ``model_best.pth``: the best checkpoint is a point in the
     past (and may hold averaged weights), not where the run stopped."""
@@ -97,10 +107,14 @@ class Checkpointer:
         *,
         save_to_disk: Optional[bool] = None,
         async_save: bool = False,
+        format: Optional[str] = None,
         **checkpointables: Any,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"Checkpointer expects an nn.Module as model, got {type(model).__name__}")
+        if format is not None and format not in FORMATS:
+            raise ValueError(f"Checkpointer format must be one of {FORMATS} (or None: 'dcp' under FSDP), got {format!r}")
+        self.format = format
         self.model = model
         self.save_dir = save_dir
         # Every file of this checkpointer goes through it (detectron2's
@@ -112,6 +126,12 @@ class Checkpointer:
         # One background writer: saves are written in order, one at a time.
         self._writer_pool: Optional[ThreadPoolExecutor] = None
         self._in_flight: Optional[Tuple[str, "Future[None]"]] = None
+        # DCP's staging copies (reused between asynchronous saves) and the
+        # process group its background writes talk through (not the
+        # training's: a collective of a background thread must not interleave
+        # with the gradient all-reduces of the main thread).
+        self._dcp_stager: Any = None
+        self._dcp_group: Any = None
         # Host copies of the state kept between asynchronous saves (host_snapshot).
         self._snapshot_buffers: Dict[Tuple[Any, ...], torch.Tensor] = {}
         self.checkpointables: Dict[str, Any] = {}
@@ -219,9 +239,22 @@ class Checkpointer:
         return self._path(files[0]) if files else ""
 
     def get_all_checkpoint_files(self) -> List[str]:
-        """Full paths of every ``.pth`` file in ``save_dir``, sorted by name
-        (temporary files of unfinished saves excluded)."""
-        return [self._path(n) for n in self._list_dir() if n.endswith(".pth") and not n.startswith(".")]
+        """Full paths of every ``.pth`` file and ``.dcp`` directory in
+        ``save_dir``, sorted by name (unfinished saves excluded)."""
+        return [
+            self._path(n) for n in self._list_dir() if n.endswith((".pth", dcp_format.DCP_SUFFIX)) and not n.startswith(".")
+        ]
+
+    def checkpoint_format(self) -> str:
+        """The format :meth:`save` writes now: ``format``, or ``"dcp"`` for an
+        FSDP2 model and ``"file"`` otherwise when it is ``None``."""
+        if self.format is not None:
+            return self.format
+        return "dcp" if is_fsdp_model(unwrap_model(self.model)) else "file"
+
+    def filename_for(self, name: str) -> str:
+        """The name :meth:`save` gives the checkpoint ``name``: ``{name}.pth`` or ``{name}.dcp``."""
+        return f"{name}{dcp_format.DCP_SUFFIX if self.checkpoint_format() == 'dcp' else '.pth'}"
 
     def _resume_files(self) -> List[str]:
         """``model_*.pth`` names, newest first.
@@ -309,7 +342,7 @@ class Checkpointer:
             if key == "model" or key in self.checkpointables:
                 raise ValueError(f"save(..., {key}=...) collides with the checkpointable '{key}'; rename it.")
 
-        filename = f"{name}.pth"
+        filename = self.filename_for(name)
 
         def finish() -> None:
             if tag_last_checkpoint:
@@ -318,7 +351,31 @@ class Checkpointer:
                 then()
 
         asynchronous = self.async_save if asynchronous is None else asynchronous
+        if filename.endswith(dcp_format.DCP_SUFFIX):
+            return self._write_dcp(name, extra, asynchronous=asynchronous, then=finish)
         return self._write(self._path(filename), extra, sharded, asynchronous=asynchronous, then=finish)
+
+    def save_weights(self, name: str, **extra: Any) -> Optional[str]:
+        """Writes ``{save_dir}/{name}.pth`` holding ``{"model": weights, **extra}``
+        only, synchronously, without moving ``last_checkpoint``: the final or
+        best weights of a run whose checkpoints are DCP directories, loadable
+        by a plain ``torch.load(weights_only=True)``. Under FSDP the weights are
+        gathered one tensor at a time onto the main process (which then holds
+        the full model once, in host memory); the optimizer state is not. A
+        collective with several processes: every rank calls it. Returns the
+        path, or ``None`` on processes that do not write."""
+        data: Dict[str, Any] = {"model": model_state_for_saving(self.model)}
+        if not self.save_to_disk:
+            return None
+        if not self.save_dir:
+            raise ValueError("Checkpointer.save_weights needs a save_dir; this Checkpointer was built without one.")
+        data.update(extra)
+        path = self._path(f"{name}.pth")
+        check_weights_only_loadable(data, what=f"checkpoint '{path}'")
+        self._make_dir(self.save_dir)
+        self.wait()
+        self._write_file(path, self.save_dir, data, None)
+        return path
 
     def save_file(self, path: str, **extra: Any) -> Optional[str]:
         """Writes the same checkpoint as :meth:`save` to any ``path`` (its
@@ -393,6 +450,82 @@ class Checkpointer:
                 f"The previous checkpoints and {self.POINTER_FILE} are untouched."
             ) from e
         logger.info("Saved checkpoint to %s", path)
+        if then is not None:
+            then()
+
+    def _write_dcp(
+        self, name: str, extra: Dict[str, Any], *, asynchronous: bool, then: Optional[Callable[[], None]]
+    ) -> Optional[str]:
+        """Every rank writes its shards of ``{name}.dcp`` (see
+        :mod:`treadle.checkpoint.sharded`); the main process publishes it."""
+        final = self._path(name + dcp_format.DCP_SUFFIX)
+        partial = self._path(dcp_format.partial_name(name))
+        if not is_local_path(self.save_dir, self.path_manager):
+            raise CheckpointError(
+                f"The 'dcp' checkpoint format writes to a local or mounted filesystem; '{self.save_dir}' is not one. "
+                "Use train.checkpointer.format=file."
+            )
+        state = dcp_format.sharded_state(self.model, self.checkpointables, extra, what=f"checkpoint '{final}'")
+        self.wait()  # at most one save in flight; its directory is published before this one starts
+        if self.save_to_disk:
+            self._make_dir(self.save_dir)
+            shutil.rmtree(partial, ignore_errors=True)  # what a killed save of this name left
+        comm.synchronize()  # no rank writes into the directory before it is cleared
+        if not asynchronous:
+            try:
+                dcp_format.write_dcp(state, partial)
+                if self.save_to_disk:
+                    self._publish(partial, final, then)
+            finally:
+                comm.synchronize()  # on return the checkpoint exists for every rank
+            return final if self.save_to_disk else None
+        future = self._start_async_dcp(state, partial)
+        if self._writer_pool is None:
+            self._writer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="treadle-checkpoint")
+        self._in_flight = (final, self._writer_pool.submit(self._finish_async_dcp, future, partial, final, then))
+        return final if self.save_to_disk else None
+
+    def _start_async_dcp(self, state: Dict[str, Any], partial: str) -> "Future[Any]":
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if self._dcp_stager is None:
+            # Kept between saves: DCP's stager reuses its host copies.
+            self._dcp_stager = DefaultStager(StagingOptions(False, False, False, False))
+        distributed = dist.is_available() and dist.is_initialized()
+        if distributed and self._dcp_group is None:
+            self._dcp_group = dist.new_group(backend="gloo")  # every rank is here, in the same order
+        with dcp_format._quiet_single_process():
+            return dcp.async_save(
+                state,
+                storage_writer=dcp.FileSystemWriter(partial, single_file_per_rank=True, sync_files=True),
+                process_group=self._dcp_group,
+                async_stager=self._dcp_stager,
+                no_dist=not distributed,
+            )
+
+    def _finish_async_dcp(
+        self, future: "Future[Any]", partial: str, final: str, then: Optional[Callable[[], None]]
+    ) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        try:
+            future.result()
+        except dcp.api.CheckpointException as e:
+            raise dcp_format._unwrapped(e, f"Cannot write checkpoint directory '{partial}'") from None
+        if self.save_to_disk:
+            self._publish(partial, final, then)
+
+    def _publish(self, partial: str, final: str, then: Optional[Callable[[], None]]) -> None:
+        try:
+            dcp_format.publish(partial, final)
+        except OSError as e:
+            raise CheckpointError(
+                f"Cannot publish checkpoint '{final}': {_describe_os_error(e)}. "
+                f"The previous checkpoints and {self.POINTER_FILE} are untouched."
+            ) from e
+        logger.info("Saved checkpoint to %s", final)
         if then is not None:
             then()
 
@@ -498,8 +631,59 @@ class Checkpointer:
         path, matching_heuristics = _split_query(path, matching_heuristics)
         names = self._select(checkpointables)
         logger.info("Loading checkpoint from %s", path)
+        if self._is_dcp(path):
+            if matching_heuristics:
+                raise ValueError(
+                    f"matching_heuristics is not available for the DCP directory '{path}'; convert it to one file "
+                    "first (tools/convert_checkpoint.py)."
+                )
+            return self._restore_dcp(path, names, strict=strict)
         checkpoint = load_checkpoint_file(path, self.path_manager)
         return self._restore(checkpoint, path, names, strict=strict, matching_heuristics=matching_heuristics)
+
+    def _is_dcp(self, path: str) -> bool:
+        return path.rstrip("/").endswith(dcp_format.DCP_SUFFIX) or (
+            is_local_path(path, self.path_manager) and dcp_format.is_dcp_checkpoint(path)
+        )
+
+    def _restore_dcp(self, path: str, names: Iterable[str], *, strict: bool = False) -> Dict[str, Any]:
+        """Loads a DCP checkpoint directory into the model and the checkpointables
+        named in ``names`` (every rank; each reads what its shards need)."""
+        names = list(names)
+        optimizers = {
+            n: obj for n, obj in self.checkpointables.items() if n in names and isinstance(obj, torch.optim.Optimizer)
+        }
+        report, rest, loaded = dcp_format.load_sharded(path, self.model, optimizers, strict=strict)
+        if report.complete:
+            logger.info("Loaded all %d model keys from %s", len(report.loaded), path)
+        else:
+            logger.warning(
+                "Loaded %d model keys from %s; these were not loaded:\n%s",
+                len(report.loaded),
+                path,
+                report.table(include_loaded=False),
+            )
+        rest = dict(rest)
+        for name in names:
+            if name in loaded:
+                continue
+            if name not in rest:
+                logger.warning("Checkpoint %s has no state for '%s'; it keeps its current state.", path, name)
+                continue
+            self._load_checkpointable(name, rest.pop(name), path)
+        return rest
+
+    def _load_checkpointable(self, name: str, state: Any, path: str) -> None:
+        obj = self.checkpointables[name]
+        try:
+            if isinstance(obj, torch.optim.Optimizer) and is_fsdp_model(unwrap_model(self.model)):
+                # Each rank keeps its shard of the full state it read.
+                load_full_optimizer_state_dict(obj, state)
+            else:
+                obj.load_state_dict(state)
+        except Exception as e:
+            e.add_note(f"treadle: raised while loading '{name}' from checkpoint '{path}'")
+            raise
 
     def _select(self, checkpointables: Optional[Sequence[str]]) -> List[str]:
         if checkpointables is None:
@@ -541,16 +725,7 @@ class Checkpointer:
             if name not in rest:
                 logger.warning("Checkpoint %s has no state for '%s'; it keeps its current state.", path, name)
                 continue
-            obj = self.checkpointables[name]
-            try:
-                if isinstance(obj, torch.optim.Optimizer) and is_fsdp_model(unwrap_model(self.model)):
-                    # Each rank keeps its shard of the full state it read.
-                    load_full_optimizer_state_dict(obj, rest.pop(name))
-                else:
-                    obj.load_state_dict(rest.pop(name))
-            except Exception as e:
-                e.add_note(f"treadle: raised while loading '{name}' from checkpoint '{path}'")
-                raise
+            self._load_checkpointable(name, rest.pop(name), path)
         return rest
 
     def resume_or_load(self, path: str = "", *, resume: bool = True) -> Dict[str, Any]:
@@ -613,8 +788,13 @@ class Checkpointer:
         unreadable: List[str] = []
         for i, name in enumerate(names):
             path = self._path(name)
+            dcp_dir = self._is_dcp(path)
             try:
-                checkpoint = load_checkpoint_file(path, self.path_manager)
+                if dcp_dir:
+                    dcp_format.checked_metadata(path)  # the same verdict on every rank
+                    checkpoint = {}
+                else:
+                    checkpoint = load_checkpoint_file(path, self.path_manager)
             except UnsafeCheckpointError:
                 raise
             except CheckpointError as e:
@@ -627,6 +807,8 @@ class Checkpointer:
             if ignored_path:
                 logger.info("Resuming, so the initial weights '%s' are not loaded.", ignored_path)
             try:
+                if dcp_dir:
+                    return self._restore_dcp(path, list(self.checkpointables), strict=True)
                 return self._restore(checkpoint, path, list(self.checkpointables), strict=True)
             except CheckpointError as e:
                 # Not a damaged file: the run's model is not the one that was
@@ -699,8 +881,10 @@ class Checkpointer:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         if not self.save_to_disk:
             return []
-        pattern = re.compile(re.escape(prefix) + r"(\d+)\.pth")
-        kept = {self._pointer_target()} | {p if p.endswith(".pth") else f"{p}.pth" for p in protect}
+        pattern = re.compile(re.escape(prefix) + r"(\d+)\.(?:pth|dcp)")
+        kept = {self._pointer_target()} | {
+            p + suffix for p in protect for suffix in ("", ".pth", dcp_format.DCP_SUFFIX)
+        }
         names = self._list_dir()
         eligible = set(only) if only is not None else None
         numbered = sorted(
@@ -710,19 +894,25 @@ class Checkpointer:
         )
         doomed = [n for _, n in numbered[:-keep_last] if n not in kept]
         doomed += self._stale_temporary_files(names)
+        writing = self._in_flight[0] if self._in_flight is not None and not self._in_flight[1].done() else None
         deleted = []
         for n in doomed:
             path = self._path(n)
-            self.path_manager.rm(path)
+            if writing is not None and n == dcp_format.partial_name(os.path.basename(writing)[: -len(dcp_format.DCP_SUFFIX)]):
+                continue  # this checkpointer's own save in flight
+            if n.endswith((dcp_format.DCP_SUFFIX, ".partial", ".replaced")) and os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                self.path_manager.rm(path)
             deleted.append(path)
         if deleted:
             logger.info("Removed old checkpoint files: %s", ", ".join(os.path.basename(p) for p in deleted))
         return deleted
 
     def numbered_files(self, prefix: str = "model_", *, up_to: Optional[int] = None) -> List[str]:
-        """Names of the files ``{prefix}{number}.pth`` in ``save_dir`` (numbers up
-        to ``up_to`` when given), in the order of their numbers."""
-        pattern = re.compile(re.escape(prefix) + r"(\d+)\.pth")
+        """Names of the checkpoints ``{prefix}{number}.pth`` (or ``.dcp``) in
+        ``save_dir`` (numbers up to ``up_to`` when given), in the order of their numbers."""
+        pattern = re.compile(re.escape(prefix) + r"(\d+)\.(?:pth|dcp)")
         found = sorted(
             (int(m.group(1)), n)
             for n in self._list_dir()
@@ -732,7 +922,8 @@ class Checkpointer:
 
     @staticmethod
     def _stale_temporary_files(names: Iterable[str]) -> List[str]:
-        """Temporary files (``.{name}.tmp.{pid}.{random}``) not written by this process.
+        """Temporary files (``.{name}.tmp.{pid}.{random}``) not written by this
+        process, and the directories of unfinished DCP saves (``.{name}.dcp.partial``).
 
         Only the main process of one run writes into ``save_dir``, so another
         pid's temporary file is what a killed run left behind.
@@ -740,7 +931,7 @@ class Checkpointer:
         out = []
         for n in names:
             m = _TEMP_FILE.fullmatch(n)
-            if m is not None and int(m.group(1)) != os.getpid():
+            if (m is not None and int(m.group(1)) != os.getpid()) or _TEMP_DIR.fullmatch(n):
                 out.append(n)
         return out
 

@@ -14,6 +14,7 @@ and in a logged table.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -409,7 +410,12 @@ def init_weights_from(
         checkpoint = path_or_state_dict
     elif isinstance(path_or_state_dict, str):
         source = path_or_state_dict
-        checkpoint = load_checkpoint_file(source)
+        if os.path.isdir(source):
+            from .sharded import dcp_to_file_state, read_dcp  # sharded builds on this module
+
+            checkpoint = dcp_to_file_state(read_dcp(source))
+        else:
+            checkpoint = load_checkpoint_file(source)
     else:
         raise TypeError(
             f"init_weights_from expects a file path or a state dict, got {type(path_or_state_dict).__name__}"

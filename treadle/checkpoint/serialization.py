@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import io
 import logging
+import os
 import pickle
 import re
 import struct
@@ -406,6 +407,11 @@ def check_checkpoint_file(path: str, path_manager: Any = PathManager) -> None:
     except OSError as e:
         raise CheckpointError(f"Checkpoint file '{path}' cannot be reached: {e}") from None
     if is_dir:
-        raise CheckpointError(f"Checkpoint file '{path}' is a directory, not a checkpoint file.")
+        if path_manager.exists(os.path.join(path, ".metadata")):
+            return  # a torch.distributed.checkpoint directory (the "dcp" format)
+        raise CheckpointError(
+            f"Checkpoint file '{path}' is a directory, not a checkpoint file "
+            "(nor a torch.distributed.checkpoint directory: it has no .metadata)."
+        )
     if not exists:
         raise CheckpointError(f"Checkpoint file '{path}' does not exist.")

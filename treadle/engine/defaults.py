@@ -241,7 +241,11 @@ class DefaultTrainer(TrainerBase):
         self.epoch_length = loader_epoch_length(self.train_loader, int(train.step.get("grad_accum_steps", 1)))
         self.start_iter = 0
         self.checkpointer = Checkpointer(
-            unwrap_model(self.model), train.output_dir, optimizer=self.optimizer, trainer=self
+            unwrap_model(self.model),
+            train.output_dir,
+            format=train.get("checkpointer", {}).get("format"),
+            optimizer=self.optimizer,
+            trainer=self,
         )
         self.run_folder = RunFolder(train.output_dir)
         self._claimed = False

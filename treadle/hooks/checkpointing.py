@@ -141,9 +141,16 @@ class BestCheckpointer(HookBase):
             if self._ema is not None:
                 # The weights that were scored: the evaluation ran on the average.
                 with self._ema.averaged_weights():
-                    self._checkpointer.save(
-                        self.file_prefix, iteration=iteration, tag_last_checkpoint=False, asynchronous=False, weights="ema"
-                    )
+                    if self._checkpointer.checkpoint_format() == "dcp":
+                        self._checkpointer.save_weights(self.file_prefix, iteration=iteration, weights="ema")
+                    else:
+                        self._checkpointer.save(
+                            self.file_prefix, iteration=iteration, tag_last_checkpoint=False, asynchronous=False,
+                            weights="ema",
+                        )
+            elif self._checkpointer.checkpoint_format() == "dcp":
+                # The best weights, for evaluation and export: one plain file, weights only.
+                self._checkpointer.save_weights(self.file_prefix, iteration=iteration)
             else:
                 self._checkpointer.save(self.file_prefix, iteration=iteration, tag_last_checkpoint=False, asynchronous=False)
             logger.info(
@@ -274,7 +281,8 @@ class PeriodicCheckpointer(HookBase):
             self.lineage = self.checkpointer.numbered_files(f"{self.file_prefix}_", up_to=iteration)
             self._lineage_known = True
         # Listed before saving: the state inside the file includes the file itself.
-        self.lineage = [n for n in self.lineage if n != f"{name}.pth"] + [f"{name}.pth"]
+        filename = self.checkpointer.filename_for(name)  # .pth or .dcp
+        self.lineage = [n for n in self.lineage if n != filename] + [filename]
         prune = None
         if self.max_to_keep is not None:
             # Runs once the new file is written (in the background for an asynchronous save).
@@ -329,4 +337,9 @@ class PeriodicCheckpointer(HookBase):
             return
         _flush_writers(self)
         # trainer.iter is one past the last iteration run.
-        self.checkpointer.save(f"{self.file_prefix}_final", iteration=self.trainer.iter - 1, asynchronous=False)
+        final = f"{self.file_prefix}_final"
+        self.checkpointer.save(final, iteration=self.trainer.iter - 1, asynchronous=False)
+        if self.checkpointer.checkpoint_format() == "dcp":
+            # model_final.dcp resumes; model_final.pth is the plain weights file
+            # that evaluation and other tools load with torch.load.
+            self.checkpointer.save_weights(final, iteration=self.trainer.iter - 1)

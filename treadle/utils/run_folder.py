@@ -55,6 +55,7 @@ LOCK_FILE = ".treadle.lock"
 RUN_FILE_PATTERNS = (
     "last_checkpoint",
     "*.pth",
+    "*.dcp",
     "*.safetensors",
     "metrics.json",
     "metrics.csv",

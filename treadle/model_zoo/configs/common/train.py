@@ -19,8 +19,11 @@ train = dict(
     # async_save: write periodic checkpoints in a background thread from a copy in
     # host memory (training stalls only for the copy); a failed background save
     # stops training at the next iteration, the previous checkpoint staying the
-    # resume point. See docs/checkpoints.md.
-    checkpointer=dict(period=200, max_to_keep=3, async_save=False),
+    # resume point. format: "file" (one weights-only .pth file) or "dcp" (a
+    # torch.distributed.checkpoint directory that each rank writes its shards
+    # into, loadable on another world size); None picks "dcp" under FSDP and
+    # "file" otherwise. See docs/checkpoints.md.
+    checkpointer=dict(period=200, max_to_keep=3, async_save=False, format=None),
     step=dict(
         kind="eager",  # or "compiled" (torch.compile)
         precision="fp32",  # "bf16" (CPU or GPU) or "fp16" (CUDA, with a GradScaler)
