@@ -5,6 +5,7 @@ Run as a script (the tests start it in subprocesses and kill it)::
     python tests/resume_job.py --output-dir D --max-iter N [--checkpoint-period P]
         [--resume] [--pause-in-save-marker FILE] [--pause-on checkpoint|pointer|after-pointer]
         [--progress-file F] [--num-workers W] [--log-period L] [--fail-at K] [--async-save]
+        [--format file|dcp]
 
 or import it and call :func:`run` (the in-process tests do).
 
@@ -133,6 +134,7 @@ def build_job(
     log_period: int = 1,
     extra_hooks: Sequence[Optional[HookBase]] = (),
     async_save: bool = False,
+    checkpoint_format: Optional[str] = None,
 ) -> Job:
     """Builds the job's objects; the caller seeds the generators first (model init draws from them).
 
@@ -146,7 +148,7 @@ def build_job(
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.7)
     trainer = TrainerBase(EagerStep(model, loader, optimizer, loss_fn=nn.functional.cross_entropy))
     trainer.epoch_length = loader.epoch_length
-    checkpointer = Checkpointer(model, output_dir, optimizer=optimizer, trainer=trainer)
+    checkpointer = Checkpointer(model, output_dir, format=checkpoint_format, optimizer=optimizer, trainer=trainer)
     # window_size=1: each line holds the value of its own iteration, not a
     # median over iterations before it, so lines can be compared across runs.
     writers = [
@@ -179,6 +181,7 @@ def run(
     log_period: int = 1,
     fail_at: Optional[int] = None,
     async_save: bool = False,
+    checkpoint_format: Optional[str] = None,
 ) -> Job:
     """Seeds, builds, resumes (with ``resume``) and trains; returns the job's objects."""
     # The same thread count in every run: reductions may split differently otherwise.
@@ -195,6 +198,7 @@ def run(
         log_period=log_period,
         extra_hooks=[FailAt(fail_at)] if fail_at is not None else [],
         async_save=async_save,
+        checkpoint_format=checkpoint_format,
     )
     start_iter = 0
     if resume:
@@ -211,7 +215,9 @@ def install_pause_in_save(marker: str, target: str) -> None:
     Where it stops, by ``target``:
 
     - ``"checkpoint"``: before ``model_NNNNNNN.pth`` replaces its temporary
-      file (written and fsynced; not renamed);
+      file (written and fsynced; not renamed), or before a DCP directory
+      ``.model_NNNNNNN.dcp.partial`` (complete, its checksums recorded) is
+      renamed to ``model_NNNNNNN.dcp``;
     - ``"pointer"``: before ``last_checkpoint`` moves (the new checkpoint is
       in place, the pointer still names the previous one);
     - ``"after-pointer"``: right after ``last_checkpoint`` moved (the save is
@@ -219,8 +225,8 @@ def install_pause_in_save(marker: str, target: str) -> None:
 
     A test that kills the process on seeing the marker kills it at that point.
     """
-    pattern = re.compile(r"model_\d+\.pth" if target == "checkpoint" else r"last_checkpoint")
-    real_replace = os.replace
+    pattern = re.compile(r"model_\d+\.(pth|dcp)" if target == "checkpoint" else r"last_checkpoint")
+    real_replace, real_rename = os.replace, os.rename
     paused = []
 
     def pause(src, dst) -> None:
@@ -229,15 +235,19 @@ def install_pause_in_save(marker: str, target: str) -> None:
             f.write(f"{os.getpid()} {src} -> {dst}\n")
         time.sleep(PAUSE_SECONDS)
 
-    def replace(src, dst, *args, **kwargs):
-        hit = not paused and pattern.fullmatch(os.path.basename(os.fspath(dst)))
-        if hit and target != "after-pointer":
-            pause(src, dst)
-        real_replace(src, dst, *args, **kwargs)
-        if hit and target == "after-pointer":
-            pause(src, dst)
+    def paused_move(real):
+        def move(src, dst, *args, **kwargs):
+            hit = not paused and pattern.fullmatch(os.path.basename(os.fspath(dst)))
+            if hit and target != "after-pointer":
+                pause(src, dst)
+            real(src, dst, *args, **kwargs)
+            if hit and target == "after-pointer":
+                pause(src, dst)
 
-    os.replace = replace
+        return move
+
+    os.replace = paused_move(real_replace)
+    os.rename = paused_move(real_rename)  # a DCP directory is published by os.rename
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -254,6 +264,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--log-period", type=int, default=1, help="PeriodicWriter period")
     parser.add_argument("--fail-at", type=int, help="raise an exception after this iteration")
     parser.add_argument("--async-save", action="store_true", help="periodic checkpoints written in the background")
+    parser.add_argument("--format", choices=("file", "dcp"), help="the Checkpointer's format")
     return parser.parse_args(argv)
 
 
@@ -273,6 +284,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         log_period=args.log_period,
         fail_at=args.fail_at,
         async_save=args.async_save,
+        checkpoint_format=args.format,
     )
     return 0
 

@@ -396,19 +396,17 @@ def read_dcp(directory: str) -> Dict[str, Any]:
         flat[fqn] = torch.empty(tuple(size), dtype=item.properties.dtype) if size is not None else None
     import torch.distributed.checkpoint as dcp
 
+    planner = WeightsOnlyLoadPlanner(flatten_state_dict=False)
     try:
         with _quiet_single_process():
-            dcp.load(
-                flat,
-                storage_reader=SafeFileSystemReader(directory),
-                planner=WeightsOnlyLoadPlanner(flatten_state_dict=False),
-                no_dist=True,
-            )
+            dcp.load(flat, storage_reader=SafeFileSystemReader(directory), planner=planner, no_dist=True)
     except dcp.api.CheckpointException as e:
         raise _unwrapped(e, f"Cannot read '{directory}'") from None
+    # The planner's dict holds the non-tensor items it read (tensors were read in place).
+    loaded = {**flat, **{k: v for k, v in planner.state_dict.items() if k in flat}}
     mappings = metadata.planner_data or {}
     nested: Dict[str, Any] = {}
-    for fqn, value in flat.items():
+    for fqn, value in loaded.items():
         path = mappings.get(fqn, (fqn,)) if isinstance(mappings, dict) else (fqn,)
         set_element(nested, path, value)
     return nested
