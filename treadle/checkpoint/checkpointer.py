@@ -473,7 +473,7 @@ class Checkpointer:
         comm.synchronize()  # no rank writes into the directory before it is cleared
         if not asynchronous:
             try:
-                dcp_format.write_dcp(state, partial)
+                dcp_format.write_dcp(state, partial, final=final)
                 if self.save_to_disk:
                     self._publish(partial, final, then)
             finally:
@@ -513,7 +513,7 @@ class Checkpointer:
         try:
             future.result()
         except dcp.api.CheckpointException as e:
-            raise dcp_format._unwrapped(e, f"Cannot write checkpoint directory '{partial}'") from None
+            raise dcp_format.write_failure(e, final) from None
         if self.save_to_disk:
             self._publish(partial, final, then)
 
@@ -802,6 +802,11 @@ class Checkpointer:
                 logger.warning("Cannot resume from %s (%s); %s.", path, e, then)
                 failures.append(f"{path}: {e}")
                 unreadable.append(name)
+                continue
+            if not dcp_dir and self.checkpointables and not any(n in checkpoint for n in self.checkpointables):
+                # A weights file (save_weights: model_final.pth beside model_final.dcp)
+                # cannot continue a run: nothing but the model is in it.
+                logger.info("Not resuming from %s: it holds model weights only.", path)
                 continue
             self._log_resume_point(name, i == 0, pointed, pointer_problem, unreadable, names)
             if ignored_path:

@@ -68,6 +68,12 @@ CHECKSUM_FILE = "checksums.json"
 STATE_KEY = "treadle"
 _PARTIAL = ".partial"
 _CHUNK = 8 << 20
+_SINGLE_PROCESS_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"
+# DCP warns at every save and load without a process group that it "assumes
+# the intent is" a single process: that is treadle's intent there. A
+# background save warns from its own thread, so the filter is process-wide
+# (and matches this message only).
+warnings.filterwarnings("ignore", message=_SINGLE_PROCESS_WARNING, category=UserWarning)
 
 
 def is_dcp_checkpoint(path: str) -> bool:
@@ -86,10 +92,10 @@ def _distributed() -> bool:
 
 @contextmanager
 def _quiet_single_process() -> Iterator[None]:
-    # DCP warns on every call without a process group that it "assumes the
-    # intent is to save in a single process": that is the intent here.
+    # The process-wide filter above, again: a test runner or a user's
+    # warnings.simplefilter may have put others before it.
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled, unavailable or uninitialized.*")
+        warnings.filterwarnings("ignore", message=_SINGLE_PROCESS_WARNING, category=UserWarning)
         yield
 
 
@@ -203,10 +209,12 @@ def write_dcp(
     state: Dict[str, Any],
     partial: str,
     *,
+    final: Optional[str] = None,
     process_group: Any = None,
 ) -> None:
-    """``dcp.save`` of ``state`` into ``partial`` (every rank). DCP's failures
-    come back as one :class:`CheckpointError` line naming the first one."""
+    """``dcp.save`` of ``state`` into ``partial`` (every rank), the directory
+    that becomes ``final``. DCP's failures come back as one
+    :class:`CheckpointError` line naming the first one."""
     import torch.distributed.checkpoint as dcp
 
     try:
@@ -218,10 +226,17 @@ def write_dcp(
                 no_dist=not _distributed(),
             )
     except dcp.api.CheckpointException as e:
-        raise _unwrapped(e, f"Cannot write checkpoint directory '{partial}'") from None
+        raise write_failure(e, final or partial) from None
 
 
-def _unwrapped(error: BaseException, doing: str) -> CheckpointError:
+def write_failure(error: BaseException, final: str) -> CheckpointError:
+    """The one-line error of a DCP save of ``final`` that failed on some rank."""
+    return _unwrapped(
+        error, f"Cannot write checkpoint '{final}'", ". The previous checkpoints and last_checkpoint are untouched."
+    )
+
+
+def _unwrapped(error: BaseException, doing: str, after: str = ".") -> CheckpointError:
     """DCP wraps each rank's failure as ``(exception, traceback)`` in a
     CheckpointException; the caller wants the first one, as one line."""
     failures = getattr(error, "failures", {}) or {}
@@ -231,9 +246,9 @@ def _unwrapped(error: BaseException, doing: str) -> CheckpointError:
         if isinstance(inner, CheckpointError):
             return inner
         if isinstance(inner, OSError) and inner.strerror:
-            return CheckpointError(f"{doing}: {inner.strerror} (rank {rank}).")
-        return CheckpointError(f"{doing}: {_first_line(inner)} (rank {rank}).")
-    return CheckpointError(f"{doing}: {_first_line(error)}.")
+            return CheckpointError(f"{doing}: {inner.strerror} (rank {rank}){after}")
+        return CheckpointError(f"{doing}: {_first_line(inner)} (rank {rank}){after}")
+    return CheckpointError(f"{doing}: {_first_line(error)}{after}")
 
 
 # ---------------------------------------------------------------------- loading
