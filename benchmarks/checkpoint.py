@@ -1,32 +1,45 @@
-"""What a checkpoint costs the training loop: synchronous versus asynchronous saves.
+"""What a checkpoint costs the training loop: synchronous versus asynchronous
+saves, one file versus a sharded DCP directory, one process versus two.
 
 For each model size (an MLP of ~25M and ~300M parameters with AdamW state,
-so the checkpoint is about 12 bytes per parameter), one process:
+so the checkpoint is about 12 bytes per parameter), each format
+(``--formats file dcp``) and each number of processes (``--processes 1 2``;
+two are gloo processes on this machine, the model sharded by FSDP2's
+``fully_shard``):
 
-- **sync save**: ``Checkpointer.save`` end to end (state gathered, safety
-  check, ``torch.save`` with checksums to a temporary file, fsync, rename,
-  pointer): the time the loop is stopped, and the write throughput (MiB/s of
-  checkpoint file per second of save).
+- **sync save**: ``Checkpointer.save`` end to end, as the loop sees it
+  (state collected, safety check, the write with checksums, fsync, rename or
+  publication, pointer): the time the loop is stopped, and the write
+  throughput (MiB of checkpoint per second of save, all ranks together).
 - **async save, stall**: ``Checkpointer.save(asynchronous=True)``, the time
   until it returns (the state copied to host memory); the write goes on in a
   background thread. Then ``wait()`` for it, untimed against the stall. The
   first asynchronous save allocates the host copy (``first stall``); later
-  ones copy into it (``stall``, the steady state of a run).
+  ones copy into it (``stall``, the steady state of a run). With two
+  processes, the slowest rank's time.
 - **stall ratio**: steady async stall / sync save. The issue's target is at
   most 10% at 300M parameters.
-- **extra host memory**: the peak growth of the process's resident set
-  (Linux ``/proc``) during the first asynchronous save: the one copy of the
-  state that the checkpointer then keeps for the next saves.
+- **extra host memory**: the peak growth of a process's resident set
+  (Linux ``/proc``) during the first asynchronous save (the largest rank's):
+  the one copy of the rank's own state that the checkpointer then keeps for
+  the next saves.
+
+With two processes and the ``file`` format every rank's shards are gathered
+onto rank 0, which writes one file (today's default without FSDP); ``dcp``
+writes one file per rank, in parallel, and no rank holds the full state.
 
 Run: ``python benchmarks/checkpoint.py`` (``--sizes 25 300`` in millions of
-parameters, ``--repeats``; ``--dir`` for the disk to write to, default a
-temporary directory). Figures are medians; the machine's load shows in them.
+parameters, ``--repeats``, ``--formats``, ``--processes``; ``--dir`` for the
+disk to write to, default a temporary directory). Figures are medians; the
+machine's load shows in them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import statistics
 import tempfile
 import threading
@@ -34,16 +47,25 @@ import time
 from typing import Dict, List
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch import nn
 
 from treadle.checkpoint import Checkpointer
 
 
-def build(params_millions: float):
-    """An MLP of about ``params_millions`` million parameters, and AdamW with its state filled."""
+def build(params_millions: float, shard: bool = False):
+    """An MLP of about ``params_millions`` million parameters (each layer and
+    the whole sharded by FSDP2 with ``shard``), and AdamW with its state filled."""
     width = 2048
     layers = max(1, round(params_millions * 1e6 / (width * width + width)))
     model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+    if shard:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model:
+            fully_shard(layer)
+        fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
@@ -78,68 +100,147 @@ class PeakRss:
         self._thread.join()
 
 
-def measure(params_millions: float, repeats: int, directory: str) -> Dict[str, float]:
-    model, optimizer = build(params_millions)
-    n_params = sum(p.numel() for p in model.parameters())
-    checkpointer = Checkpointer(model, directory, optimizer=optimizer)
+def _size_on_disk(path: str) -> int:
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
+    return os.path.getsize(path)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    else:
+        os.remove(path)
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def measure(model: nn.Module, optimizer: torch.optim.Optimizer, fmt: str, repeats: int, directory: str) -> Dict[str, float]:
+    """This process's figures for one format (every rank calls it, in step)."""
+    checkpointer = Checkpointer(model, directory, format=fmt, optimizer=optimizer)
+    main = not dist.is_initialized() or dist.get_rank() == 0
+
+    def timed(name: str, asynchronous: bool) -> float:
+        _barrier()  # every rank starts together: the time is the loop's, not a wait for a late rank
+        start = time.perf_counter()
+        checkpointer.save(name, asynchronous=asynchronous)
+        elapsed = time.perf_counter() - start
+        checkpointer.wait()
+        _barrier()
+        return elapsed
+
     sync_times: List[float] = []
-    stalls: List[float] = []
     size = 0
     for i in range(repeats):
-        start = time.perf_counter()
-        path = checkpointer.save(f"sync_{i}")
-        sync_times.append(time.perf_counter() - start)
-        size = os.path.getsize(path)
-        os.remove(path)
-
-    def async_save(name: str) -> float:
-        start = time.perf_counter()
-        path = checkpointer.save(name, asynchronous=True)
-        stall = time.perf_counter() - start
-        checkpointer.wait()
-        os.remove(path)
-        return stall
-
+        sync_times.append(timed(f"sync_{i}", False))
+        path = checkpointer.filename_for(f"sync_{i}")
+        if main:
+            size = _size_on_disk(os.path.join(directory, path))
+            _remove(os.path.join(directory, path))
     base = rss_bytes()
     with PeakRss() as peak:
-        first_stall = async_save("async_first")
+        first_stall = timed("async_first", True)
     extra = peak.peak - base
-    for i in range(repeats):
-        stalls.append(async_save(f"async_{i}"))
-    sync = statistics.median(sync_times)
-    stall = statistics.median(stalls)
+    stalls = [timed(f"async_{i}", True) for i in range(repeats)]
+    _barrier()
+    if main:
+        for name in os.listdir(directory):
+            if name.startswith(("async_", "last_checkpoint")):
+                _remove(os.path.join(directory, name))
+    _barrier()
     return {
-        "params": n_params,
         "size_mib": size / 2**20,
-        "sync_s": sync,
-        "mib_per_s": size / 2**20 / sync,
+        "sync_s": statistics.median(sync_times),
         "first_stall_s": first_stall,
-        "stall_s": stall,
-        "ratio": stall / sync,
+        "stall_s": statistics.median(stalls),
         "extra_mib": extra / 2**20,
     }
+
+
+def _combine(per_rank: List[Dict[str, float]], n_params: int, fmt: str, processes: int) -> Dict[str, float]:
+    """The loop waits for its slowest rank; memory is per process."""
+    row = {key: max(r[key] for r in per_rank) for key in ("sync_s", "first_stall_s", "stall_s", "extra_mib")}
+    row.update(params=n_params, format=fmt, processes=processes, size_mib=per_rank[0]["size_mib"])
+    row["mib_per_s"] = row["size_mib"] / row["sync_s"]
+    row["ratio"] = row["stall_s"] / row["sync_s"]
+    return row
+
+
+def _worker(rank: int, world: int, port: int, sizes: List[float], formats: List[str], repeats: int,
+            directory: str, results: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        rows = []
+        for size in sizes:
+            torch.manual_seed(0)
+            model, optimizer = build(size, shard=True)
+            n_params = sum(p.numel() for p in model.parameters())
+            for fmt in formats:
+                mine = measure(model, optimizer, fmt, repeats, directory)
+                gathered: List[Dict[str, float]] = [{} for _ in range(world)]
+                dist.all_gather_object(gathered, mine)
+                rows.append(_combine(gathered, n_params, fmt, world))
+            del model, optimizer
+        if rank == 0:
+            with open(results, "w") as f:
+                json.dump(rows, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_processes(world: int, sizes: List[float], formats: List[str], repeats: int, directory: str) -> List[Dict[str, float]]:
+    from treadle.engine.launch import find_free_port
+
+    results = os.path.join(directory, "results.json")
+    mp.spawn(_worker, args=(world, find_free_port(), sizes, formats, repeats, directory, results), nprocs=world)
+    with open(results) as f:
+        rows = json.load(f)
+    os.remove(results)
+    return rows
+
+
+def run_one_process(sizes: List[float], formats: List[str], repeats: int, directory: str) -> List[Dict[str, float]]:
+    rows = []
+    for size in sizes:
+        model, optimizer = build(size)
+        n_params = sum(p.numel() for p in model.parameters())
+        for fmt in formats:
+            rows.append(_combine([measure(model, optimizer, fmt, repeats, directory)], n_params, fmt, 1))
+        del model, optimizer
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=float, nargs="+", default=[25, 300], help="millions of parameters")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--formats", nargs="+", default=["file", "dcp"], choices=["file", "dcp"])
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     args = parser.parse_args()
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
     rows = []
     with tempfile.TemporaryDirectory(dir=args.dir) as directory:
-        for size in args.sizes:
-            rows.append(measure(size, args.repeats, directory))
-    print("checkpoint save, one process (medians of %d)" % args.repeats)
+        for processes in args.processes:
+            if processes == 1:
+                torch.set_num_threads(max(1, os.cpu_count() or 1))
+                rows += run_one_process(args.sizes, args.formats, args.repeats, directory)
+            else:
+                rows += run_processes(processes, args.sizes, args.formats, args.repeats, directory)
+    print("checkpoint save (medians of %d; with several processes, the slowest rank)" % args.repeats)
     print(
-        f"{'params':>8} {'file MiB':>9} {'sync save s':>12} {'MiB/s':>8} {'first stall s':>14} "
-        f"{'stall s':>8} {'stall/sync':>11} {'extra host MiB':>15}"
+        f"{'params':>8} {'procs':>5} {'format':>6} {'MiB':>6} {'sync save s':>12} {'MiB/s':>7} "
+        f"{'first stall s':>14} {'stall s':>8} {'stall/sync':>11} {'extra host MiB/proc':>20}"
     )
     for r in rows:
         print(
-            f"{r['params'] / 1e6:7.1f}M {r['size_mib']:9.0f} {r['sync_s']:12.3f} {r['mib_per_s']:8.0f} "
-            f"{r['first_stall_s']:14.3f} {r['stall_s']:8.3f} {r['ratio']:10.1%} {r['extra_mib']:15.0f}"
+            f"{r['params'] / 1e6:7.1f}M {r['processes']:5d} {r['format']:>6} {r['size_mib']:6.0f} {r['sync_s']:12.3f} "
+            f"{r['mib_per_s']:7.0f} {r['first_stall_s']:14.3f} {r['stall_s']:8.3f} {r['ratio']:10.1%} "
+            f"{r['extra_mib']:20.0f}"
         )
 
 

@@ -20,7 +20,7 @@ def test_overhead_benchmark_prints_every_section():
         assert expected in out, f"{expected!r} missing from:\n{out}"
 
 
-def test_checkpoint_benchmark_prints_sync_and_async_figures():
+def test_checkpoint_benchmark_prints_sync_and_async_figures_for_both_formats():
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "checkpoint.py"), "--sizes", "1", "--repeats", "1"],
         capture_output=True,
@@ -30,4 +30,6 @@ def test_checkpoint_benchmark_prints_sync_and_async_figures():
     ).stdout
     for expected in ("sync save s", "MiB/s", "first stall s", "stall/sync", "extra host MiB"):
         assert expected in out, f"{expected!r} missing from:\n{out}"
-    assert len([line for line in out.splitlines() if line.strip().endswith(tuple("0123456789"))]) == 1
+    rows = [line.split() for line in out.splitlines() if line.strip().endswith(tuple("0123456789"))]
+    # One row per (processes, format): 1 and 2 processes, file and dcp.
+    assert sorted((row[1], row[2]) for row in rows) == [("1", "dcp"), ("1", "file"), ("2", "dcp"), ("2", "file")]

@@ -159,11 +159,20 @@ def test_a_failed_dcp_save_stops_training_in_one_line_and_keeps_the_previous_che
 
         def write_data(self, plan, planner):
             if "model_0000009" in str(self.path):
-                failed_at.append(trainer.iter)  # where training was when the write failed
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
             return super().write_data(plan, planner)
 
+    finish = Checkpointer._finish_async_dcp
+
+    def finish_noting_the_failure(self, *args, **kwargs):
+        try:
+            return finish(self, *args, **kwargs)
+        except CheckpointError:
+            failed_at.append(trainer.iter)  # where training was when the background save failed
+            raise
+
     monkeypatch.setattr(dcp, "FileSystemWriter", FullDiskWriter)
+    monkeypatch.setattr(Checkpointer, "_finish_async_dcp", finish_noting_the_failure)
     with pytest.raises(CheckpointError) as raised:
         trainer.train(0, 40)
     message = str(raised.value)

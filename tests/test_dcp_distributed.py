@@ -84,3 +84,20 @@ def test_an_async_sharded_run_ends_with_the_weights_of_a_sync_one(fsdp_dcp_run, 
     a = sharded.dcp_to_file_state(sharded.read_dcp(str(run / "model_0000019.dcp")))
     b = sharded.dcp_to_file_state(sharded.read_dcp(str(fsdp_dcp_run / "model_0000019.dcp")))
     _assert_equal(a["model"], b["model"])
+
+
+@pytest.mark.slow
+def test_sharded_checkpoints_move_between_fsdp_ddp_and_one_process(fsdp_dcp_run, tmp_path):
+    """FSDP (2) -> DDP (2), and one process -> FSDP (2): the saved weights load
+    and training continues to the weights of the uninterrupted run."""
+    as_ddp = _resume_from(fsdp_dcp_run, "model_0000019.dcp", tmp_path / "as_ddp")
+    _train_net(as_ddp, "--num-gpus", "2", "--resume", *JOB, "train.checkpointer.format=dcp")
+    _assert_close(_weights(as_ddp / "model_final.pth"), _weights(fsdp_dcp_run / "model_final.pth"))
+    assert (as_ddp / "model_final.dcp").is_dir()
+
+    single = tmp_path / "single"
+    _train_net(single, *JOB, "train.checkpointer.format=dcp")
+    assert sorted(os.listdir(single / "model_0000019.dcp")) == [".metadata", "__0_0.distcp", "checksums.json"]
+    on_two = _resume_from(single, "model_0000019.dcp", tmp_path / "on_two")
+    _train_net(on_two, "--num-gpus", "2", "--resume", *JOB, FSDP)
+    _assert_close(_weights(on_two / "model_final.pth"), _weights(single / "model_final.pth"))

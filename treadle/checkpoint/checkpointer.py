@@ -654,15 +654,7 @@ class Checkpointer:
             n: obj for n, obj in self.checkpointables.items() if n in names and isinstance(obj, torch.optim.Optimizer)
         }
         report, rest, loaded = dcp_format.load_sharded(path, self.model, optimizers, strict=strict)
-        if report.complete:
-            logger.info("Loaded all %d model keys from %s", len(report.loaded), path)
-        else:
-            logger.warning(
-                "Loaded %d model keys from %s; these were not loaded:\n%s",
-                len(report.loaded),
-                path,
-                report.table(include_loaded=False),
-            )
+        _log_load_report(report, path)
         rest = dict(rest)
         for name in names:
             if name in loaded:
@@ -710,15 +702,7 @@ class Checkpointer:
         if matching_heuristics:
             state = align_by_suffix(unwrap_model(self.model).state_dict().keys(), state)
         report = load_model_state(self.model, state, source=f"checkpoint '{path}'", strict=strict)
-        if report.complete:
-            logger.info("Loaded all %d model keys from %s", len(report.loaded), path)
-        else:
-            logger.warning(
-                "Loaded %d model keys from %s; these were not loaded:\n%s",
-                len(report.loaded),
-                path,
-                report.table(include_loaded=False),
-            )
+        _log_load_report(report, path)
         rest = dict(checkpoint) if container is not None else {}
         rest.pop(container, None)
         for name in names:
@@ -970,6 +954,18 @@ def host_snapshot(obj: Any, buffers: Optional[Dict[Tuple[Any, ...], torch.Tensor
         items = [host_snapshot(v, buffers, key + (i,)) for i, v in enumerate(obj)]
         return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
     return obj
+
+
+def _log_load_report(report: Any, path: str) -> None:
+    if report.complete:
+        logger.info("Loaded all %d model keys from %s", len(report.loaded), path)
+    else:
+        logger.warning(
+            "Loaded %d model keys from %s; these were not loaded:\n%s",
+            len(report.loaded),
+            path,
+            report.table(include_loaded=False),
+        )
 
 
 def _background_failure(path: str, error: BaseException) -> CheckpointError:

@@ -266,20 +266,20 @@ def verify_checksums(directory: str) -> None:
     except FileNotFoundError:
         raise CheckpointError(
             f"'{directory}' has no {CHECKSUM_FILE}: it is not a complete treadle checkpoint "
-            "(convert a DCP directory written elsewhere with tools/convert_checkpoint.py)."
+            "(convert a DCP directory written elsewhere with tools/convert_checkpoint.py)"
         ) from None
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"'{path}' is unreadable ({_first_line(e)}).") from None
+        raise CheckpointError(f"'{path}' is unreadable ({_first_line(e)})") from None
     for name, expected in files.items():
         file = os.path.join(directory, name)
         try:
             size = os.path.getsize(file)
         except OSError:
-            raise CheckpointError(f"'{file}' is missing from the checkpoint directory.") from None
+            raise CheckpointError(f"'{file}' is missing from the checkpoint directory") from None
         if size != expected["bytes"]:
-            raise CheckpointError(f"'{file}' is truncated or damaged: {size} bytes, {expected['bytes']} written.")
+            raise CheckpointError(f"'{file}' is truncated or damaged: {size} bytes, {expected['bytes']} written")
         if file_crc32(file) != expected["crc32"]:
-            raise CheckpointError(f"'{file}' is damaged: its CRC-32 differs from the one recorded when it was written.")
+            raise CheckpointError(f"'{file}' is damaged: its CRC-32 differs from the one recorded when it was written")
 
 
 def checked_metadata(directory: str) -> Any:
