@@ -510,14 +510,15 @@ def _fsdp_worker(rank: int, tmp: str) -> None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
         out["sharded"] = sorted(n for n, m in model.named_modules() if isinstance(m, FSDPModule))
         _train(model, optimizer, 3, rank, 2)
-        checkpointer = Checkpointer(model, os.path.join(tmp, "fsdp"), optimizer=optimizer)
+        # The "file" format (the default under FSDP is "dcp", see test_dcp_distributed.py).
+        checkpointer = Checkpointer(model, os.path.join(tmp, "fsdp"), format="file", optimizer=optimizer)
         out["saved"] = checkpointer.save("after3", iteration=2)  # every rank calls; rank 0 writes
 
         # A plain model's checkpoint (written by the test) into a fresh FSDP model, then 2 more steps.
         fresh, _ = _new(seed=50 + rank)
         fresh = create_fsdp_model(fresh)
         fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
-        loader = Checkpointer(fresh, os.path.join(tmp, "fsdp-resumed"), optimizer=fresh_opt)
+        loader = Checkpointer(fresh, os.path.join(tmp, "fsdp-resumed"), format="file", optimizer=fresh_opt)
         extra = loader.load(os.path.join(tmp, "plain", "after3.pth"))
         out["extra"] = extra
         _train(fresh, fresh_opt, 2, rank, 2, first_step=3)
@@ -526,7 +527,7 @@ def _fsdp_worker(rank: int, tmp: str) -> None:
 
 
 def test_fsdp_checkpoints_are_plain_and_load_both_ways(tmp_path):
-    """FSDP2 over two gloo processes: a checkpoint holds the full state in the
+    """FSDP2 over two gloo processes: a "file" checkpoint holds the full state in the
     plain format (it loads into an unwrapped model and optimizer), and a plain
     checkpoint loads into an FSDP model and optimizer (training continues as
     the plain model does)."""

@@ -326,7 +326,8 @@ def test_exception_on_one_rank_stops_every_rank(tmp_path):
 @pytest.fixture(scope="module")
 def fsdp_run(runs) -> Path:
     out = runs["root"] / "fsdp"
-    _train_net(out, "--num-gpus", "2", *DIGITS, _ddp_kind_override("fsdp"))
+    # The gathered single-file format; the sharded default under FSDP is tested in test_dcp_distributed.py.
+    _train_net(out, "--num-gpus", "2", *DIGITS, _ddp_kind_override("fsdp"), "train.checkpointer.format=file")
     return out
 
 
@@ -352,7 +353,7 @@ def _from_checkpoint(source: Path, name: str, dest: Path) -> Path:
 def test_fsdp_resumes_a_ddp_checkpoint_and_back(one_process, two_processes, fsdp_run, tmp_path):
     """A DDP checkpoint resumes as FSDP, and an FSDP checkpoint as a single process."""
     as_fsdp = _from_checkpoint(two_processes, "model_0000019.pth", tmp_path / "as_fsdp")
-    _train_net(as_fsdp, "--num-gpus", "2", "--resume", *DIGITS, _ddp_kind_override("fsdp"))
+    _train_net(as_fsdp, "--num-gpus", "2", "--resume", *DIGITS, _ddp_kind_override("fsdp"), "train.checkpointer.format=file")
     _assert_close(_weights(as_fsdp / "model_final.pth"), _weights(two_processes / "model_final.pth"))
 
     as_plain = _from_checkpoint(fsdp_run, "model_0000019.pth", tmp_path / "as_plain")
