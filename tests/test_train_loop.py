@@ -1,3 +1,4 @@
+import logging
 import time
 
 import pytest
@@ -201,12 +202,28 @@ def test_non_hook_is_rejected():
         make_trainer([]).register_hooks([3])
 
 
-def test_timing_table_lists_step_and_hooks(treadle_caplog):
-    trainer = make_trainer([], [Counter()])
+class Slow(HookBase):
+    def after_step(self):
+        time.sleep(0.005)
+
+
+def test_timing_table_lists_the_step_and_the_hooks_above_one_percent(treadle_caplog):
+    trainer = make_trainer([], [Counter(), Slow()])
     trainer.train(0, 5)
     timings = trainer.timings()
-    assert set(timings) == {"step", "Counter.after_step"}
-    assert "| Counter.after_step" in treadle_caplog.text and "per iteration (ms)" in treadle_caplog.text
+    assert set(timings) == {"step", "Counter.after_step", "Slow.after_step"}
+    info = "\n".join(r.getMessage() for r in treadle_caplog.records if r.levelno == logging.INFO)
+    assert "| Slow.after_step" in info and "| step" in info and "per iteration (ms)" in info
+    assert "| Counter.after_step" not in info  # microseconds against 25 ms: under 1%
+    assert "1 other hook stages took" in info and "under 1% each" in info
+
+
+def test_the_full_timing_table_is_logged_at_debug_level(treadle_caplog):
+    treadle_caplog.set_level(logging.DEBUG, logger="treadle")
+    trainer = make_trainer([], [Counter(), Slow()])
+    trainer.train(0, 5)
+    debug = "\n".join(r.getMessage() for r in treadle_caplog.records if r.levelno == logging.DEBUG)
+    assert "| Counter.after_step" in debug and "| Slow.after_step" in debug
 
 
 def test_timings_give_the_step_the_loop_less_its_hooks(monkeypatch):

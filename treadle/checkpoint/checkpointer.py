@@ -20,6 +20,7 @@ from treadle.utils.atomic import TEMP_MARKER, atomic_write, is_local_path
 from .fsdp import full_optimizer_state_dict, is_fsdp_model, load_full_optimizer_state_dict
 from .key_matching import align_by_suffix, extract_model_state, load_model_state, model_state_for_saving, unwrap_model
 from . import sharded as dcp_format
+from .safetensors_io import is_safetensors_source, load_safetensors_weights, save_safetensors_weights
 from .serialization import (
     CheckpointError,
     UnsafeCheckpointError,
@@ -377,6 +378,21 @@ class Checkpointer:
         self._write_file(path, self.save_dir, data, None)
         return path
 
+    def save_safetensors(self, name: str) -> Optional[str]:
+        """Writes the model's weights to ``{save_dir}/{name}.safetensors``
+        (the format Hugging Face users exchange weights in), atomically; keys
+        are those of the unwrapped model. Gathered onto the main process under
+        FSDP: every rank calls it. Returns the path, or ``None`` on processes
+        that do not write."""
+        state = model_state_for_saving(self.model)
+        if not self.save_to_disk:
+            return None
+        self._make_dir(self.save_dir)
+        path = self._path(f"{name}.safetensors")
+        save_safetensors_weights(state, path)
+        logger.info("Saved the model weights to %s", path)
+        return path
+
     def save_file(self, path: str, **extra: Any) -> Optional[str]:
         """Writes the same checkpoint as :meth:`save` to any ``path`` (its
         directory is created), without moving ``last_checkpoint``: for a
@@ -631,6 +647,10 @@ class Checkpointer:
         path, matching_heuristics = _split_query(path, matching_heuristics)
         names = self._select(checkpointables)
         logger.info("Loading checkpoint from %s", path)
+        if is_safetensors_source(path):
+            # Weights only (a .safetensors file, a Hugging Face model folder).
+            checkpoint: Dict[str, Any] = {"model": load_safetensors_weights(path)}
+            return self._restore(checkpoint, path, names, strict=strict, matching_heuristics=matching_heuristics)
         if self._is_dcp(path):
             if matching_heuristics:
                 raise ValueError(
@@ -642,6 +662,8 @@ class Checkpointer:
         return self._restore(checkpoint, path, names, strict=strict, matching_heuristics=matching_heuristics)
 
     def _is_dcp(self, path: str) -> bool:
+        if is_safetensors_source(path):
+            return False
         return path.rstrip("/").endswith(dcp_format.DCP_SUFFIX) or (
             is_local_path(path, self.path_manager) and dcp_format.is_dcp_checkpoint(path)
         )

@@ -396,8 +396,10 @@ def init_weights_from(
     Args:
         model: the model to initialize (may be DDP- or compile-wrapped).
         path_or_state_dict: a checkpoint file (read with ``weights_only=True``:
-            a treadle checkpoint, a Lightning one or a bare state dict), or an
-            in-memory mapping of either shape.
+            a treadle checkpoint, a Lightning one or a bare state dict), a
+            ``.safetensors`` file, a Hugging Face model folder
+            (``model.safetensors`` or sharded with its index), a DCP
+            checkpoint directory, or an in-memory mapping of either shape.
         prefix_map: ``{old prefix: new prefix}`` renames applied to the
             checkpoint's names, e.g. ``{"encoder.": "backbone."}``.
 
@@ -410,7 +412,11 @@ def init_weights_from(
         checkpoint = path_or_state_dict
     elif isinstance(path_or_state_dict, str):
         source = path_or_state_dict
-        if os.path.isdir(source):
+        from .safetensors_io import is_safetensors_source, load_safetensors_weights
+
+        if is_safetensors_source(source):
+            checkpoint = {"model": load_safetensors_weights(source)}
+        elif os.path.isdir(source):
             from .sharded import dcp_to_file_state, read_dcp  # sharded builds on this module
 
             checkpoint = dcp_to_file_state(read_dcp(source))

@@ -409,9 +409,12 @@ def check_checkpoint_file(path: str, path_manager: Any = PathManager) -> None:
     if is_dir:
         if path_manager.exists(os.path.join(path, ".metadata")):
             return  # a torch.distributed.checkpoint directory (the "dcp" format)
+        if any(path_manager.exists(os.path.join(path, n)) for n in ("model.safetensors", "model.safetensors.index.json")):
+            return  # a Hugging Face model folder
         raise CheckpointError(
             f"Checkpoint file '{path}' is a directory, not a checkpoint file "
-            "(nor a torch.distributed.checkpoint directory: it has no .metadata)."
+            "(nor a torch.distributed.checkpoint directory with a .metadata, nor a Hugging Face model folder "
+            "with model.safetensors or its index)."
         )
     if not exists:
         raise CheckpointError(f"Checkpoint file '{path}' does not exist.")

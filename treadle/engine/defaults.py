@@ -29,6 +29,7 @@ from treadle.hooks import (
     IterationTimer,
     LRScheduler,
     PeriodicCheckpointer,
+    RunSummary,
     PeriodicWriter,
     PreemptionHandler,
 )
@@ -374,10 +375,8 @@ class DefaultTrainer(TrainerBase):
         if not comm.is_main_process():
             return []
         output_dir = self.cfg.train.output_dir
-        total_batch = getattr(self.train_loader, "total_batch_size", None)
-        accum = int(self.cfg.train.step.get("grad_accum_steps", 1))
         return [
-            CommonMetricPrinter(self.max_iter, samples_per_iter=total_batch * accum if total_batch else None),
+            CommonMetricPrinter(self.max_iter, samples_per_iter=self._samples_per_iter()),
             JSONWriter(os.path.join(output_dir, "metrics.json")),
             TensorboardWriter(output_dir),
         ]
@@ -418,10 +417,16 @@ class DefaultTrainer(TrainerBase):
                 int(ckpt_cfg.get("period", 5000)),
                 max_to_keep=ckpt_cfg.get("max_to_keep"),
                 async_save=bool(ckpt_cfg.get("async_save", False)),
+                export_safetensors=bool(ckpt_cfg.get("export_safetensors", False)),
             ),
             PreemptionHandler(self.checkpointer) if train.get("handle_preemption", True) else None,
             PeriodicWriter(self.build_writers(), period=int(train.get("log_period", 20))),
+            RunSummary(train.output_dir, samples_per_iter=self._samples_per_iter()),
         ]
+
+    def _samples_per_iter(self) -> Optional[int]:
+        total_batch = getattr(self.train_loader, "total_batch_size", None)
+        return total_batch * int(self.cfg.train.step.get("grad_accum_steps", 1)) if total_batch else None
 
     @property
     def _trainer(self) -> StepBase:

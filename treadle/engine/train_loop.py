@@ -6,7 +6,7 @@ import logging
 import time
 import weakref
 from collections import defaultdict
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from tabulate import tabulate
 
@@ -457,16 +457,32 @@ class TrainerBase:
                 logger.exception("%s failed while handling an earlier error:", key)
 
     def _log_timing_table(self) -> None:
+        """The step and the hook stages that took at least 1% of the time (INFO),
+        and every row, the near-zero ones included (DEBUG)."""
         iters = max(self.iter - self.start_iter, 1)
         rows = sorted(self.timings().items(), key=lambda kv: -kv[1])
         if not rows:
             return
-        table = tabulate(
-            [(name, f"{total:.4f}", f"{1000 * total / iters:.4f}") for name, total in rows],
-            headers=["where", "total (s)", "per iteration (ms)"],
-            tablefmt="pipe",
-        )
-        logger.info("Time spent in the step and in each hook over %d iterations:\n%s", iters, table)
+        total = sum(t for _, t in rows) or 1.0
+
+        def table(selected: List[Tuple[str, float]]) -> str:
+            return tabulate(
+                [(name, f"{t:.4f}", f"{1000 * t / iters:.4f}", f"{100 * t / total:.1f}%") for name, t in selected],
+                headers=["where", "total (s)", "per iteration (ms)", "share"],
+                tablefmt="pipe",
+            )
+
+        shown = [(name, t) for name, t in rows if name == "step" or t >= 0.01 * total]
+        hidden = [(name, t) for name, t in rows if (name, t) not in shown]
+        rest = ""
+        if hidden:
+            rest = (
+                f"\n({len(hidden)} other hook stages took {sum(t for _, t in hidden):.4f} s in all, under 1% each; "
+                "the full table is logged at DEBUG level)"
+            )
+        logger.info("Time spent in the step and in the hooks over %d iterations:\n%s%s", iters, table(shown), rest)
+        if hidden and logger.isEnabledFor(logging.DEBUG):
+            logger.debug("Time spent in the step and in every hook stage:\n%s", table(rows))
 
     def timings(self) -> Dict[str, float]:
         """Seconds spent so far in the step (``"step"``) and in each ``Hook.stage``.

@@ -32,6 +32,7 @@ from treadle.hooks import (
     IterationTimer,
     LRScheduler,
     PeriodicCheckpointer,
+    RunSummary,
     PeriodicWriter,
     ProgressBar,
 )
@@ -284,6 +285,7 @@ class Trainer(TrainerBase):
             PeriodicCheckpointer(self.checkpointer, checkpoint_period, max_to_keep=max_to_keep) if self.checkpointer else None,
             PeriodicWriter(self._writers(loggers, show_bar), log_period),
             show_bar if not show_bar._disable else None,
+            RunSummary(self.output_dir, samples_per_iter=getattr(self.train_loader, "total_batch_size", None)),
         ]
         self.register_hooks(_place_user_hooks([h for h in defaults if h is not None], list(hooks)))
 

@@ -165,7 +165,7 @@ TRAIN_KEYS: Dict[str, Any] = {
     "log_period": _integer(1),
     "eval_period": _integer(0),
     "checkpointer": {"period": _integer(0), "max_to_keep": _integer(1, none=True), "async_save": _boolean,
-                     "format": _choice((None, "file", "dcp"))},
+                     "format": _choice((None, "file", "dcp")), "export_safetensors": _boolean},
     "step": {
         "kind": _choice(STEP_KINDS),
         "precision": _choice(PRECISIONS),

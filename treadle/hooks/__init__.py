@@ -15,6 +15,7 @@ from .precise_bn import PreciseBN
 from .preemption import PREEMPTED_EXIT_CODE, PreemptionHandler
 from .progress import ProgressBar
 from .profiling import TorchMemoryStats, TorchProfiler
+from .summary import RunSummary
 from .timing import IterationTimer
 from .writing import PeriodicWriter
 
@@ -37,4 +38,5 @@ __all__ = [
     "TorchProfiler",
     "TorchMemoryStats",
     "Period",
+    "RunSummary",
 ]

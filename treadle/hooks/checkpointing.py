@@ -208,6 +208,8 @@ class PeriodicCheckpointer(HookBase):
             :class:`~treadle.checkpoint.CheckpointError`; the previous
             checkpoint stays the resume point. The final checkpoint is
             written synchronously, after the one in flight.
+        export_safetensors: also write the final weights as
+            ``{file_prefix}_final.safetensors`` (for Hugging Face tools).
     """
 
     state_attributes = ("lineage",)
@@ -221,6 +223,7 @@ class PeriodicCheckpointer(HookBase):
         file_prefix: str = "model",
         *,
         async_save: Optional[bool] = None,
+        export_safetensors: bool = False,
     ) -> None:
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1 or None, got {max_to_keep}")
@@ -232,6 +235,7 @@ class PeriodicCheckpointer(HookBase):
         self.max_to_keep = max_to_keep
         self.file_prefix = file_prefix
         self.async_save = async_save
+        self.export_safetensors = bool(export_safetensors)
         # The iteration of the last periodic save of this training, for
         # PreemptionHandler (which does not save the same state twice).
         self.last_saved_iter: Optional[int] = None
@@ -343,3 +347,5 @@ class PeriodicCheckpointer(HookBase):
             # model_final.dcp resumes; model_final.pth is the plain weights file
             # that evaluation and other tools load with torch.load.
             self.checkpointer.save_weights(final, iteration=self.trainer.iter - 1)
+        if self.export_safetensors:
+            self.checkpointer.save_safetensors(final)

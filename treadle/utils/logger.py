@@ -225,7 +225,7 @@ def setup_logger(
 
     The console shows one line per record: an exception logged with its
     traceback shows there as ``Type: message``; the traceback goes to the log
-    file only.
+    file only. The console shows INFO and above; the file DEBUG records too.
 
     Args:
         output: a file name ending in ``.txt``/``.log``, or a directory in which
@@ -247,7 +247,8 @@ def setup_logger(
     handlers: list = []
     if distributed_rank == 0:
         handler = _ConsoleHandler()
-        handler.setLevel(logging.DEBUG)
+        # DEBUG records (the full timing table, ...) go to the file only.
+        handler.setLevel(logging.INFO)
         if color and sys.stdout.isatty():
             handler.setFormatter(
                 _ColorfulFormatter(

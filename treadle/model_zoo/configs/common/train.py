@@ -22,8 +22,9 @@ train = dict(
     # resume point. format: "file" (one weights-only .pth file) or "dcp" (a
     # torch.distributed.checkpoint directory that each rank writes its shards
     # into, loadable on another world size); None picks "dcp" under FSDP and
-    # "file" otherwise. See docs/checkpoints.md.
-    checkpointer=dict(period=200, max_to_keep=3, async_save=False, format=None),
+    # "file" otherwise. export_safetensors: also write model_final.safetensors.
+    # See docs/checkpoints.md.
+    checkpointer=dict(period=200, max_to_keep=3, async_save=False, format=None, export_safetensors=False),
     step=dict(
         kind="eager",  # or "compiled" (torch.compile)
         precision="fp32",  # "bf16" (CPU or GPU) or "fp16" (CUDA, with a GradScaler)
