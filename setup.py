@@ -25,13 +25,22 @@ setup(
         "numpy",
         "PyYAML",
         "tqdm",
+        # Reading .safetensors weights and Hugging Face model folders, and
+        # exporting model_final.safetensors: a small, dependency-free format
+        # library that Hugging Face maintains.
+        "safetensors",
     ],
     extras_require={
         "plot": ["matplotlib"],
         # transformers and torchmetrics: the tests train a Hugging Face model built
         # from a config and evaluate with torchmetrics (both optional for users).
-        "dev": ["pytest", "matplotlib", "transformers", "torchmetrics"],
+        # mlflow and wandb: the tests run the MLflow and W&B writers against
+        # their real clients (a local MLflow server, W&B offline).
+        "dev": ["pytest", "matplotlib", "transformers", "torchmetrics", "mlflow", "wandb"],
         "metrics": ["torchmetrics"],
+        # Experiment trackers, for MLflowWriter and WandbWriter (train.writers.*).
+        "mlflow": ["mlflow"],
+        "wandb": ["wandb"],
     },
     entry_points={"console_scripts": ["treadle-train=treadle.tools.script:main"]},
 )

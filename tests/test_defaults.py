@@ -18,6 +18,7 @@ from treadle.hooks import (
     LRScheduler,
     PeriodicCheckpointer,
     PeriodicWriter,
+    RunSummary,
     PreemptionHandler,
 )
 
@@ -36,7 +37,7 @@ def test_default_hooks_in_documented_order(tmp_path):
     trainer = DefaultTrainer(cfg)
     assert [type(h) for h in trainer.hooks] == [
         IterationTimer, LRScheduler, EMA, EvalHook, BestCheckpointer, EarlyStopping,
-        PeriodicCheckpointer, PreemptionHandler, PeriodicWriter,
+        PeriodicCheckpointer, PreemptionHandler, PeriodicWriter, RunSummary,
     ]
     decays = sorted({g["weight_decay"] for g in trainer.optimizer.param_groups})
     assert decays == [0.0, 1e-4]  # biases without weight decay

@@ -19,7 +19,8 @@ from torch import nn
 from treadle.checkpoint import Checkpointer, check_checkpoint_file, unwrap_model
 from treadle.config import LazyCall, LazyConfig, get_config_file, instantiate
 from treadle.evaluation import forward_for, inference_on_dataset
-from treadle.events import CommonMetricPrinter, JSONWriter, TensorboardWriter
+from treadle.events import CommonMetricPrinter, JSONWriter, MLflowWriter, TensorboardWriter, WandbWriter
+from treadle.events.tracking import flatten_params
 from treadle.hooks import (
     EMA,
     BestCheckpointer,
@@ -45,7 +46,7 @@ from treadle.utils.run_start import training_starts, when_training_starts
 from .build import build_step, loader_epoch_length, trainable_parameters
 from .launch import create_ddp_model, create_fsdp_model
 from .resume import restore_hyperparameters, take_hyperparameters
-from .validation import check_watched_metric
+from .validation import check_watched_metric, enabled_trackers
 from .steps import StepBase
 from .train_loop import TrainerBase
 
@@ -225,7 +226,7 @@ class DefaultTrainer(TrainerBase):
     ``EvalHook`` (``train.eval_period``), ``BestCheckpointer``
     (``train.best_checkpointer.metric``), ``EarlyStopping``
     (``train.early_stopping.metric``), ``PeriodicCheckpointer``,
-    ``PreemptionHandler``, then ``PeriodicWriter`` last.
+    ``PreemptionHandler``, ``PeriodicWriter``, then ``RunSummary`` last.
     """
 
     def __init__(self, cfg: DictConfig) -> None:
@@ -375,11 +376,40 @@ class DefaultTrainer(TrainerBase):
         if not comm.is_main_process():
             return []
         output_dir = self.cfg.train.output_dir
-        return [
+        writers: List[Any] = [
             CommonMetricPrinter(self.max_iter, samples_per_iter=self._samples_per_iter()),
             JSONWriter(os.path.join(output_dir, "metrics.json")),
             TensorboardWriter(output_dir),
         ]
+        trackers = enabled_trackers(self.cfg.train)
+        options = self.cfg.train.get("writers") or {}
+        params = flatten_params(self.cfg) if trackers else {}
+        if "mlflow" in trackers:
+            mlflow = options.mlflow
+            writers.append(
+                MLflowWriter(
+                    mlflow.get("tracking_uri"),
+                    mlflow.get("experiment_name"),
+                    mlflow.get("run_name"),
+                    dict(mlflow.get("tags") or {}),
+                    params=params,
+                    log_model=os.path.join(output_dir, "model_final.pth") if mlflow.get("log_model") else None,
+                )
+            )
+        if "wandb" in trackers:
+            wandb = options.wandb
+            writers.append(
+                WandbWriter(
+                    wandb.project,
+                    wandb.get("name"),
+                    wandb.get("mode", "online"),
+                    dir=output_dir,
+                    entity=wandb.get("entity"),
+                    tags=list(wandb.get("tags") or []) or None,
+                    config=params,
+                )
+            )
+        return writers
 
     def build_hooks(self) -> List[Optional[HookBase]]:
         """The default hooks (see the class docstring for the order and why)."""

@@ -283,6 +283,9 @@ class TrainerBase:
         with EventStorage(
             start_iter, nonfinite_check=self.nonfinite_check, history_length=self.history_length
         ) as self.storage:
+            restored, self._restored_storage = getattr(self, "_restored_storage", None), None
+            if restored:
+                self.storage.restore_recent(restored)
             if comm.get_world_size() > 1:
                 # Scalars are averaged over ranks at each flush (one collective).
                 self.storage.reducer = reduce_across_ranks
@@ -543,10 +546,16 @@ class TrainerBase:
             step_state = self._step.state_dict()
             if step_state:
                 state["step"] = step_state
+        storage = getattr(self, "storage", None)
+        if storage is not None:
+            # The recent values of every scalar: after a resume, smoothed
+            # values (medians over a window) are those of an uninterrupted run.
+            state["storage"] = storage.recent_state()
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.iter = self._last_run_iter = int(state["iteration"])
+        self._restored_storage = state.get("storage")
         finished = state.get("finished")
         self._loaded_finished = bool(finished) if finished is not None else None
         self._loaded_max_iter = state.get("max_iter")

@@ -22,7 +22,7 @@ from treadle.evaluation import build_evaluator, forward_for, inference_on_datase
 from treadle.evaluation.batch import get_targets, move_to_device
 from treadle.evaluation.inference import inference_context
 from treadle.evaluation.loss import _loss_from_outputs
-from treadle.events import CommonMetricPrinter, CSVWriter, JSONWriter, TensorboardWriter
+from treadle.events import CommonMetricPrinter, CSVWriter, EventWriter, JSONWriter, MLflowWriter, TensorboardWriter, WandbWriter
 from treadle.hooks import (
     EMA,
     BestCheckpointer,
@@ -56,8 +56,10 @@ logger = logging.getLogger(__name__)
 # this many iterations the oldest values are dropped (global averages stay).
 _MAX_HISTORY = 1_000_000
 
-#: What ``loggers=`` may name: files written into the logs folder.
-LOGGERS = ("json", "tensorboard", "csv")
+#: What ``loggers=`` may name: files written into the logs folder, and the
+#: trackers (optional extras; with their defaults: MLflow's default store,
+#: W&B online; give a writer object to choose).
+LOGGERS = ("json", "tensorboard", "csv", "mlflow", "wandb")
 
 # Prefixes other trainers put on the metric to watch (Hezar's
 # "evaluation.f1", HF's "eval_loss", Lightning's "val/..."): the name in
@@ -129,7 +131,10 @@ class Trainer(TrainerBase):
             ``checkpoints_dir="checkpoints", logs_dir="logs"``); by default
             everything is in ``output_dir``.
         loggers: the files written: ``"json"`` (``metrics.json``),
-            ``"tensorboard"``, ``"csv"`` (``metrics.csv``).
+            ``"tensorboard"``, ``"csv"`` (``metrics.csv``); the trackers
+            ``"mlflow"`` and ``"wandb"`` (optional extras); or
+            :class:`~treadle.events.EventWriter` objects, e.g.
+            ``MLflowWriter(tracking_uri=..., experiment_name=...)``.
         precision, grad_accum_steps, clip_grad_norm: as ``EagerStep``.
         compile: use ``CompiledStep``; a dict is passed to ``torch.compile``.
         device: ``"auto"`` (cuda, mps, cpu), or a device.
@@ -178,7 +183,7 @@ class Trainer(TrainerBase):
         output_dir: Optional[str] = None,
         checkpoints_dir: Optional[str] = None,
         logs_dir: Optional[str] = None,
-        loggers: Sequence[str] = ("json", "tensorboard"),
+        loggers: Sequence[Any] = ("json", "tensorboard"),
         precision: str = "fp32",
         grad_accum_steps: int = 1,
         clip_grad_norm: Optional[float] = None,
@@ -196,7 +201,7 @@ class Trainer(TrainerBase):
         init_weights_from: Optional[str] = None,
         progress_bar: Optional[bool] = None,
     ) -> None:
-        unknown_loggers = [name for name in loggers if name not in LOGGERS]
+        unknown_loggers = [name for name in loggers if not isinstance(name, EventWriter) and name not in LOGGERS]
         if unknown_loggers:
             raise ValueError(f"Unknown loggers {unknown_loggers}; choose from {list(LOGGERS)}")
         if scheduler_interval not in ("iter", "epoch"):
@@ -325,7 +330,7 @@ class Trainer(TrainerBase):
         mode = best_mode or (("max" if declared else "min") if declared is not None else metric_mode(name))
         return name, mode
 
-    def _writers(self, loggers: Sequence[str], bar: ProgressBar) -> List[Any]:
+    def _writers(self, loggers: Sequence[Any], bar: ProgressBar) -> List[Any]:
         if not comm.is_main_process():
             return []
         writers: List[Any] = []
@@ -337,7 +342,10 @@ class Trainer(TrainerBase):
                 "tensorboard": lambda: TensorboardWriter(self.logs_dir),
                 "csv": lambda: CSVWriter(os.path.join(self.logs_dir, "metrics.csv")),
             }
-            writers += [files[name]() for name in loggers]
+            writers += [files[name]() for name in loggers if name in files]
+        trackers = {"mlflow": lambda: MLflowWriter(), "wandb": lambda: WandbWriter(dir=self.logs_dir)}
+        writers += [trackers[name]() for name in loggers if isinstance(name, str) and name in trackers]
+        writers += [w for w in loggers if isinstance(w, EventWriter)]
         return writers
 
     # ------------------------------------------------------------------ running

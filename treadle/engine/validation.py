@@ -200,6 +200,22 @@ TRAIN_KEYS: Dict[str, Any] = {
         "min_delta": _non_negative_number,
         "mode": _choice(_MODES),
     },
+    "writers": {
+        "mlflow": {
+            "tracking_uri": _text(empty=False, none=True),
+            "experiment_name": _text(empty=False, none=True),
+            "run_name": _text(empty=False, none=True),
+            "tags": _anything,
+            "log_model": _boolean,
+        },
+        "wandb": {
+            "project": _text(empty=False, none=True),
+            "name": _text(empty=False, none=True),
+            "mode": _choice(("online", "offline", "disabled")),
+            "entity": _text(empty=False, none=True),
+            "tags": _anything,
+        },
+    },
     "handle_preemption": _boolean,
     "nonfinite_check": _choice(_NONFINITE),
     "cudnn_benchmark": _boolean,
@@ -390,6 +406,7 @@ def check_run_config(cfg: DictConfig, *, world_size: int = 1, eval_only: bool = 
     if not eval_only:
         _check_train_loader(cfg.dataloader.train, world_size)
         _check_optimizer(cfg.optimizer)
+        _check_tracker_libraries(train)
     known = _evaluator_metric_names(cfg)
     has_test = cfg.dataloader.get("test") is not None
     for section in ("best_checkpointer", "early_stopping"):
@@ -402,6 +419,33 @@ def check_run_config(cfg: DictConfig, *, world_size: int = 1, eval_only: bool = 
             )
         if metric and has_test:
             check_watched_metric(f"train.{section}.metric", metric, known)
+
+
+def enabled_trackers(train: Any) -> List[str]:
+    """The trackers ``train.writers`` turns on: ``"mlflow"`` when its
+    ``tracking_uri`` or ``experiment_name`` is set, ``"wandb"`` when its
+    ``project`` is set."""
+    writers = train.get("writers") if hasattr(train, "get") else None
+    if not writers:
+        return []
+    mlflow, wandb = writers.get("mlflow") or {}, writers.get("wandb") or {}
+    out = []
+    if mlflow.get("tracking_uri") is not None or mlflow.get("experiment_name") is not None:
+        out.append("mlflow")
+    if wandb.get("project") is not None:
+        out.append("wandb")
+    return out
+
+
+def _check_tracker_libraries(train: Any) -> None:
+    import importlib.util
+
+    for name in enabled_trackers(train):
+        if importlib.util.find_spec(name) is None:
+            raise ConfigError(
+                f"train.writers.{name} is set, but the '{name}' package is not installed: "
+                f'pip install "treadle[{name}]"'
+            )
 
 
 def _check_train_loader(node: Any, world_size: int) -> None:

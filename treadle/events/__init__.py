@@ -1,6 +1,8 @@
 """Scalars published during training, and the writers that flush them."""
 
 from .history import HistoryBuffer
+from .mlflow_writer import MLflowWriter
+from .wandb_writer import WandbWriter
 from .storage import (
     EventStorage,
     NonFiniteLossError,
@@ -23,6 +25,8 @@ __all__ = [
     "CommonMetricPrinter",
     "CSVWriter",
     "EventWriter",
+    "MLflowWriter",
+    "WandbWriter",
     "JSONWriter",
     "TensorboardWriter",
     "TensorboardXWriter",

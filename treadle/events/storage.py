@@ -349,6 +349,36 @@ class EventStorage:
         self.materialize()
         return self._history
 
+    def recent_state(self, max_points: int = 1000) -> Dict[str, Any]:
+        """The last ``max_points`` values of every scalar, with its smoothing
+        hint and kind: what a checkpoint keeps so that, after a resume, a
+        smoothed value (the median of the last 20 losses) is computed over the
+        same window as in an uninterrupted run. Resolves pending values (a
+        collective under a cross-rank reducer: every rank calls it together)."""
+        histories = self.histories()
+        return {
+            name: {
+                "points": [[float(v), int(i)] for v, i in list(buffer.values())[-max_points:]],
+                "hint": self._smoothing_hints[name],
+                "kind": self._kinds[name],
+            }
+            for name, buffer in histories.items()
+        }
+
+    def restore_recent(self, state: Dict[str, Any]) -> None:
+        """Puts back what :meth:`recent_state` returned, before training
+        continues (the values are history: writers do not emit them again)."""
+        for name, saved in state.items():
+            points = [(float(v), int(i)) for v, i in saved.get("points", [])]
+            if not points:
+                continue
+            self._register(name, bool(saved.get("hint", True)), saved.get("kind"))
+            buffer = self._history.get(name)
+            if buffer is None:
+                buffer = self._history[name] = HistoryBuffer(self._history_length)
+            buffer.extend(points)
+            self._latest[name] = points[-1]
+
     def latest(self) -> Dict[str, Tuple[float, int]]:
         """``{name: (latest value, iteration it was put at)}``."""
         self.materialize()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import Any, Dict, List, Sequence
 
 from treadle.events.writers import EventWriter
 
@@ -25,6 +25,10 @@ class PeriodicWriter(HookBase):
     checkpoint. The checkpointing hooks call :meth:`flush` before they save a
     resume point, so that a checkpoint is never on disk while values at or
     before its iteration are still unwritten.
+
+    Writers with ``state_dict``/``load_state_dict`` (the MLflow and W&B
+    writers: their run's id) have that state saved in checkpoints with this
+    hook's, so that a resumed run logs into the same tracker run.
     """
 
     def __init__(self, writers: Sequence[EventWriter], period: int = 20) -> None:
@@ -35,6 +39,20 @@ class PeriodicWriter(HookBase):
                 raise TypeError(f"PeriodicWriter got {type(w).__name__}, which is not an EventWriter")
         self.writers: List[EventWriter] = list(writers)
         self._period = period
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The states of the writers that have one (a tracker's run id), by
+        ``{index}:{class name}``; saved in checkpoints."""
+        states = {
+            f"{i}:{type(w).__name__}": w.state_dict() for i, w in enumerate(self.writers) if callable(getattr(w, "state_dict", None))
+        }
+        return {"writers": states} if states else {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        for i, w in enumerate(self.writers):
+            saved = state.get("writers", {}).get(f"{i}:{type(w).__name__}")
+            if saved is not None and callable(getattr(w, "load_state_dict", None)):
+                w.load_state_dict(saved)
 
     def before_train(self) -> None:
         for w in self.writers:

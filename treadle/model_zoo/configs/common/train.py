@@ -25,6 +25,13 @@ train = dict(
     # "file" otherwise. export_safetensors: also write model_final.safetensors.
     # See docs/checkpoints.md.
     checkpointer=dict(period=200, max_to_keep=3, async_save=False, format=None, export_safetensors=False),
+    # Experiment trackers (optional extras, pip install "treadle[mlflow]" or
+    # "treadle[wandb]"): MLflow is on when tracking_uri or experiment_name is
+    # set, W&B when project is set. See docs/writers.md.
+    writers=dict(
+        mlflow=dict(tracking_uri=None, experiment_name=None, run_name=None, tags=None, log_model=False),
+        wandb=dict(project=None, name=None, mode="online", entity=None, tags=None),
+    ),
     step=dict(
         kind="eager",  # or "compiled" (torch.compile)
         precision="fp32",  # "bf16" (CPU or GPU) or "fp16" (CUDA, with a GradScaler)
