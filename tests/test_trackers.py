@@ -253,3 +253,32 @@ def test_importing_treadle_does_not_import_the_trackers():
     code = "import sys, treadle, treadle.engine, treadle.events, treadle.tools.train_net; print('mlflow' in sys.modules, 'wandb' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_mlflow_logs_images_and_params_to_a_local_store(tmp_path):
+    """In process, against a local sqlite store: scalars at their iterations,
+    an image as an artifact, the params once; close() ends the run."""
+    pytest.importorskip("mlflow")
+    import torch
+    from mlflow.tracking import MlflowClient
+
+    from treadle.events import EventStorage, MLflowWriter
+
+    uri = f"sqlite:///{tmp_path}/store.db"
+    writer = MLflowWriter(uri, "local", "images", {"team": "vision"}, params={"model.width": 64}, window_size=1)
+    with EventStorage(0) as storage:
+        for it in range(3):
+            storage.iter = it
+            storage.put_scalar("loss", float(it) + 0.5)
+            if it == 1:
+                storage.put_image("samples", torch.rand(3, 8, 8))
+            writer.write()
+            storage.clear_images()
+    writer.close()
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(writer.run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "images"
+    assert run.data.params == {"model.width": "64"} and run.data.tags["team"] == "vision"
+    assert [(m.step, m.value) for m in client.get_metric_history(writer.run_id, "loss")] == [(0, 0.5), (1, 1.5), (2, 2.5)]
+    artifacts = [a.path for a in client.list_artifacts(writer.run_id)]
+    assert any("image" in path for path in artifacts), artifacts
