@@ -39,6 +39,9 @@ setup(
         "dev": ["pytest", "matplotlib", "transformers", "torchmetrics", "mlflow", "wandb"],
         "metrics": ["torchmetrics"],
         # Experiment trackers, for MLflowWriter and WandbWriter (train.writers.*).
+        # The peers that benchmarks/peers.py runs beside treadle, when installed
+        # (never a CI dependency).
+        "bench": ["pytorch-ignite"],
         "mlflow": ["mlflow"],
         "wandb": ["wandb"],
     },

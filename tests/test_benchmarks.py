@@ -33,3 +33,16 @@ def test_checkpoint_benchmark_prints_sync_and_async_figures_for_both_formats():
     rows = [line.split() for line in out.splitlines() if line.strip().endswith(tuple("0123456789"))]
     # One row per (processes, format): 1 and 2 processes, file and dcp.
     assert sorted((row[1], row[2]) for row in rows) == [("1", "dcp"), ("1", "file"), ("2", "dcp"), ("2", "file")]
+
+
+def test_peers_benchmark_prints_a_row_per_system_with_identical_weights():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--rounds", "1", "--iters", "30",
+         "--systems", "hand", "treadle-bare", "treadle-hooks", "treadle-trainer"],
+        capture_output=True, text=True, timeout=600, check=True,
+    ).stdout
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split() and line.split()[0] in
+            ("hand", "treadle-bare", "treadle-hooks", "treadle-trainer")}
+    assert sorted(rows) == ["hand", "treadle-bare", "treadle-hooks", "treadle-trainer"], out
+    # Every system ends with the hand-written loop's weights, bit for bit.
+    assert all(row[4] == "True" for row in rows.values()), out

@@ -325,6 +325,7 @@ class TrainerBase:
         # A subclass's before_step runs every iteration; the stage caller
         # only when a hook needs it (it is empty with the default hooks).
         before_step_overridden = type(self).before_step is not TrainerBase.before_step
+        after_step_overridden = type(self).after_step is not TrainerBase.after_step
         # Epoch ends are looked for only when a hook wants them.
         epoch_length = self.epoch_length if self._hooks_by_stage["after_epoch"] else None
         self._loop_started = clock()
@@ -333,11 +334,13 @@ class TrainerBase:
                 # Hooks may read storage.iter; keep it in step with self.iter.
                 storage.iter = self.iter
                 self.iter_start_time = clock()
+                # Read each iteration: hooks may be registered during training.
                 if before_step_overridden or self._hooks_by_stage["before_step"]:
                     self.before_step()
                 self.run_step()
                 self.step_end_time = clock()
-                self.after_step()
+                if after_step_overridden or self._hooks_by_stage["after_step"]:
+                    self.after_step()
                 # The run's last epoch ends in after_train, after the final evaluation.
                 if epoch_length and (self.iter + 1) % epoch_length == 0 and self.iter + 1 != max_iter:
                     self.epoch = self.iter // epoch_length
