@@ -213,3 +213,16 @@ def test_history_extend_equals_updates_and_median_handles_non_finite_values():
     assert math.isnan(h.median(4))
     h.extend([(5.0, 4), (6.0, 5)])
     assert h.median(2) == 5.5  # the NaN left the window
+
+
+def test_history_counts_recent_values_from_the_newest_end():
+    from treadle.events import HistoryBuffer
+
+    history = HistoryBuffer(max_length=5)
+    assert history.latest_iteration() is None and history.count_after(-1) == 0
+    for it in (0, 5, 10, 15, 20, 25, 30):  # the two oldest are evicted
+        history.update(float(it), it)
+    assert history.latest_iteration() == 30
+    assert history.count_after(14) == 4  # 15, 20, 25, 30
+    assert history.count_after(30) == 0
+    assert history.count_after(-100) == 5  # only what is kept

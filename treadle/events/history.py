@@ -6,7 +6,7 @@ import itertools
 import math
 from collections import deque
 from operator import itemgetter
-from typing import Deque, Iterator, List, Sequence, Tuple
+from typing import Deque, Iterator, List, Optional, Sequence, Tuple
 
 from fvcore.common.history_buffer import HistoryBuffer as _FvcoreHistoryBuffer
 
@@ -91,6 +91,20 @@ class HistoryBuffer(_FvcoreHistoryBuffer):
             newer.append((value, it))
         newer.reverse()
         return newer
+
+    def count_after(self, iteration: int) -> int:
+        """How many of the kept values were recorded after ``iteration``,
+        counted from the newest end (no copy of the history)."""
+        count = 0
+        for _, it in reversed(self._data):
+            if it <= iteration:
+                break
+            count += 1
+        return count
+
+    def latest_iteration(self) -> Optional[int]:
+        """The iteration of the newest value, or ``None`` when empty."""
+        return self._data[-1][1] if self._data else None
 
     def __len__(self) -> int:
         return len(self._data)

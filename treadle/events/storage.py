@@ -393,16 +393,12 @@ class EventStorage:
         iterations is smoothed over the same stretch of training as one put
         every iteration (4 values, not 20, for a window of 20).
         """
-        values = self.history(name).values()
-        if not values:
+        history = self.history(name)
+        newest = history.latest_iteration()
+        if newest is None:
             return 0
-        newest = values[-1][1]
-        count = 0
-        for _, it in reversed(values):
-            if it <= newest - window_size:
-                break
-            count += 1
-        return count
+        # From the newest end: a long run's 10,000 kept values are not copied at every write.
+        return history.count_after(newest - window_size)
 
     def smoothed(self, name: str, window_size: int = 20) -> float:
         """The median of ``name``'s values over its last ``window_size``
