@@ -265,6 +265,8 @@ def test_mlflow_logs_images_and_params_to_a_local_store(tmp_path):
     from treadle.events import EventStorage, MLflowWriter
 
     uri = f"sqlite:///{tmp_path}/store.db"
+    # Artifacts under tmp_path: a sqlite store otherwise puts them in ./mlruns.
+    MlflowClient(tracking_uri=uri).create_experiment("local", artifact_location=str(tmp_path / "artifacts"))
     writer = MLflowWriter(uri, "local", "images", {"team": "vision"}, params={"model.width": 64}, window_size=1)
     with EventStorage(0) as storage:
         for it in range(3):
@@ -282,3 +284,4 @@ def test_mlflow_logs_images_and_params_to_a_local_store(tmp_path):
     assert [(m.step, m.value) for m in client.get_metric_history(writer.run_id, "loss")] == [(0, 0.5), (1, 1.5), (2, 2.5)]
     artifacts = [a.path for a in client.list_artifacts(writer.run_id)]
     assert any("image" in path for path in artifacts), artifacts
+    assert any((tmp_path / "artifacts").rglob("*.png")), "the image is a file of the experiment's artifact store"
