@@ -182,7 +182,8 @@ class Checkpointer:
 
     def has_checkpoint(self) -> bool:
         """True when there is something to resume from: a ``last_checkpoint``
-        pointer naming a file, or a ``model_*.pth`` file in ``save_dir``."""
+        pointer naming a file, or a ``model_*.pth`` file or ``model_*.dcp``
+        directory in ``save_dir``."""
         return bool(self._pointer_target()) or bool(self._resume_files())
 
     def _pointer_target(self) -> str:
@@ -231,7 +232,7 @@ class Checkpointer:
 
     def latest_checkpoint_file(self) -> str:
         """The file a resume tries first: the one ``last_checkpoint`` names when
-        it exists, else the newest ``model_*.pth``; "" when there is none.
+        it exists, else the newest ``model_*.pth`` or ``.dcp``; "" when there is none.
         The file is not read (it may still turn out unreadable)."""
         pointed = self.get_checkpoint_file()
         if pointed and self.path_manager.exists(pointed):
@@ -258,7 +259,7 @@ class Checkpointer:
         return f"{name}{dcp_format.DCP_SUFFIX if self.checkpoint_format() == 'dcp' else '.pth'}"
 
     def _resume_files(self) -> List[str]:
-        """``model_*.pth`` names, newest first.
+        """``model_*.pth`` and ``model_*.dcp`` names, newest first.
 
         Numbered files in the order of their numbers; a file without one
         (``model_final``) goes before the numbered files it was written after
