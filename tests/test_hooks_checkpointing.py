@@ -319,6 +319,33 @@ def test_values_before_a_checkpoint_are_written_before_it(tmp_path):
     assert [(line["iteration"], line.get("acc")) for line in lines] == [(3, 0.1), (7, 0.2), (9, None), (10, 0.3)]
 
 
+def test_tensorboard_points_before_a_checkpoint_are_on_disk_before_it(tmp_path):
+    """TensorboardWriter keeps rows between batches (flush_secs): a save
+    flushes them first, so a kill -9 right after it loses none."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from treadle.events import TensorboardWriter
+
+    tb_dir = tmp_path / "tb"
+    seen_at_save = {}
+
+    def points_now(trainer):
+        if trainer.iter in (4, 8):
+            acc = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
+            acc.Reload()
+            seen_at_save[trainer.iter - 1] = [e.step for e in acc.Scalars("total_loss")]
+
+    run = make_run(
+        tmp_path,
+        lambda r: PeriodicCheckpointer(r.checkpointer, period=4),
+        lambda r: CallbackHook(before_step=points_now),
+        # An hour between batches: only the first write and the saves reach the disk.
+        lambda r: PeriodicWriter([TensorboardWriter(str(tb_dir), window_size=1, flush_secs=3600)], period=1),
+    )
+    run.trainer.train(0, 10)
+    assert seen_at_save == {3: [0, 1, 2, 3], 7: list(range(8))}
+
+
 # ---------------------------------------------------------------- PreemptionHandler
 def test_an_error_after_a_preemption_stop_propagates_and_every_after_train_runs(tmp_path, treadle_caplog):
     """A hook crashing in the iteration where the preemption was asked for: the

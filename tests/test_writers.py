@@ -380,6 +380,42 @@ def test_tensorboard_resume_purges_the_interrupted_runs_later_points(tmp_path):
     assert starts == [20]
 
 
+def test_tensorboard_hands_scalars_over_in_batches_flush_secs_apart(tmp_path, monkeypatch):
+    from treadle.events import tensorboard_writer
+
+    now = [100.0]
+    monkeypatch.setattr(tensorboard_writer.time, "monotonic", lambda: now[0])
+    writer = TensorboardWriter(str(tmp_path), window_size=1, flush_secs=30)
+    writer.set_start_iter(0)
+
+    def on_disk():
+        return [step for step, _ in scalar_points(load_events(tmp_path), "total_loss")]
+
+    with EventStorage(0) as s:
+        for it in range(4):
+            s.iter = it
+            s.put_scalar("total_loss", float(it), kind=ScalarKind.LOSS)
+            writer.write()
+            now[0] += 10  # written at 100, 110, 120, 130 s
+            if it == 0:
+                assert on_disk() == [0]  # the first batch goes at once
+            if it == 2:
+                assert on_disk() == [0]  # 20 s later: still kept
+        assert on_disk() == [0, 1, 2, 3]  # 30 s after the first batch: the next one
+        s.iter = 4
+        s.put_scalar("total_loss", 4.0, kind=ScalarKind.LOSS)
+        writer.write()
+        assert on_disk() == [0, 1, 2, 3]
+        writer.flush()  # what a checkpoint calls
+        assert on_disk() == [0, 1, 2, 3, 4]
+        s.iter = 5
+        s.put_scalar("total_loss", 5.0, kind=ScalarKind.LOSS)
+        writer.write()
+    writer.close()  # close writes what is kept
+    points = scalar_points(load_events(tmp_path), "total_loss")
+    assert points == [(i, float(i)) for i in range(6)]
+
+
 def test_tensorboard_writer_is_lazy_and_checks_its_arguments(tmp_path):
     log_dir = tmp_path / "tb"
     writer = TensorboardWriter(str(log_dir), flush_secs=5)

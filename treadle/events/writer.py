@@ -61,13 +61,22 @@ class EventWriter(ABC):
       of times; it never writes the same scalar at the same iteration twice.
       It must not clear the storage's images or histograms: the calling hook
       does that after every writer ran.
-    - :meth:`close` releases files. A later :meth:`write` reopens them, so a
-      writer can serve several ``train()`` calls.
+    - :meth:`flush` makes what :meth:`write` wrote durable (on disk, or
+      handed over for good). ``write`` may leave it buffered, to keep the
+      training thread from waiting on a disk or a server every period;
+      ``PeriodicWriter`` calls ``flush`` before a checkpoint is saved and
+      at the end of training.
+    - :meth:`close` flushes and releases files. A later :meth:`write`
+      reopens them, so a writer can serve several ``train()`` calls.
     """
 
     @abstractmethod
     def write(self) -> None:
         """Writes what the current storage holds that this writer has not written yet."""
+
+    def flush(self) -> None:
+        """Waits until what :meth:`write` wrote is durable; the default writes
+        through and has nothing to wait for."""
 
     def close(self) -> None:
         """Releases files; the default holds none."""

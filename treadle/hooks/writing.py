@@ -24,7 +24,9 @@ class PeriodicWriter(HookBase):
     that after a resume they drop what the interrupted run wrote after its
     checkpoint. The checkpointing hooks call :meth:`flush` before they save a
     resume point, so that a checkpoint is never on disk while values at or
-    before its iteration are still unwritten.
+    before its iteration are still unwritten or only buffered (a writer may
+    buffer between periods, as TensorBoard's does: see
+    :meth:`EventWriter.flush`).
 
     Writers with ``state_dict``/``load_state_dict`` (the MLflow and W&B
     writers: their run's id) have that state saved in checkpoints with this
@@ -62,17 +64,26 @@ class PeriodicWriter(HookBase):
         trainer = self.trainer
         it = trainer.iter
         if (it + 1) % self._period == 0 or it == trainer.max_iter - 1:
-            self.flush()
+            self.write()
 
     def after_train(self) -> None:
         try:
-            self.flush()
+            self.write()
         finally:
             for w in self.writers:
                 w.close()
 
     def flush(self) -> None:
-        """Writes what the storage holds now (one device sync); call it during training only."""
+        """Writes what the storage holds now (one device sync) and waits until
+        every writer has it on disk (:meth:`EventWriter.flush`): what a
+        checkpoint needs before it is saved. Call it during training only."""
+        self.write()
+        for w in self.writers:
+            w.flush()
+
+    def write(self) -> None:
+        """Writes what the storage holds now (one device sync), without waiting
+        for writers that buffer; call it during training only."""
         storage = self.trainer.storage
         try:
             storage.flush()
