@@ -255,3 +255,14 @@ def test_the_format_is_a_config_key(tmp_path):
     bad = cli([f"train.output_dir={tmp_path / 'bad'}", "train.checkpointer.format=zip"])
     assert bad == 2
     assert not (tmp_path / "bad").exists()
+
+
+def test_importing_treadle_does_not_import_torch_distributed_checkpoint():
+    """DCP (and the DTensor machinery under it) costs ~0.5 s and ~60 MB to
+    import: only a run that reads or writes a .dcp checkpoint pays for it."""
+    code = (
+        "import sys, treadle, treadle.engine, treadle.hooks, treadle.checkpoint, treadle.tools.train_net; "
+        "print('torch.distributed.checkpoint' in sys.modules, 'torch.distributed.tensor' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.split() == ["False", "False"]
