@@ -191,3 +191,29 @@ def test_torch_scheduler_stepped_per_epoch(treadle_caplog):
 def test_epoch_interval_is_for_torch_schedulers():
     with pytest.raises(ValueError, match="interval='epoch' is for torch schedulers"):
         LRScheduler(scheduler=CosineParamScheduler(1.0, 0.0), interval="epoch")
+
+
+@pytest.mark.parametrize("tensor_lr", [False, True])
+def test_lr_multiplier_step_sets_the_rates_torchs_step_sets(tensor_lr):
+    """LRMultiplier's own step (fewer calls per iteration) against torch's
+    LRScheduler.step on a twin optimizer: same rates, last_epoch and
+    get_last_lr at every iteration, a tensor rate filled in place."""
+
+    def build():
+        model = nn.Linear(2, 2)
+        lr = torch.tensor(0.1) if tensor_lr else 0.1
+        opt = torch.optim.SGD([{"params": [model.weight]}, {"params": [model.bias], "lr": lr * 2}], lr=lr)
+        opt.step()
+        return opt, LRMultiplier(opt, CosineParamScheduler(1.0, 0.0), max_iter=50)
+
+    ours_opt, ours = build()
+    torch_opt, reference = build()
+    lr_tensor = ours_opt.param_groups[0]["lr"]
+    for _ in range(60):  # past max_iter too
+        ours.step()
+        torch.optim.lr_scheduler.LRScheduler.step(reference)
+        assert [float(g["lr"]) for g in ours_opt.param_groups] == [float(g["lr"]) for g in torch_opt.param_groups]
+        assert ours.last_epoch == reference.last_epoch and ours._step_count == reference._step_count
+        assert [float(v) for v in ours.get_last_lr()] == [float(v) for v in reference.get_last_lr()]
+    if tensor_lr:
+        assert ours_opt.param_groups[0]["lr"] is lr_tensor

@@ -58,6 +58,27 @@ class LRMultiplier(torch.optim.lr_scheduler.LRScheduler):
         self.last_epoch = int(state_dict["last_epoch"])
         self._last_lr = self.get_lr()
 
+    def step(self, epoch: Optional[int] = None) -> None:
+        """Moves to the next iteration's rates.
+
+        After the first two steps (where torch checks that ``optimizer.step``
+        ran first) and without ``epoch``, this does what torch's ``step``
+        does, in fewer calls: it runs every iteration, right after the
+        optimizer step has cooled the interpreter's caches.
+        """
+        if epoch is not None or self._step_count < 2:
+            super().step(epoch)
+            return
+        self._step_count += 1
+        self.last_epoch += 1
+        groups = self.optimizer.param_groups
+        for group, lr in zip(groups, self.get_lr()):
+            if isinstance(group["lr"], torch.Tensor):  # a tensor rate is filled, not replaced (as torch)
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
+        self._last_lr = [group["lr"] for group in groups]
+
     def get_lr(self) -> List[float]:
         step = min(max(self.last_epoch, 0), self._max_iter)
         try:
