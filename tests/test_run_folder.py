@@ -274,6 +274,49 @@ def test_job_signal_before_training_exits_75_and_after_training_is_ignored(tread
     assert signal.getsignal(signal.SIGTERM) == previous[signal.SIGTERM]
 
 
+# Code a job runs through while it starts (imports of torch, numpy and model
+# libraries) may catch everything: a signal that raised SystemExit there was
+# swallowed and the job trained on (or a half-loaded C extension aborted it).
+_SWALLOWING_CODE = """
+import os, signal, sys, time
+{install}
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+except:  # noqa: E722 - a library's bare except
+    pass
+print("trained on")
+"""
+
+
+@pytest.mark.parametrize("install", [
+    "from treadle.tools.script import _exit_for_retry; signal.signal(signal.SIGTERM, _exit_for_retry)",
+    "from treadle.tools.train_net import _JobSignals; _JobSignals.install(standalone=True)",
+], ids=["before-the-job-imports", "before-training"])
+def test_a_signal_while_starting_ends_the_process_even_under_a_bare_except(install):
+    job = subprocess.run([sys.executable, "-c", _SWALLOWING_CODE.format(install=install)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert job.returncode == 75, job.stderr
+    assert "trained on" not in job.stdout
+    assert "SIGTERM" in job.stderr and "status 75" in job.stderr and "Traceback" not in job.stderr
+
+
+def test_the_launcher_passes_on_a_signal_that_arrives_while_it_spawns():
+    import multiprocessing
+
+    from treadle.engine.launch import _SignalForwarder
+
+    worker = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
+    with _SignalForwarder() as forwarder:
+        os.kill(os.getpid(), signal.SIGTERM)  # before any worker exists: held
+        time.sleep(0.05)
+        assert forwarder.forwarded == {signal.SIGTERM}
+        worker.start()
+        forwarder.attach([worker])
+        worker.join(timeout=60)
+    assert worker.exitcode == -signal.SIGTERM
+
+
 # ---------------------------------------------------------------------- plain Trainer
 def _tiny_trainer(out: Path) -> Trainer:
     torch.manual_seed(0)

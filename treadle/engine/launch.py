@@ -18,7 +18,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Union
 
 import torch
 import torch.distributed as dist
@@ -122,15 +122,17 @@ def launch(
     if num_machines > 1 and dist_url.startswith("file://"):
         logger.warning("file:// init needs a file system shared by all machines: %s", dist_url)
 
-    context = mp.start_processes(
-        _distributed_worker,
-        nprocs=num_gpus_per_machine,
-        args=(main_func, world_size, num_gpus_per_machine, machine_rank, dist_url, tuple(args), timeout),
-        daemon=False,
-        start_method="spawn",
-        join=False,
-    )
-    _wait_for_workers(context)
+    with _SignalForwarder() as forwarder:
+        context = mp.start_processes(
+            _distributed_worker,
+            nprocs=num_gpus_per_machine,
+            args=(main_func, world_size, num_gpus_per_machine, machine_rank, dist_url, tuple(args), timeout),
+            daemon=False,
+            start_method="spawn",
+            join=False,
+        )
+        forwarder.attach(context.processes)
+        _wait_for_workers(context, forwarder.forwarded)
 
 
 # When one process fails, how long the others get to end by themselves (all
@@ -140,26 +142,49 @@ _FAILURE_GRACE_S = 30.0
 _FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
-def _wait_for_workers(context: Any) -> None:
-    """Joins the spawned processes; the launcher's exit status is theirs.
-
-    SIGTERM and SIGUSR1 sent to the launcher alone are passed on to the
+class _SignalForwarder:
+    """Passes SIGTERM and SIGUSR1 sent to the launcher alone on to the
     workers, whose :class:`~treadle.hooks.PreemptionHandler` checkpoints and
     exits with status 75: the launcher then exits with 75 too, so that a
     scheduler sees the preemption, not a crash.
+
+    Installed before the workers are spawned: a signal that arrives while
+    they start is held and passed on as soon as they exist, rather than
+    ending the launcher alone and leaving them to train on unwatched.
     """
 
-    forwarded = set()
+    def __init__(self) -> None:
+        self.forwarded: Set[int] = set()
+        self._processes: Sequence[Any] = ()
+        self._previous: Dict[int, Any] = {}
 
-    def forward(signum: int, frame: Any) -> None:
-        forwarded.add(signum)
-        for process in context.processes:
+    def __enter__(self) -> "_SignalForwarder":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._forward) for sig in _FORWARDED_SIGNALS}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def attach(self, processes: Sequence[Any]) -> None:
+        self._processes = processes
+        for signum in sorted(self.forwarded):
+            self._send(signum)
+
+    def _forward(self, signum: int, frame: Any) -> None:
+        self.forwarded.add(signum)
+        self._send(signum)
+
+    def _send(self, signum: int) -> None:
+        for process in self._processes:
             if process.is_alive():
                 os.kill(process.pid, signum)
 
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED_SIGNALS}
+
+def _wait_for_workers(context: Any, forwarded: Set[int]) -> None:
+    """Joins the spawned processes; the launcher's exit status is theirs.
+    ``forwarded``: the signals passed on to them (see :class:`_SignalForwarder`)."""
     try:
         while not context.join(grace_period=_FAILURE_GRACE_S):
             pass
@@ -181,9 +206,6 @@ def _wait_for_workers(context: Any) -> None:
             print(f"error: process {e.error_index} of the job was killed by {name}", file=sys.stderr, flush=True)
             raise SystemExit(128 - e.exit_code) from None
         raise
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _distributed_worker(

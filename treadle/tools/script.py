@@ -10,6 +10,7 @@ handler is in place before torch is imported.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from typing import Any, List, Optional
@@ -21,7 +22,14 @@ _RETRY_LATER = 75
 
 
 def _exit_for_retry(signum: int, frame: Any) -> None:
-    raise SystemExit(_RETRY_LATER)
+    # os._exit, not SystemExit: an exception raised by a signal handler lands
+    # wherever the main thread is, most often inside torch's or numpy's
+    # imports, where it can abort the process in a half-loaded C extension or
+    # be swallowed by a bare except (the job then trained on). Nothing has
+    # been written yet: there is nothing to close or clean up.
+    os.write(2, f"{os.path.basename(sys.argv[0])}: received {signal.Signals(signum).name} while starting; "
+                f"exiting with status {_RETRY_LATER}\n".encode())
+    os._exit(_RETRY_LATER)
 
 
 def main(argv: Optional[List[str]] = None) -> None:

@@ -284,11 +284,14 @@ class _JobSignals:
     """
 
     phase = "starting"  # then "training", "stopping" or "over"
+    # Whether this process is the command's own (not cli() called from Python).
+    standalone = False
 
     @classmethod
-    def install(cls) -> Dict[int, Any]:
+    def install(cls, standalone: bool = False) -> Dict[int, Any]:
         """Installs the handlers; returns the previous ones."""
         cls.phase = "starting"
+        cls.standalone = standalone
         if threading.current_thread() is not threading.main_thread():
             return {}
         return {sig: signal.signal(sig, cls._handle) for sig in (signal.SIGTERM, signal.SIGUSR1)}
@@ -304,6 +307,16 @@ class _JobSignals:
         if cls.phase == "over":
             logger.info("Received %s after training ended; finishing.", name)
             return
+        if cls.phase == "starting" and cls.standalone:
+            # os._exit, not SystemExit: raised from a signal handler, an
+            # exception lands wherever the job is (inside an import of torch,
+            # numpy or a model library), where a half-loaded C extension can
+            # abort the process or a bare except swallow it and let the job
+            # train on. Before training nothing is written that needs closing:
+            # the folder's lock goes with the process, and renames are atomic.
+            if comm.is_main_process():
+                os.write(2, f"Received {name} before training started; exiting with status {PREEMPTED_EXIT_CODE}.\n".encode())
+            os._exit(PREEMPTED_EXIT_CODE)
         when = "before training started" if cls.phase == "starting" else "while the job stops"
         logger.warning("Received %s %s; exiting with status %d.", name, when, PREEMPTED_EXIT_CODE)
         raise SystemExit(PREEMPTED_EXIT_CODE)
@@ -317,7 +330,7 @@ def _job(args: argparse.Namespace, prog: str, standalone: bool = False) -> Optio
     rank), since a rank failing alone leaves the others waiting. The exit
     status is raised as ``SystemExit`` (the launcher passes it on).
     """
-    previous = _JobSignals.install()
+    previous = _JobSignals.install(standalone)
     single = comm.get_world_size() == 1
     try:
         return main(args)
@@ -337,9 +350,16 @@ def _job(args: argparse.Namespace, prog: str, standalone: bool = False) -> Optio
         forget_pending_starts()  # a job that failed before training leaves nothing for the next
         if single and not standalone:
             # In the caller's process (cli() called from Python): give the
-            # signals back. A command's process keeps them until it exits, so
-            # that a signal while it shuts down is not a death by signal.
+            # signals back.
             _JobSignals.restore(previous)
+        elif previous:
+            # The job's own process (the command's, or a spawned worker's):
+            # its status is decided. Python's shutdown puts back the default
+            # action of the signals it handles, and a signal then would be a
+            # death by signal (143) after a finished run; ignored ones stay
+            # ignored.
+            for sig in previous:
+                signal.signal(sig, signal.SIG_IGN)
 
 
 def cli(argv: Optional[List[str]] = None, *, standalone: bool = False) -> int:
