@@ -38,10 +38,10 @@ setup(
         # their real clients (a local MLflow server, W&B offline).
         "dev": ["pytest", "matplotlib", "transformers", "torchmetrics", "mlflow", "wandb"],
         "metrics": ["torchmetrics"],
-        # Experiment trackers, for MLflowWriter and WandbWriter (train.writers.*).
         # The peers that benchmarks/peers.py runs beside treadle, when installed
         # (never a CI dependency).
-        "bench": ["pytorch-ignite"],
+        "bench": ["pytorch-ignite", "accelerate", "mmengine", "pytorch-accelerated", "lightning"],
+        # Experiment trackers, for MLflowWriter and WandbWriter (train.writers.*).
         "mlflow": ["mlflow"],
         "wandb": ["wandb"],
     },
