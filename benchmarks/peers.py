@@ -440,7 +440,7 @@ def main() -> None:
     hand_rss = statistics.median(r["peak_rss"] for r in results["hand"]) if "hand" in results else None
     print(f"per-iteration time, width {args.width}, {args.iters} iterations, one thread, "
           f"medians of {args.rounds} interleaved rounds; ratio to a hand-written loop over pre-built batches")
-    print(f"{'system':<28} {'ms/it':>7} {'ratio':>7} {'added us':>9} {'end-to-end':>11} {'bit-identical':>14} {'peak RSS':>9}")
+    print(f"{'system':<28} {'ms/it':>7} {'ratio':>7} {'+us/it':>9} {'end-to-end':>11} {'bit-identical':>14} {'peak-RSS':>9}")
     for system, rows in results.items():
         ratio = statistics.median(r["ratio"] for r in rows)
         added = statistics.median(r["added_us"] for r in rows)
