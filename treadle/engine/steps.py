@@ -126,6 +126,10 @@ class StepBase:
     """
 
     trainer: Optional["TrainerBase"] = None
+    # Whether the trainer has anything to run in after_backward (a hook has
+    # one, or its class overrides it): set by the trainer when the step is
+    # assigned and when hooks are registered, so that a step can skip the call.
+    calls_after_backward: bool = False
 
     def run_step(self) -> None:
         raise NotImplementedError
@@ -142,8 +146,8 @@ class StepBase:
             raise KeyError(f"{type(self).__name__} keeps no state but got keys {sorted(state)}")
 
     def _after_backward(self) -> None:
-        if self.trainer is not None:
-            self.trainer.after_backward()
+        if self.calls_after_backward:
+            self.trainer.after_backward()  # type: ignore[union-attr]
 
 
 class EagerStep(StepBase):
@@ -208,7 +212,6 @@ class EagerStep(StepBase):
         self.model = model
         self.data_loader = data_loader
         self.optimizer = optimizer
-        self.loss_fn = loss_fn
         self.grad_accum_steps = grad_accum_steps
         self.clip_grad_norm = clip_grad_norm
         self.precision = precision
@@ -230,6 +233,13 @@ class EagerStep(StepBase):
         # Whether the loss comes from a compute_loss of the user's (given, or a
         # subclass's): the common case then keeps its direct call.
         self._custom_loss = compute_loss is not None or type(self).compute_loss is not EagerStep.compute_loss
+        self.loss_fn = loss_fn
+        # The series run_step appends to, opened in each train()'s storage.
+        self._series_storage: Optional[EventStorage] = None
+        self._loss_points: List[Tuple[Any, int]] = []
+        self._data_time_points: List[Tuple[Any, int]] = []
+        self._other_losses: Dict[str, List[Tuple[Any, int]]] = {}
+        self._series_limit = 0
         self._data_iter: Optional[Iterator[Any]] = None
         self._batch_device: Optional[torch.device] = None
         self._warned_no_data_state = False
@@ -249,20 +259,24 @@ class EagerStep(StepBase):
         return self._device
 
     # The iteration is one method with the rare cases (accumulation, a grad
-    # scaler, clipping) behind branches: on a small model the step's Python
-    # runs with cold caches after every backward, and each extra function
-    # costs about a microsecond there.
+    # scaler, clipping, a custom loss) behind branches: on a small model the
+    # step's Python runs with cold caches after every backward, and each
+    # extra function costs about a microsecond there.
     def run_step(self) -> None:
-        if not self.model.training:
+        model = self.model
+        if not model.training:
             raise RuntimeError(
                 "The model is in eval mode at the start of a training step; a hook or an "
                 "evaluation did not restore model.train()."
             )
         # get_event_storage() without the call; it raises the clear error.
         storage = _CURRENT_STORAGE_STACK[-1] if _CURRENT_STORAGE_STACK else get_event_storage()
+        if storage is not self._series_storage:
+            self._open_series(storage)
         optimizer = self.optimizer
         scaler = self.grad_scaler
         optimizer.zero_grad(set_to_none=True)
+        loss = None
         if self.grad_accum_steps == 1:
             t0 = time.perf_counter()
             # _next_batch's common case inline: an iterator is open and
@@ -276,23 +290,36 @@ class EagerStep(StepBase):
                 except StopIteration:
                     batch = self._restart_data()
             data_time = time.perf_counter() - t0
-            if self.precision == "fp32" and not self._custom_loss:
-                losses = self._compute_losses(self.model, self.loss_fn, batch)
+            loss_fn = self._direct_loss_fn
+            if loss_fn is not None and isinstance(batch, (tuple, list)) and len(batch) == 2:
+                # The common case of the loss contract inline: one loss tensor.
+                loss = loss_fn(model(batch[0]), batch[1])
+                if not isinstance(loss, torch.Tensor):
+                    losses = _as_losses(loss, "loss_fn")
+                    loss = None
+            elif self.precision == "fp32" and not self._custom_loss:
+                losses = self._compute_losses(model, self.loss_fn, batch)
             else:
                 losses = self._forward(batch)
-            if scaler is None:
-                losses["total_loss"].backward()
-            else:
-                scaler.scale(losses["total_loss"]).backward()
-            if self._copies_published:
-                losses = {name: self._published(value) for name, value in losses.items()}
+            total = loss if loss is not None else losses["total_loss"]
+            try:
+                if scaler is None:
+                    total.backward()
+                else:
+                    scaler.scale(total).backward()
+            except RuntimeError:
+                # A loss that is not one number is found here rather than
+                # checked every step: backward refuses it.
+                if total.numel() != 1:
+                    _raise_not_scalar(total, "loss_fn" if self.loss_fn is not None else "the model", "total_loss")
+                raise
         else:
             losses, data_time = self._accumulate()
         if scaler is not None:
             # Hooks and clipping must see true gradients.
             scaler.unscale_(optimizer)
-        if self.trainer is not None:
-            self.trainer.after_backward()
+        if self.calls_after_backward:
+            self.trainer.after_backward()  # type: ignore[union-attr]
         if self.clip_grad_norm is not None:
             params = self._clip_params
             if params is None:
@@ -305,10 +332,52 @@ class EagerStep(StepBase):
         else:
             scaler.step(optimizer)
             scaler.update()
-        # The storage detaches what it keeps: no graph outlives the step.
+        # Detached copies: no autograd graph outlives the step.
+        it = storage.iter
+        if loss is not None:
+            value = loss.detach()
+            self._loss_points.append((value.clone() if self._copies_published else value, it))
+        else:
+            self._publish_losses(storage, losses, it)
+        data_points = self._data_time_points
+        data_points.append((data_time, it))
+        if len(data_points) >= self._series_limit:
+            storage.bound_pending()
+
+    def _open_series(self, storage: EventStorage) -> None:
+        """Opens the series this step appends to in ``storage`` (a new one each ``train()``)."""
+        self._series_storage = storage
+        self._loss_points = storage.open_series("total_loss", kind=ScalarKind.LOSS)
+        self._data_time_points = storage.open_series("data_time", kind=ScalarKind.TIME, tensors=False)
+        self._other_losses = {}
+        self._series_limit = storage.max_pending
+
+    def _publish_losses(self, storage: EventStorage, losses: Dict[str, torch.Tensor], iteration: int) -> None:
+        """Appends ``losses`` (by name, ``total_loss`` among them) to their
+        series; those of an accumulated step are published copies already."""
+        series = self._other_losses
+        published = self.grad_accum_steps > 1
         for name, value in losses.items():
-            storage.put_scalar(name, value, kind=ScalarKind.LOSS)
-        storage.put_scalar("data_time", data_time, kind=ScalarKind.TIME)
+            points = self._loss_points if name == "total_loss" else series.get(name)
+            if points is None:
+                points = series[name] = storage.open_series(name, kind=ScalarKind.LOSS)
+            points.append((value if published else self._published(value), iteration))
+
+    @property
+    def loss_fn(self) -> Optional[Callable[[Any, Any], Any]]:
+        return self._loss_fn
+
+    @loss_fn.setter
+    def loss_fn(self, loss_fn: Optional[Callable[[Any, Any], Any]]) -> None:
+        self._loss_fn = loss_fn
+        # The loss function run_step calls itself, when the loss contract's
+        # common case applies: fp32, no loss of the user's, no compiled loss.
+        direct = (
+            self.precision == "fp32"
+            and not self._custom_loss
+            and type(self)._compute_losses is EagerStep._compute_losses
+        )
+        self._direct_loss_fn = loss_fn if direct else None
 
     def compute_loss(self, batch: Any) -> Any:
         """The loss of one (micro-)batch, already on the device: the one method
@@ -437,8 +506,8 @@ class EagerStep(StepBase):
     # (model, loss_fn, batch) -> losses by name; CompiledStep compiles it.
     _compute_losses = staticmethod(_forward_losses)
 
-    # Whether published losses are copies (see CompiledStep) rather than the
-    # step's own tensors.
+    # Whether published losses are copies (see CompiledStep) rather than
+    # detached views of the step's own tensors.
     _copies_published = False
 
     def _published(self, value: torch.Tensor) -> torch.Tensor:

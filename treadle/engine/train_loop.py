@@ -174,6 +174,7 @@ class TrainerBase:
             raise TypeError(f"trainer.step must be a StepBase, got {type(step).__name__}")
         step.trainer = weakref.proxy(self)
         self._step = step
+        self._tell_step_about_hooks()
 
     @property
     def hooks(self) -> List[HookBase]:
@@ -203,6 +204,14 @@ class TrainerBase:
             stage: [(h, getattr(h, stage), f"{type(h).__name__}.{stage}") for h in self._hooks if h.overrides(stage)]
             for stage in HOOK_STAGES
         }
+        self._tell_step_about_hooks()
+
+    def _tell_step_about_hooks(self) -> None:
+        """Lets the step skip ``after_backward`` when nothing would run there."""
+        if self._step is not None:
+            self._step.calls_after_backward = bool(self._hooks_by_stage["after_backward"]) or (
+                type(self).after_backward is not TrainerBase.after_backward
+            )
 
     def request_stop(self, reason: str, *, interrupted: bool = False) -> None:
         """Ends training after the current iteration; ``after_train`` runs as on success.
@@ -328,6 +337,12 @@ class TrainerBase:
         after_step_overridden = type(self).after_step is not TrainerBase.after_step
         # Epoch ends are looked for only when a hook wants them.
         epoch_length = self.epoch_length if self._hooks_by_stage["after_epoch"] else None
+        # The step object is called from here, without TrainerBase.run_step's
+        # frame in between, unless a subclass has its own run_step.
+        direct_step = type(self).run_step is TrainerBase.run_step
+        if direct_step:
+            self.step  # noqa: B018 - raises the clear error when no step was assigned
+        check_each_step = self.nonfinite_check == "step"
         self._loop_started = clock()
         try:
             for self.iter in range(start_iter, max_iter):
@@ -337,7 +352,14 @@ class TrainerBase:
                 # Read each iteration: hooks may be registered during training.
                 if before_step_overridden or self._hooks_by_stage["before_step"]:
                     self.before_step()
-                self.run_step()
+                if direct_step:
+                    # Read each iteration: a hook may assign another step.
+                    self._step.run_step()  # type: ignore[union-attr]
+                    self._last_run_iter = self.iter
+                    if check_each_step:
+                        storage.materialize()
+                else:
+                    self.run_step()
                 self.step_end_time = clock()
                 if after_step_overridden or self._hooks_by_stage["after_step"]:
                     self.after_step()

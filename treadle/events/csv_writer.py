@@ -10,7 +10,7 @@ from typing import List, Optional, Set, cast
 from treadle.utils.file_io import PathManager
 
 from .storage import get_event_storage
-from .writer import ITERATION_KEY, _atomic_write_text, _AppendingFileWriter, _lines_before, _read_lines
+from .writer import DEFAULT_FILE_FLUSH_SECS, ITERATION_KEY, _atomic_write_text, _AppendingFileWriter, _lines_before, _read_lines
 
 __all__ = ["CSVWriter"]
 
@@ -45,10 +45,12 @@ class CSVWriter(_AppendingFileWriter):
     Args:
         csv_file: path of the file.
         window_size: number of values the median of a training scalar covers.
+        flush_secs: the longest a written row waits in the file's buffer, as
+            for :class:`JSONWriter`.
     """
 
-    def __init__(self, csv_file: str, window_size: int = 20) -> None:
-        super().__init__(csv_file, window_size)
+    def __init__(self, csv_file: str, window_size: int = 20, *, flush_secs: float = DEFAULT_FILE_FLUSH_SECS) -> None:
+        super().__init__(csv_file, window_size, flush_secs)
         # Scalar columns of the file's header (without "iteration"); None until read.
         self._columns: Optional[List[str]] = None
 

@@ -13,6 +13,7 @@ from fvcore.common.history_buffer import HistoryBuffer as _FvcoreHistoryBuffer
 __all__ = ["HistoryBuffer"]
 
 _value = itemgetter(0)
+_iteration = itemgetter(1)
 
 
 class HistoryBuffer(_FvcoreHistoryBuffer):
@@ -95,6 +96,18 @@ class HistoryBuffer(_FvcoreHistoryBuffer):
     def count_after(self, iteration: int) -> int:
         """How many of the kept values were recorded after ``iteration``,
         counted from the newest end (no copy of the history)."""
+        data = self._data
+        if data:
+            # One value per iteration, the usual case, checked in C rather
+            # than walked: the last k values are after it, the one before is not.
+            k = data[-1][1] - iteration
+            n = len(data)
+            if (
+                0 < k <= n
+                and (k == n or data[-k - 1][1] <= iteration)
+                and min(map(_iteration, itertools.islice(reversed(data), k))) > iteration
+            ):
+                return k
         count = 0
         for _, it in reversed(self._data):
             if it <= iteration:

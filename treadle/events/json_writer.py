@@ -10,7 +10,7 @@ from typing import Optional
 from treadle.utils.file_io import PathManager
 
 from .storage import get_event_storage
-from .writer import ITERATION_KEY, _atomic_write_text, _AppendingFileWriter, _lines_before, _read_lines
+from .writer import DEFAULT_FILE_FLUSH_SECS, ITERATION_KEY, _atomic_write_text, _AppendingFileWriter, _lines_before, _read_lines
 
 __all__ = ["JSONWriter"]
 
@@ -42,17 +42,21 @@ class JSONWriter(_AppendingFileWriter):
     NaN and infinite values are written as ``null`` (JSON has no NaN).
 
     The file is opened in append mode through ``PathManager`` at the first
-    write and flushed after each write. :meth:`set_start_iter` first removes
-    the lines at or after the start iteration, which an interrupted run wrote
-    after its last checkpoint.
+    write. Lines reach it at the first write, then at most ``flush_secs``
+    apart, and all of them at :meth:`flush` (before every checkpoint) and
+    :meth:`close`. :meth:`set_start_iter` first removes the lines at or after
+    the start iteration, which an interrupted run wrote after its last
+    checkpoint.
 
     Args:
         json_file: path of the file, e.g. ``output_dir/metrics.json``.
         window_size: number of values the median of a training scalar covers.
+        flush_secs: the longest a written line waits in the file's buffer
+            (0: every write goes to the file at once).
     """
 
-    def __init__(self, json_file: str, window_size: int = 20) -> None:
-        super().__init__(json_file, window_size)
+    def __init__(self, json_file: str, window_size: int = 20, *, flush_secs: float = DEFAULT_FILE_FLUSH_SECS) -> None:
+        super().__init__(json_file, window_size, flush_secs)
 
     def write(self) -> None:
         rows = self._new_rows(get_event_storage())

@@ -128,43 +128,47 @@ class CommonMetricPrinter(EventWriter):
             self._logger.info("  ".join([f"metrics @ iter {it}:"] + fields))
 
     def _training_line(self, storage: EventStorage, iteration: int, fresh: Collection[str]) -> str:
-        histories = storage.histories()
-        hints = storage.smoothing_hints()
+        # The medians every writer of this flush shares (computed once).
+        smoothed = storage._smoothed_latest(self._window_size)
         kinds = storage.kinds()
+        hints = storage.smoothing_hints()
+        field = self._field
 
         def median(name: str) -> Optional[float]:
-            if name not in fresh:
-                return None
-            return storage.smoothed(name, self._window_size) if hints[name] else histories[name].latest()
+            return smoothed[name][0] if name in fresh else None
 
         seconds_per_iter = median("time")
         parts: List[str] = []
         eta = self._eta_seconds(iteration, seconds_per_iter)
         if eta is not None:
-            parts.append(self._field("eta", str(datetime.timedelta(seconds=int(round(eta))))))
-        shown_iter = str(iteration) if self._max_iter is None else f"{iteration}/{self._max_iter}"
-        parts.append(self._field("iter", shown_iter))
-        # Storage keeps names in the order first put: the step's total_loss, then its terms.
+            parts.append(field("eta", str(datetime.timedelta(seconds=int(round(eta))))))
+        parts.append(field("iter", str(iteration) if self._max_iter is None else f"{iteration}/{self._max_iter}"))
+        # Names come in the order first put: the step's total_loss, then its terms.
         # A scalar put without a kind whose name says "loss" (a detectron2
-        # model's storage.put_scalar("loss_cls", ...)) is a loss too.
-        for name in histories:
-            if name in fresh and (kinds[name] == ScalarKind.LOSS or (kinds[name] is None and "loss" in name)):
-                parts.append(self._field(name, storage.smoothed(name, self._window_size), ".4g"))
-        # detectron2's mark for a training statistic that is not a loss ("[metric]grad_scaler").
-        for name in histories:
-            if name in fresh and kinds[name] is None and "[metric]" in name and "loss" not in name:
-                parts.append(self._field(name, median(name), ".4g"))
+        # model's storage.put_scalar("loss_cls", ...)) is a loss too; losses
+        # are shown as medians whatever their hint.
+        marked = []
+        for name in smoothed:
+            if name not in fresh:
+                continue
+            kind = kinds[name]
+            if kind == ScalarKind.LOSS or (kind is None and "loss" in name):
+                value = smoothed[name][0] if hints[name] else storage.smoothed(name, self._window_size)
+                parts.append(field(name, value, ".4g"))
+            elif kind is None and "[metric]" in name:
+                # detectron2's mark for a training statistic that is not a loss ("[metric]grad_scaler").
+                marked.append(field(name, smoothed[name][0], ".4g"))
+        parts += marked
         for name, fmt in (("grad_norm", ".4g"), ("time", ".4f"), ("data_time", ".4f")):
-            value = median(name)
-            if value is not None:
-                parts.append(self._field(name, value, fmt))
+            if name in fresh:
+                parts.append(field(name, smoothed[name][0], fmt))
         if self._samples_per_iter is not None and seconds_per_iter is not None and seconds_per_iter > 0:
             rate = self._samples_per_iter / seconds_per_iter
-            parts.append(self._field("samples/s", rate, ".0f" if rate >= 100 else ".3g"))
+            parts.append(field("samples/s", rate, ".0f" if rate >= 100 else ".3g"))
         if "lr" in fresh:
-            parts.append(self._field("lr", histories["lr"].latest(), ".5g"))
+            parts.append(field("lr", storage.latest()["lr"][0], ".5g"))
         if torch.cuda.is_initialized():  # False when this run never used CUDA, and on CPU-only builds
-            parts.append(self._field("max_mem", f"{torch.cuda.max_memory_allocated() / 2**20:.0f}M"))
+            parts.append(field("max_mem", f"{torch.cuda.max_memory_allocated() / 2**20:.0f}M"))
         self._clock_anchor = (_now(), iteration)
         return "  ".join(parts)
 

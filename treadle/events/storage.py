@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from contextlib import contextmanager
+from operator import itemgetter
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, Union
 
 import torch
@@ -66,6 +67,8 @@ class NonFiniteLossError(FloatingPointError):
 
 
 _CURRENT_STORAGE_STACK: List["EventStorage"] = []
+_value = itemgetter(0)
+_iteration = itemgetter(1)
 
 
 def get_event_storage() -> "EventStorage":
@@ -134,6 +137,16 @@ class EventStorage:
         self._pending: Dict[str, List[Tuple[ScalarValue, int]]] = {}
         self._tensor_names: Set[str] = set()
         self._pending_tensors = 0
+        # Series (see open_series): per name, a list its producer appends
+        # (value, iteration) to directly; emptied into _pending when read.
+        self._series: Dict[str, List[Tuple[ScalarValue, int]]] = {}
+        self._series_lists: List[List[Tuple[ScalarValue, int]]] = []
+        self._series_of_tensors: Set[str] = set()
+        # Counts the reads that recorded something: what the values of
+        # latest_with_smoothing_hint are cached by, so that the writers of
+        # one flush compute each median once between them.
+        self._generation = 0
+        self._smoothed_cache: Tuple[Tuple[int, int], Dict[str, Tuple[float, int]]] = ((-1, -1), {})
         self._prefix = ""
         self._images: List[Tuple[str, torch.Tensor, int]] = []
         self._histograms: List[Tuple[str, torch.Tensor, int, Any]] = []
@@ -205,6 +218,53 @@ class EventStorage:
         if self._pending_tensors >= self._max_pending and self.reducer is None:
             self.materialize()
 
+    def open_series(
+        self, name: str, *, smoothing_hint: bool = True, kind: Optional[str] = None, tensors: bool = True
+    ) -> List[Tuple[ScalarValue, int]]:
+        """A list to append ``(value, iteration)`` to: ``put_scalar`` without a
+        call, for a producer that puts ``name`` every iteration (the step's
+        losses and ``data_time``).
+
+        ``name`` is checked, and prefixed by the current :meth:`name_scope`,
+        once, here; the producer then appends values that ``put_scalar``
+        would accept unchanged: one-element tensors without autograd history
+        (detach them) when ``tensors``, else Python floats. They are read with
+        everything else at the next flush, in iteration order with values of
+        the same name put by ``put_scalar``. The list is this storage's: open
+        it again in the next ``EventStorage``. A producer that appends every
+        iteration bounds the pending values by calling :meth:`bound_pending` when
+        its list reaches :attr:`max_pending`.
+        """
+        name = self._prefix + name
+        points = self._series.get(name)
+        if points is None:
+            previous_hint = self._smoothing_hints.get(name)
+            if previous_hint is None:
+                self._register(name, smoothing_hint, kind)
+            elif previous_hint != smoothing_hint or self._kinds[name] != kind:
+                raise ValueError(
+                    f"Scalar '{name}' was put with smoothing_hint={previous_hint}, kind={self._kinds[name]!r} "
+                    f"before and is opened as a series with smoothing_hint={smoothing_hint}, kind={kind!r}; "
+                    "one name must keep one hint and kind."
+                )
+            points = self._series[name] = []
+            self._series_lists.append(points)
+        if tensors:
+            self._series_of_tensors.add(name)
+        return points
+
+    @property
+    def max_pending(self) -> int:
+        """How many values a series may hold before its producer calls :meth:`bound_pending`."""
+        return self._max_pending
+
+    def bound_pending(self) -> None:
+        """Resolves what is pending, unless values are reduced across ranks
+        (that is a collective, which every rank must run at the same point:
+        the writers' flush)."""
+        if self.reducer is None:
+            self.materialize()
+
     def _register(self, name: str, smoothing_hint: bool, kind: Optional[str]) -> None:
         if kind not in ScalarKind.ALL:
             raise ValueError(f"Unknown scalar kind {kind!r} for '{name}'; use one of {ScalarKind.ALL}")
@@ -265,9 +325,8 @@ class EventStorage:
                 such iteration and every loss term of it. The values are
                 recorded before raising, so writers can still show them.
         """
-        if not self._pending:
-            return
-        self._resolve_pending()
+        if self._pending or any(self._series_lists):
+            self._resolve_pending()
 
     def flush(self) -> None:
         """:meth:`materialize`, also when nothing is pending.
@@ -277,10 +336,28 @@ class EventStorage:
         ``PeriodicWriter`` calls this on every rank at each period. Plain
         reads (``latest()``, ``history()``) only resolve what is pending.
         """
-        if self._pending or self.reducer is not None:
+        if self._pending or self.reducer is not None or any(self._series_lists):
             self._resolve_pending()
 
+    def _take_series(self) -> None:
+        """Moves what the series hold into ``_pending``."""
+        for name, points in self._series.items():
+            if not points:
+                continue
+            earlier = self._pending.get(name)
+            if earlier is None:
+                self._pending[name] = points[:]
+            else:
+                # put_scalar and the series both had values: in iteration order
+                # (a stable sort keeps the put order within an iteration).
+                self._pending[name] = sorted(earlier + points, key=_iteration)
+            points.clear()
+            if name in self._series_of_tensors:
+                self._tensor_names.add(name)
+
     def _resolve_pending(self) -> None:
+        if self._series:
+            self._take_series()
         pending, self._pending = self._pending, {}
         tensor_names, self._tensor_names = self._tensor_names, set()
         pending_tensors, self._pending_tensors = self._pending_tensors, 0
@@ -302,6 +379,7 @@ class EventStorage:
                 history = histories[name] = HistoryBuffer(self._history_length)
             history.extend(points)
             self._latest[name] = points[-1]
+        self._generation += 1
         if self.nonfinite_check != "off":
             self._check_losses(pending)
 
@@ -320,6 +398,9 @@ class EventStorage:
 
     def _check_losses(self, pending: Dict[str, List[Tuple[float, int]]]) -> None:
         loss_names = self._loss_names.intersection(pending)
+        # All finite, the usual answer, found without a Python loop per value.
+        if all(all(map(math.isfinite, map(_value, pending[name]))) for name in loss_names):
+            return
         first: Optional[int] = None
         for name in loss_names:
             for value, it in pending[name]:
@@ -378,6 +459,7 @@ class EventStorage:
                 buffer = self._history[name] = HistoryBuffer(self._history_length)
             buffer.extend(points)
             self._latest[name] = points[-1]
+        self._generation += 1
 
     def latest(self) -> Dict[str, Tuple[float, int]]:
         """``{name: (latest value, iteration it was put at)}``."""
@@ -408,12 +490,26 @@ class EventStorage:
     def latest_with_smoothing_hint(self, window_size: int = 20) -> Dict[str, Tuple[float, int]]:
         """Like :meth:`latest`, but scalars with a smoothing hint are the median of
         their values over the last ``window_size`` iterations."""
+        return dict(self._smoothed_latest(window_size))
+
+    def _smoothed_latest(self, window_size: int) -> Dict[str, Tuple[float, int]]:
+        """:meth:`latest_with_smoothing_hint`, computed once per read that
+        recorded new values and shared (callers must not modify it): the
+        writers of one flush ask for the same medians."""
         self.materialize()
+        key = (self._generation, window_size)
+        cached_key, cached = self._smoothed_cache
+        if cached_key == key:
+            return cached
         result = {}
+        histories, hints = self._history, self._smoothing_hints
         for name, (value, it) in self._latest.items():
-            if self._smoothing_hints[name]:
-                value = self.smoothed(name, window_size)
+            if hints[name]:
+                history = histories[name]
+                # count_samples and smoothed inline: the window counts iterations.
+                value = history.median(max(history.count_after(it - window_size), 1))
             result[name] = (value, it)
+        self._smoothed_cache = (key, result)
         return result
 
     def smoothing_hints(self) -> Dict[str, bool]:
@@ -456,6 +552,13 @@ def _resolve_tensors(columns: List[List[Tuple[ScalarValue, int]]]) -> None:
     """
     on_devices: Dict[Tuple[torch.device, torch.dtype], List[Tuple[List[Tuple[ScalarValue, int]], int]]] = {}
     for points in columns:
+        first = points[0][0]
+        if _READ_CPU_TENSORS_ONE_BY_ONE and isinstance(first, torch.Tensor) and first.is_cpu:
+            # A column of CPU tensors (one name's values live on one device):
+            # read in one comprehension. A tensor elsewhere among them would
+            # be read correctly too, with a sync of its own.
+            points[:] = [(float(v.item()), it) if isinstance(v, torch.Tensor) else (v, it) for v, it in points]
+            continue
         for i, (value, it) in enumerate(points):
             if not isinstance(value, torch.Tensor):
                 continue

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from abc import ABC, abstractmethod
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
@@ -135,26 +136,25 @@ class _IterationRowWriter(EventWriter):
         self._seen_latest = {}
 
     def _new_rows(self, storage: EventStorage) -> Rows:
-        latest = storage.latest()  # resolves pending tensors: the one sync of this write
-        hints = storage.smoothing_hints()
+        # Resolves pending tensors (the one sync of this write); the medians
+        # are computed once for all the writers of a flush.
+        smoothed = storage._smoothed_latest(self._window_size)
+        latest = storage.latest()
         kinds = storage.kinds()
-        histories = storage.histories()
         last_write = self._last_write
         rows: Dict[int, Dict[str, float]] = {}
         for name, point in latest.items():
-            if name == ITERATION_KEY:
-                raise ValueError(
-                    f"A scalar is named '{ITERATION_KEY}', which is the iteration key of "
-                    f"{type(self).__name__}'s output; rename it."
-                )
             value, it = point
             if kinds[name] == ScalarKind.METRIC:
                 # Evaluation results: every one, whatever the periods.
-                for v, i in histories[name].values_after(last_write):
+                for v, i in storage.history(name).values_after(last_write):
                     rows.setdefault(i, {})[name] = v
             elif it > last_write:
                 # Training series: one value per write, smoothed when hinted.
-                rows.setdefault(it, {})[name] = storage.smoothed(name, self._window_size) if hints[name] else value
+                row = rows.get(it)
+                if row is None:
+                    row = rows[it] = {}
+                row[name] = smoothed[name][0]
             if self._first_iter <= it <= last_write:
                 seen = self._seen_latest.get(name)
                 if seen is None or not _same_point(seen, point):
@@ -166,7 +166,12 @@ class _IterationRowWriter(EventWriter):
                         it,
                     )
             self._seen_latest[name] = point
-        return dict(sorted(rows.items()))
+        if ITERATION_KEY in latest:
+            raise ValueError(
+                f"A scalar is named '{ITERATION_KEY}', which is the iteration key of "
+                f"{type(self).__name__}'s output; rename it."
+            )
+        return rows if len(rows) < 2 else dict(sorted(rows.items()))
 
     def _commit(self, rows: Rows) -> None:
         if rows:
@@ -230,14 +235,31 @@ def _open_for_append(path: str) -> IO[str]:
     return PathManager.open(path, "a", encoding="utf-8", newline="")
 
 
+#: Seconds a file writer's lines may wait in its buffer before they are
+#: handed to the operating system (see _AppendingFileWriter).
+DEFAULT_FILE_FLUSH_SECS = 1.0
+
+
 class _AppendingFileWriter(_IterationRowWriter):
     """A row writer that appends text to one file, opened when first needed
-    (so that a writer closed after a run works again in the next)."""
+    (so that a writer closed after a run works again in the next).
 
-    def __init__(self, path: str, window_size: int) -> None:
+    Lines reach the file at the first write and then at most ``flush_secs``
+    apart, not at every write: a write every 20 iterations of a fast step
+    would otherwise be a system call every few milliseconds. :meth:`flush`
+    (which ``PeriodicWriter`` calls before every checkpoint and at the end
+    of training) and :meth:`close` write everything out, so a checkpoint is
+    never on disk before the lines of its iterations.
+    """
+
+    def __init__(self, path: str, window_size: int, flush_secs: float = DEFAULT_FILE_FLUSH_SECS) -> None:
         super().__init__(window_size)
+        if isinstance(flush_secs, bool) or not isinstance(flush_secs, (int, float)) or not flush_secs >= 0:
+            raise ValueError(f"flush_secs must be a non-negative number of seconds, got {flush_secs!r}")
         self._path = path
         self._file: Optional[IO[str]] = None
+        self._flush_secs = float(flush_secs)
+        self._next_flush = 0.0
 
     @property
     def path(self) -> str:
@@ -247,9 +269,18 @@ class _AppendingFileWriter(_IterationRowWriter):
         if self._file is None:
             self._file = _open_for_append(self._path)
         self._file.write(text)
-        self._file.flush()
+        now = time.monotonic()
+        if now >= self._next_flush:
+            self._file.flush()
+            self._next_flush = now + self._flush_secs
+
+    def flush(self) -> None:
+        """Hands every line written so far to the operating system."""
+        if self._file is not None:
+            self._file.flush()
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+        self._next_flush = 0.0
