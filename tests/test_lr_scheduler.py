@@ -3,6 +3,7 @@ import logging
 import pytest
 import torch
 from fvcore.common.param_scheduler import (
+    ConstantParamScheduler,
     CosineParamScheduler,
     MultiStepParamScheduler,
     StepParamScheduler,
@@ -193,23 +194,36 @@ def test_epoch_interval_is_for_torch_schedulers():
         LRScheduler(scheduler=CosineParamScheduler(1.0, 0.0), interval="epoch")
 
 
+@pytest.mark.parametrize("constant", [False, True], ids=["cosine", "constant"])
 @pytest.mark.parametrize("tensor_lr", [False, True])
-def test_lr_multiplier_step_sets_the_rates_torchs_step_sets(tensor_lr):
-    """LRMultiplier's own step (fewer calls per iteration) against torch's
-    LRScheduler.step on a twin optimizer: same rates, last_epoch and
-    get_last_lr at every iteration, a tensor rate filled in place."""
+def test_lr_multiplier_step_sets_the_rates_torchs_step_sets(tensor_lr, constant):
+    """LRMultiplier's own step (fewer calls per iteration; for a constant
+    schedule, none once the rates are set) against torch's LRScheduler.step
+    on a twin optimizer: same rates, last_epoch and get_last_lr at every
+    iteration, a tensor rate filled in place, also after a rate changed by
+    hand and base rates changed by a resume."""
 
     def build():
         model = nn.Linear(2, 2)
         lr = torch.tensor(0.1) if tensor_lr else 0.1
         opt = torch.optim.SGD([{"params": [model.weight]}, {"params": [model.bias], "lr": lr * 2}], lr=lr)
         opt.step()
-        return opt, LRMultiplier(opt, CosineParamScheduler(1.0, 0.0), max_iter=50)
+        schedule = ConstantParamScheduler(0.5) if constant else CosineParamScheduler(1.0, 0.0)
+        return opt, LRMultiplier(opt, schedule, max_iter=50)
 
     ours_opt, ours = build()
     torch_opt, reference = build()
     lr_tensor = ours_opt.param_groups[0]["lr"]
-    for _ in range(60):  # past max_iter too
+    computed = []
+    get_lr = ours.get_lr
+    ours.get_lr = lambda: computed.append(ours.last_epoch) or get_lr()
+    for i in range(60):  # past max_iter too
+        if i == 20 and not tensor_lr:
+            for opt in (ours_opt, torch_opt):
+                opt.param_groups[1]["lr"] = 7.0  # by hand: the schedule sets it back
+        if i == 30:
+            for scheduler in (ours, reference):
+                scheduler.base_lrs = [0.3, 0.6]  # as a resume that keeps the config's rate does
         ours.step()
         torch.optim.lr_scheduler.LRScheduler.step(reference)
         assert [float(g["lr"]) for g in ours_opt.param_groups] == [float(g["lr"]) for g in torch_opt.param_groups]
@@ -217,3 +231,5 @@ def test_lr_multiplier_step_sets_the_rates_torchs_step_sets(tensor_lr):
         assert [float(v) for v in ours.get_last_lr()] == [float(v) for v in reference.get_last_lr()]
     if tensor_lr:
         assert ours_opt.param_groups[0]["lr"] is lr_tensor
+    if constant:  # the rates are computed again only where they had to change
+        assert not [epoch for epoch in computed if 3 <= epoch <= 19 or 23 <= epoch <= 29 or epoch >= 33]

@@ -375,3 +375,61 @@ def test_a_resumed_run_counts_epochs_from_its_start():
     trainer.epoch_length = 4
     trainer.train(6, 12)
     assert epoch_events(log) == [("a", "after_epoch", 1, 7), ("a", "after_epoch", 2, 12), ("a", "after_train", 12)]
+
+
+# ---------------------------------------------------------------------- periodic after_step
+class Periodic(HookBase):
+    def __init__(self, name, log, period):
+        self.name, self.log, self.period = name, log, period
+
+    def after_step_period(self):
+        return self.period
+
+    def after_step(self):
+        self.log.append((self.name, self.trainer.iter))
+
+
+class EveryIterationSubclass(Periodic):
+    def after_step(self):  # its own after_step, without a period of its own: every iteration
+        self.log.append((self.name, self.trainer.iter))
+
+
+def _after_steps(log, name):
+    return [it for who, it in log if who == name]
+
+
+def test_a_periodic_hook_is_called_at_its_periods_and_the_last_iteration_only():
+    log = []
+    trainer = make_trainer([], [Periodic("p5", log, 5), Periodic("never", log, 0)])
+    trainer.train(0, 13)
+    assert _after_steps(log, "p5") == [4, 9, 12]
+    assert _after_steps(log, "never") == [4, 9, 12]  # due with p5: every hook runs where any is due
+    log.clear()
+    trainer.train(7, 13)  # a resumed run counts periods from iteration 0
+    assert _after_steps(log, "p5") == [9, 12]
+
+
+def test_hooks_run_in_order_on_due_iterations_and_others_every_iteration():
+    log = []
+    trainer = make_trainer([], [Periodic("p3", log, 3), Periodic("every", log, None), Periodic("p4", log, 4)])
+    trainer.train(0, 9)
+    assert _after_steps(log, "every") == list(range(9))
+    assert _after_steps(log, "p3") == [2, 3, 5, 7, 8] and _after_steps(log, "p4") == [2, 3, 5, 7, 8]
+    assert [who for who, it in log if it == 3] == ["p3", "every", "p4"]
+
+
+def test_a_subclass_with_its_own_after_step_and_a_hook_registered_in_training_run_every_iteration():
+    log = []
+    late = Periodic("late", log, 100)
+
+    class Registrar(HookBase):
+        def after_step(self):
+            if self.trainer.iter == 1:
+                self.trainer.register_hooks([late])
+
+    trainer = make_trainer([], [EveryIterationSubclass("sub", log, 5), Registrar()])
+    trainer.train(0, 6)
+    assert _after_steps(log, "sub") == list(range(6))
+    assert _after_steps(log, "late") == [2, 3, 4, 5]
+    trainer.after_step()  # outside the loop: every hook
+    assert _after_steps(log, "late")[-1] == trainer.iter

@@ -24,6 +24,10 @@ __all__ = ["TrainerBase", "HookOrderError"]
 logger = logging.getLogger(__name__)
 
 
+# An iteration no training reaches.
+_NEVER = 2**62
+
+
 class HookOrderError(ValueError):
     """Hooks were registered in an order that would make one of them mis-run."""
 
@@ -32,17 +36,19 @@ class HookOrderError(ValueError):
 _ITERATION_STAGES = ("before_step", "after_backward", "after_step", "after_epoch")
 
 
-def _stage_caller(stage: str, doc: str) -> Callable[["TrainerBase"], None]:
+def _stage_caller(stage: str, doc: str, due_attribute: Optional[str] = None) -> Callable[["TrainerBase"], None]:
     """A method that calls every hook's ``stage`` and times each call.
 
     One function per stage, made here, rather than a shared helper called with
     the stage's name: this runs several times per iteration, right after the
     step has evicted the interpreter from the CPU caches, and a call less is
-    measurable on a millisecond step.
+    measurable on a millisecond step. ``due_attribute``: the trainer's
+    attribute that holds the hooks due now, when not all of the stage's are
+    (``after_step``, see :meth:`HookBase.after_step_period`).
     """
 
     def call_hooks(self: "TrainerBase") -> None:
-        hooks = self._hooks_by_stage[stage]
+        hooks = getattr(self, due_attribute) if due_attribute else self._hooks_by_stage[stage]
         if not hooks:
             return
         timings = self._timings
@@ -154,6 +160,13 @@ class TrainerBase:
         self.iter_start_time = 0.0
         self.step_end_time = 0.0
         self._timings: Dict[str, float] = defaultdict(float)
+        # The after_step schedule (see _plan_after_step): the hooks called at
+        # every iteration, all of them, the iteration where a periodic one is
+        # next due, and the hooks whose after_step runs now.
+        self._after_step_always: List[Any] = []
+        self._after_step_next_due = 0
+        self._after_step_periods: Dict[int, int] = {}
+        self._after_step_now: List[Any] = []
         # Work hooks asked to run when the current iteration ends (at_iteration_end).
         self._boundary: List[Any] = []
         self._loop_started: Optional[float] = None
@@ -205,6 +218,36 @@ class TrainerBase:
             for stage in HOOK_STAGES
         }
         self._tell_step_about_hooks()
+        self._plan_after_step()
+
+    def _plan_after_step(self, *, ask_periods: bool = False) -> None:
+        """Which hooks' ``after_step`` runs at which iterations.
+
+        With ``ask_periods`` (when training starts, after ``before_train``)
+        each hook's :meth:`~HookBase.after_step_period` is asked; otherwise
+        the periods already known are kept, and a hook registered since is
+        called every iteration.
+        """
+        entries = self._hooks_by_stage["after_step"]
+        periods = {}
+        for hook, _, _ in entries:
+            period = hook._after_step_schedule() if ask_periods else self._after_step_periods.get(id(hook))
+            if period is not None:
+                periods[id(hook)] = max(int(period), 0)
+        self._after_step_periods = periods
+        self._after_step_always = [entry for entry in entries if id(entry[0]) not in periods]
+        self._after_step_now = entries
+        self._after_step_next_due = self._next_after_step_due(self.iter - 1 if ask_periods else self.iter)
+
+    def _next_after_step_due(self, after: int) -> int:
+        """The first iteration after ``after`` where a periodic hook's after_step is due."""
+        if not self._after_step_periods:
+            return _NEVER
+        due = self.max_iter - 1 if self.max_iter - 1 > after else _NEVER
+        for period in self._after_step_periods.values():
+            if period > 0:
+                due = min(due, ((after + 1) // period + 1) * period - 1)
+        return due
 
     def _tell_step_about_hooks(self) -> None:
         """Lets the step skip ``after_backward`` when nothing would run there."""
@@ -335,6 +378,8 @@ class TrainerBase:
         # only when a hook needs it (it is empty with the default hooks).
         before_step_overridden = type(self).before_step is not TrainerBase.before_step
         after_step_overridden = type(self).after_step is not TrainerBase.after_step
+        # Periods are known now, after every before_train.
+        self._plan_after_step(ask_periods=True)
         # Epoch ends are looked for only when a hook wants them.
         epoch_length = self.epoch_length if self._hooks_by_stage["after_epoch"] else None
         # The step object is called from here, without TrainerBase.run_step's
@@ -361,7 +406,14 @@ class TrainerBase:
                 else:
                     self.run_step()
                 self.step_end_time = clock()
-                if after_step_overridden or self._hooks_by_stage["after_step"]:
+                # Read each iteration: hooks may be registered during training.
+                if self.iter >= self._after_step_next_due:
+                    # A periodic hook is due: every hook runs, in order.
+                    self._after_step_now = self._hooks_by_stage["after_step"]
+                    self._after_step_next_due = self._next_after_step_due(self.iter)
+                else:
+                    self._after_step_now = self._after_step_always
+                if after_step_overridden or self._after_step_now:
                     self.after_step()
                 # The run's last epoch ends in after_train, after the final evaluation.
                 if epoch_length and (self.iter + 1) % epoch_length == 0 and self.iter + 1 != max_iter:
@@ -375,6 +427,7 @@ class TrainerBase:
         finally:
             self._loop_seconds = clock() - self._loop_started
             self._loop_started = None
+            self._after_step_now = self._hooks_by_stage["after_step"]
 
     def at_iteration_end(self, task: Callable[[], None], key: str) -> None:
         """Runs ``task()`` once, when the current iteration ends: after every
@@ -468,7 +521,12 @@ class TrainerBase:
     after_backward = _stage_caller(
         "after_backward", "Runs every hook's ``after_backward``; the step object calls it between backward and the optimizer step."
     )
-    after_step = _stage_caller("after_step", "Runs every hook's ``after_step``.")
+    after_step = _stage_caller(
+        "after_step",
+        "Runs the ``after_step`` of the hooks due at this iteration: all of them, but for periodic "
+        "hooks between their periods (see :meth:`HookBase.after_step_period`).",
+        due_attribute="_after_step_now",
+    )
 
     def _after_train_after_error(self) -> None:
         """Runs every after_train while an exception propagates.

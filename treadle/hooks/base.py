@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Sequence, Tuple, Type
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Type
 
 if TYPE_CHECKING:  # hooks reach the trainer through self.trainer, never by import
     from treadle.engine.train_loop import TrainerBase
@@ -84,7 +84,30 @@ class HookBase:
         """
 
     def after_step(self) -> None:
-        """Called after each iteration."""
+        """Called after each iteration (see :meth:`after_step_period`)."""
+
+    def after_step_period(self) -> Optional[int]:
+        """How often :meth:`after_step` has work to do, for a periodic hook.
+
+        ``None`` (the default): every iteration. ``N``: only after iterations
+        ``N - 1``, ``2N - 1``, ... and after the last one (``0``: the last one
+        only); the trainer then skips the calls in between, which on a fast
+        step are a measurable part of a periodic hook's cost. On the
+        iterations where any hook is due, every hook's ``after_step`` runs,
+        in order. Asked when training starts, after every ``before_train``
+        (a period in epochs is known by then); a hook registered during
+        training, and a subclass that overrides ``after_step`` but not this
+        method, are called every iteration.
+        """
+        return None
+
+    def _after_step_schedule(self) -> Optional[int]:
+        """:meth:`after_step_period`, where it describes this class's own
+        ``after_step``; else ``None``."""
+        mro = type(self).__mro__
+        step_owner = next(c for c in mro if "after_step" in c.__dict__)
+        period_owner = next(c for c in mro if "after_step_period" in c.__dict__)
+        return self.after_step_period() if issubclass(period_owner, step_owner) else None
 
     def state_dict(self) -> Dict[str, Any]:
         """State saved in checkpoints; an empty dict saves nothing."""

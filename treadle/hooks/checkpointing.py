@@ -304,6 +304,11 @@ class PeriodicCheckpointer(HookBase):
         """Whether a periodic checkpoint is due after ``iteration``."""
         return self._period.fires_after(iteration) and iteration + 1 != self.trainer.max_iter
 
+    def after_step_period(self) -> Optional[int]:
+        # An asynchronous save's failure is looked for at every iteration.
+        asynchronous = self.async_save if self.async_save is not None else getattr(self._checkpointer, "async_save", True)
+        return None if asynchronous else self._period.iterations
+
     def after_step(self) -> None:
         it = self.trainer.iter
         if self.fires_at(it):

@@ -72,6 +72,9 @@ class EvalHook(HookBase):
         self._period.resolve(self.trainer, "EvalHook")
         self.last_eval_iter = None
 
+    def after_step_period(self) -> Optional[int]:
+        return self._period.iterations
+
     def after_step(self) -> None:
         it = self.trainer.iter
         # The last iteration is evaluated by after_train.

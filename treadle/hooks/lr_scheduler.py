@@ -47,6 +47,10 @@ class LRMultiplier(torch.optim.lr_scheduler.LRScheduler):
             raise ValueError(f"max_iter must be positive, got {max_iter}")
         self._multiplier = multiplier
         self._max_iter = max_iter
+        # A constant multiplier's rates never move: after the first steps,
+        # step() only counts (the plain Trainer's schedule when none is given).
+        self._constant = isinstance(multiplier, ConstantParamScheduler)
+        self._constant_base: Optional[List[float]] = None
         super().__init__(optimizer, last_epoch=last_iter)
 
     def state_dict(self) -> Dict[str, Any]:
@@ -72,12 +76,16 @@ class LRMultiplier(torch.optim.lr_scheduler.LRScheduler):
         self._step_count += 1
         self.last_epoch += 1
         groups = self.optimizer.param_groups
+        if self._constant and self.base_lrs == self._constant_base and self._last_lr == [g["lr"] for g in groups]:
+            return  # the rates are the schedule's already, and stay so
         for group, lr in zip(groups, self.get_lr()):
             if isinstance(group["lr"], torch.Tensor):  # a tensor rate is filled, not replaced (as torch)
                 group["lr"].fill_(lr)
             else:
                 group["lr"] = lr
         self._last_lr = [group["lr"] for group in groups]
+        # The base rates these rates were computed from (a resume may set others).
+        self._constant_base = list(self.base_lrs)
 
     def get_lr(self) -> List[float]:
         step = min(max(self.last_epoch, 0), self._max_iter)
@@ -256,6 +264,7 @@ class LRScheduler(HookBase):
         )
         self._pending_state: Optional[Dict[str, Any]] = None
         self._group_index = 0
+        self._lrs: Optional[List[Any]] = None
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -296,6 +305,8 @@ class LRScheduler(HookBase):
                 group["lr"] = lr
         self._group_index = _largest_group(self.optimizer)
         self._param_groups = self.optimizer.param_groups
+        storage = getattr(self.trainer, "storage", None)  # None: called outside train()
+        self._lrs = storage.open_series("lr", smoothing_hint=False, tensors=False) if storage is not None else None
         self._step_per_iter = self.interval == "iter"
         if not self._step_per_iter and not self.trainer.epoch_length:
             raise ValueError(
@@ -312,7 +323,11 @@ class LRScheduler(HookBase):
 
     def after_step(self) -> None:
         lr = self._param_groups[self._group_index]["lr"]
-        self.trainer.storage.put_scalar("lr", lr, smoothing_hint=False)
+        if type(lr) is float and self._lrs is not None:
+            # A series rather than put_scalar: this runs every iteration.
+            self._lrs.append((lr, self.trainer.iter))
+        else:  # a tensor rate is read at the flush, with the losses
+            self.trainer.storage.put_scalar("lr", lr, smoothing_hint=False)
         if self._step_per_iter:
             self.scheduler.step()
 

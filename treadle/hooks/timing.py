@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
+from typing import List, Optional, Tuple
 
 from treadle.events import ScalarKind
 
@@ -48,19 +49,27 @@ class IterationTimer(HookBase):
         # Seconds inside timed iterations (those after the warm-up).
         self._timed_seconds = 0.0
         self._first_timed_iter = 0
+        self._times: Optional[List[Tuple[float, int]]] = None
 
     def before_train(self) -> None:
         self._start_time = time.perf_counter()
         self._timed_seconds = 0.0
         self._first_timed_iter = self.trainer.start_iter + max(self._warmup_iter - 1, 0)
+        storage = getattr(self.trainer, "storage", None)  # None: called outside train()
+        self._times = storage.open_series("time", kind=ScalarKind.TIME, tensors=False) if storage is not None else None
 
     def after_step(self) -> None:
-        # The trainer's clock reads, not fvcore's Timer: this runs every iteration.
+        # The trainer's clock reads, not fvcore's Timer, and a series, not
+        # put_scalar: this runs every iteration.
         trainer = self.trainer
-        seconds = trainer.step_end_time - trainer.iter_start_time
-        if trainer.iter >= self._first_timed_iter:
+        it = trainer.iter
+        if it >= self._first_timed_iter:
+            seconds = trainer.step_end_time - trainer.iter_start_time
             self._timed_seconds += seconds
-            trainer.storage.put_scalar("time", seconds, kind=ScalarKind.TIME)
+            if self._times is not None:
+                self._times.append((seconds, it))
+            else:
+                trainer.storage.put_scalar("time", seconds, kind=ScalarKind.TIME)
 
     def after_train(self) -> None:
         if self._start_time is None:  # training failed before this hook's before_train

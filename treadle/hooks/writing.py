@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from treadle.events.writers import EventWriter
 
@@ -59,6 +59,9 @@ class PeriodicWriter(HookBase):
     def before_train(self) -> None:
         for w in self.writers:
             w.set_start_iter(self.trainer.start_iter)
+
+    def after_step_period(self) -> Optional[int]:
+        return self._period
 
     def after_step(self) -> None:
         trainer = self.trainer
