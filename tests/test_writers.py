@@ -1,6 +1,7 @@
 import json
 import logging
 import os
+import math
 
 import pytest
 import torch
@@ -577,3 +578,55 @@ def test_smoothing_windows_count_iterations_not_values(tmp_path):
         assert s.count_samples("sparse", 20) == 4  # 24, 29, 34, 39
         assert s.smoothed("sparse", 20) == 31.5
         assert s.latest_with_smoothing_hint(20)["sparse"] == (31.5, 39)
+
+
+def test_json_lines_are_what_json_dumps_writes(tmp_path):
+    """JSONWriter puts a line together from cached key encodings and each
+    value's repr; it must be byte for byte what json.dumps writes."""
+    import random
+
+    writer = JSONWriter(str(tmp_path / "metrics.json"))
+    names = ["total_loss", "lr", 'we"ird\\name', "é/acc", "a\nb", "\x00", "😀"]
+    values = [-0.0, 0.0, float("nan"), float("inf"), -float("inf"), 1e308, 5e-324, 3, True, 10**20, 0.1 + 0.2]
+    rng = random.Random(0)
+    for _ in range(2000):
+        scalars = {rng.choice(names): rng.choice(values + [rng.random() * 10 ** rng.randint(-30, 30)]) for _ in range(5)}
+        it = rng.randint(0, 10**9)
+        expected = {"iteration": it, **{n: (v if math.isfinite(v) else None) for n, v in sorted(scalars.items())}}
+        assert writer._line(it, scalars) == json.dumps(expected) + "\n"
+
+
+@pytest.mark.parametrize("writer_class", ["JSONWriter", "CSVWriter"])
+def test_file_writers_hand_lines_over_at_most_flush_secs_apart_and_all_at_flush(tmp_path, monkeypatch, writer_class):
+    from treadle.events import writer as writer_module
+
+    now = [100.0]
+    monkeypatch.setattr(writer_module.time, "monotonic", lambda: now[0])
+    path = tmp_path / "metrics.out"
+    writer = getattr(writers_module, writer_class)(str(path), flush_secs=5)
+
+    def lines():
+        return [line for line in path.read_text().splitlines() if not line.startswith("iteration")]
+
+    with EventStorage(0) as storage:
+        writer.set_start_iter(0)
+        for it in range(4):
+            storage.iter = it
+            storage.put_scalar("loss", float(it), smoothing_hint=False)
+            writer.write()
+            now[0] += 1.0
+        assert len(lines()) == 1  # the first write at once; the next three wait in the buffer
+        storage.iter = 4
+        storage.put_scalar("loss", 4.0, smoothing_hint=False)
+        now[0] += 1.0  # 5 s after the first: this write hands everything over
+        writer.write()
+        assert len(lines()) == 5
+        storage.iter = 5
+        storage.put_scalar("loss", 5.0, smoothing_hint=False)
+        writer.write()
+        assert len(lines()) == 5
+        writer.flush()  # what PeriodicWriter.flush does before a checkpoint
+        assert len(lines()) == 6
+    writer.close()
+    with pytest.raises(ValueError, match="flush_secs"):
+        getattr(writers_module, writer_class)(str(path), flush_secs=-1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import Optional
+from typing import Dict, Optional
 
 from treadle.utils.file_io import PathManager
 
@@ -57,25 +57,35 @@ class JSONWriter(_AppendingFileWriter):
 
     def __init__(self, json_file: str, window_size: int = 20, *, flush_secs: float = DEFAULT_FILE_FLUSH_SECS) -> None:
         super().__init__(json_file, window_size, flush_secs)
+        # Each scalar name as a JSON string, made once.
+        self._keys: Dict[str, str] = {}
 
     def write(self) -> None:
         rows = self._new_rows(get_event_storage())
         if not rows:
             return
-        # NaN and infinities are not JSON: null is read by every parser (and
-        # by pandas as NaN); the console line tells which it was.
-        lines = [
-            json.dumps(
-                {
-                    ITERATION_KEY: it,
-                    **{name: (value if math.isfinite(value) else None) for name, value in sorted(scalars.items())},
-                }
-            )
-            + "\n"
-            for it, scalars in rows.items()
-        ]
-        self._append("".join(lines))
+        self._append("".join([self._line(it, scalars) for it, scalars in rows.items()]))
         self._commit(rows)
+
+    def _line(self, iteration: int, scalars: Dict[str, float]) -> str:
+        """``json.dumps({"iteration": ..., **sorted scalars}) + "\\n"``, put
+        together from each name's encoding (made once) and each value's
+        ``repr``, which is how ``json`` writes a float. NaN and infinities
+        are not JSON: null is read by every parser (and by pandas as NaN);
+        the console line tells which it was."""
+        keys = self._keys
+        fields = [f'"{ITERATION_KEY}": {int(iteration)}']
+        for name in sorted(scalars):
+            key = keys.get(name)
+            if key is None:
+                key = keys[name] = json.dumps(name)
+            value = scalars[name]
+            if type(value) is float:
+                text = float.__repr__(value) if math.isfinite(value) else "null"
+            else:  # a number of another type, from a producer's own series
+                text = json.dumps(value if math.isfinite(value) else None)
+            fields.append(f"{key}: {text}")
+        return "{" + ", ".join(fields) + "}\n"
 
     def set_start_iter(self, start_iter: int) -> None:
         """Drops the lines of iterations ``>= start_iter`` from the file.

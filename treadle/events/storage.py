@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from contextlib import contextmanager
-from operator import itemgetter
+from operator import itemgetter, methodcaller
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, Union
 
 import torch
@@ -69,6 +69,8 @@ class NonFiniteLossError(FloatingPointError):
 _CURRENT_STORAGE_STACK: List["EventStorage"] = []
 _value = itemgetter(0)
 _iteration = itemgetter(1)
+# Looked up on each tensor (not bound once): what a test patches on Tensor is what runs.
+_item = methodcaller("item")
 
 
 def get_event_storage() -> "EventStorage":
@@ -555,9 +557,12 @@ def _resolve_tensors(columns: List[List[Tuple[ScalarValue, int]]]) -> None:
         first = points[0][0]
         if _READ_CPU_TENSORS_ONE_BY_ONE and isinstance(first, torch.Tensor) and first.is_cpu:
             # A column of CPU tensors (one name's values live on one device):
-            # read in one comprehension. A tensor elsewhere among them would
+            # read without a Python loop. A tensor elsewhere among them would
             # be read correctly too, with a sync of its own.
-            points[:] = [(float(v.item()), it) if isinstance(v, torch.Tensor) else (v, it) for v, it in points]
+            try:
+                points[:] = zip(map(float, map(_item, map(_value, points))), map(_iteration, points))
+            except TypeError:  # numbers among the tensors
+                points[:] = [(float(v.item()), it) if isinstance(v, torch.Tensor) else (v, it) for v, it in points]
             continue
         for i, (value, it) in enumerate(points):
             if not isinstance(value, torch.Tensor):

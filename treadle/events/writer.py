@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import time
+import weakref
 from abc import ABC, abstractmethod
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
@@ -109,6 +110,52 @@ def _same_point(a: Tuple[float, int], b: Tuple[float, int]) -> bool:
     return a[1] == b[1] and (a[0] == b[0] or (math.isnan(a[0]) and math.isnan(b[0])))
 
 
+# The rows of the last _rows_since call and what they were computed from:
+# the JSON, CSV and TensorBoard writers of one flush ask for the same rows.
+_rows_cache: Tuple[Any, ...] = (None,)
+
+
+def _rows_since(
+    storage: EventStorage, window_size: int, last_write: int, first_iter: int
+) -> Tuple[Rows, List[Tuple[str, Tuple[float, int]]]]:
+    """``(rows after last_write, [(name, latest point)] of names put at an
+    iteration in [first_iter, last_write])``, computed once per storage read
+    for the writers that share the arguments (rows are shared: read only)."""
+    global _rows_cache
+    smoothed = storage._smoothed_latest(window_size)  # resolves what is pending
+    key = (storage._generation, window_size, last_write, first_iter)
+    cached_storage, *rest = _rows_cache
+    if cached_storage is not None and cached_storage() is storage and rest[0] == key:
+        return rest[1], rest[2]
+    latest = storage.latest()
+    kinds = storage.kinds()
+    rows: Rows = {}
+    late = []
+    for name, point in latest.items():
+        it = point[1]
+        if kinds[name] == ScalarKind.METRIC:
+            # Evaluation results: every one, whatever the periods.
+            for v, i in storage.history(name).values_after(last_write):
+                rows.setdefault(i, {})[name] = v
+        elif it > last_write:
+            # Training series: one value per write, smoothed when hinted.
+            row = rows.get(it)
+            if row is None:
+                row = rows[it] = {}
+            row[name] = smoothed[name][0]
+        if first_iter <= it <= last_write:
+            late.append((name, point))
+    if ITERATION_KEY in latest:
+        raise ValueError(
+            f"A scalar is named '{ITERATION_KEY}', which is the iteration key of the writers' "
+            "output (metrics.json, metrics.csv); rename it."
+        )
+    if len(rows) > 1:
+        rows = dict(sorted(rows.items()))
+    _rows_cache = (weakref.ref(storage), key, rows, late)
+    return rows, late
+
+
 class _IterationRowWriter(EventWriter):
     """Implements the selection rule of the module docstring for file writers.
 
@@ -136,42 +183,23 @@ class _IterationRowWriter(EventWriter):
         self._seen_latest = {}
 
     def _new_rows(self, storage: EventStorage) -> Rows:
-        # Resolves pending tensors (the one sync of this write); the medians
-        # are computed once for all the writers of a flush.
-        smoothed = storage._smoothed_latest(self._window_size)
-        latest = storage.latest()
-        kinds = storage.kinds()
-        last_write = self._last_write
-        rows: Dict[int, Dict[str, float]] = {}
-        for name, point in latest.items():
-            value, it = point
-            if kinds[name] == ScalarKind.METRIC:
-                # Evaluation results: every one, whatever the periods.
-                for v, i in storage.history(name).values_after(last_write):
-                    rows.setdefault(i, {})[name] = v
-            elif it > last_write:
-                # Training series: one value per write, smoothed when hinted.
-                row = rows.get(it)
-                if row is None:
-                    row = rows[it] = {}
-                row[name] = smoothed[name][0]
-            if self._first_iter <= it <= last_write:
-                seen = self._seen_latest.get(name)
-                if seen is None or not _same_point(seen, point):
-                    logger.warning(
-                        "%s: '%s' was put at iteration %d after that iteration was written; "
-                        "it is not written. Put values before the writer runs at their iteration.",
-                        type(self).__name__,
-                        name,
-                        it,
-                    )
-            self._seen_latest[name] = point
-        if ITERATION_KEY in latest:
-            raise ValueError(
-                f"A scalar is named '{ITERATION_KEY}', which is the iteration key of "
-                f"{type(self).__name__}'s output; rename it."
-            )
-        return rows if len(rows) < 2 else dict(sorted(rows.items()))
+        """The rows this writer has not written yet (the rule of the module
+        docstring); warns of values put at an iteration already written."""
+        # Resolves pending tensors: the one sync of this write.
+        rows, late = _rows_since(storage, self._window_size, self._last_write, self._first_iter)
+        seen = self._seen_latest
+        for name, point in late:
+            before = seen.get(name)
+            if before is None or not _same_point(before, point):
+                logger.warning(
+                    "%s: '%s' was put at iteration %d after that iteration was written; "
+                    "it is not written. Put values before the writer runs at their iteration.",
+                    type(self).__name__,
+                    name,
+                    point[1],
+                )
+        self._seen_latest = dict(storage.latest())
+        return rows
 
     def _commit(self, rows: Rows) -> None:
         if rows:
