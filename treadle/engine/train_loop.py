@@ -159,6 +159,10 @@ class TrainerBase:
         self._loaded_max_iter: Optional[int] = None
         self.iter_start_time = 0.0
         self.step_end_time = 0.0
+        self._iteration_times: Optional[List[Tuple[float, int]]] = None
+        self._iteration_times_from = 0
+        # Seconds of the iterations timed for time_iterations, in the last train().
+        self.timed_iteration_seconds = 0.0
         self._timings: Dict[str, float] = defaultdict(float)
         # The after_step schedule (see _plan_after_step): the hooks called at
         # every iteration, all of them, the iteration where a periodic one is
@@ -330,6 +334,8 @@ class TrainerBase:
         self.training_error = None
         self._epochs_done_through = start_iter - 1
         self._boundary = []
+        self._iteration_times = None
+        self.timed_iteration_seconds = 0.0
         self._timings = defaultdict(float)
         self._loop_seconds = None
         with EventStorage(
@@ -388,36 +394,41 @@ class TrainerBase:
         if direct_step:
             self.step  # noqa: B018 - raises the clear error when no step was assigned
         check_each_step = self.nonfinite_check == "step"
+        # The series of iteration times a hook asked for (time_iterations).
+        times, times_from = self._iteration_times, self._iteration_times_from
+        timed = 0.0
         self._loop_started = clock()
         try:
-            for self.iter in range(start_iter, max_iter):
+            for it in range(start_iter, max_iter):
                 # Hooks may read storage.iter; keep it in step with self.iter.
-                storage.iter = self.iter
-                self.iter_start_time = clock()
+                self.iter = storage.iter = it
+                self.iter_start_time = start = clock()
                 # Read each iteration: hooks may be registered during training.
                 if before_step_overridden or self._hooks_by_stage["before_step"]:
                     self.before_step()
                 if direct_step:
                     # Read each iteration: a hook may assign another step.
                     self._step.run_step()  # type: ignore[union-attr]
-                    self._last_run_iter = self.iter
+                    self._last_run_iter = it
                     if check_each_step:
                         storage.materialize()
                 else:
                     self.run_step()
-                self.step_end_time = clock()
-                # Read each iteration: hooks may be registered during training.
-                if self.iter >= self._after_step_next_due:
+                self.step_end_time = end = clock()
+                if times is not None and it >= times_from:
+                    times.append((end - start, it))
+                    timed += end - start
+                if it >= self._after_step_next_due:
                     # A periodic hook is due: every hook runs, in order.
                     self._after_step_now = self._hooks_by_stage["after_step"]
-                    self._after_step_next_due = self._next_after_step_due(self.iter)
+                    self._after_step_next_due = self._next_after_step_due(it)
                 else:
                     self._after_step_now = self._after_step_always
                 if after_step_overridden or self._after_step_now:
                     self.after_step()
                 # The run's last epoch ends in after_train, after the final evaluation.
-                if epoch_length and (self.iter + 1) % epoch_length == 0 and self.iter + 1 != max_iter:
-                    self.epoch = self.iter // epoch_length
+                if epoch_length and (it + 1) % epoch_length == 0 and it + 1 != max_iter:
+                    self.epoch = it // epoch_length
                     self.after_epoch()
                     self._epochs_done_through = self.iter
                 if self._boundary:
@@ -428,6 +439,18 @@ class TrainerBase:
             self._loop_seconds = clock() - self._loop_started
             self._loop_started = None
             self._after_step_now = self._hooks_by_stage["after_step"]
+            self.timed_iteration_seconds = timed
+
+    def time_iterations(self, points: List[Tuple[float, int]], from_iter: int) -> None:
+        """Has the loop append ``(seconds, iteration)`` to ``points`` for every
+        iteration from ``from_iter`` on, in this training: the time from
+        :attr:`iter_start_time` to :attr:`step_end_time`, the sum of them in
+        :attr:`timed_iteration_seconds`. Call it in ``before_train``
+        (:class:`~treadle.hooks.IterationTimer` passes the storage's ``time``
+        series): the loop does it with the clock reads it makes anyway, where
+        a hook would cost a call every iteration."""
+        self._iteration_times = points
+        self._iteration_times_from = from_iter
 
     def at_iteration_end(self, task: Callable[[], None], key: str) -> None:
         """Runs ``task()`` once, when the current iteration ends: after every

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from typing import List, Optional, Tuple
 
 from treadle.events import ScalarKind
 
@@ -25,8 +24,10 @@ class IterationTimer(HookBase):
     hook: it covers the step and excludes the hooks' after-step work (a
     checkpoint, an evaluation), wherever this hook is registered. The trainer
     reads those two clocks (:attr:`TrainerBase.iter_start_time` and
-    :attr:`~TrainerBase.step_end_time`), so the hook adds no clock read and
-    no ``before_step`` call to the iteration.
+    :attr:`~TrainerBase.step_end_time`) and appends their difference to the
+    storage's ``time`` series itself (:meth:`TrainerBase.time_iterations`,
+    asked for in ``before_train``), so the hook adds no clock read and no
+    call to the iteration.
 
     On GPU the value is host time: a single iteration can be off while the
     device catches up, but the median that writers show is accurate because
@@ -46,36 +47,19 @@ class IterationTimer(HookBase):
     def __init__(self, warmup_iter: int = 3) -> None:
         self._warmup_iter = warmup_iter
         self._start_time: float | None = None
-        # Seconds inside timed iterations (those after the warm-up).
-        self._timed_seconds = 0.0
         self._first_timed_iter = 0
-        self._times: Optional[List[Tuple[float, int]]] = None
 
     def before_train(self) -> None:
         self._start_time = time.perf_counter()
-        self._timed_seconds = 0.0
-        self._first_timed_iter = self.trainer.start_iter + max(self._warmup_iter - 1, 0)
-        storage = getattr(self.trainer, "storage", None)  # None: called outside train()
-        self._times = storage.open_series("time", kind=ScalarKind.TIME, tensors=False) if storage is not None else None
-
-    def after_step(self) -> None:
-        # The trainer's clock reads, not fvcore's Timer, and a series, not
-        # put_scalar: this runs every iteration.
         trainer = self.trainer
-        it = trainer.iter
-        if it >= self._first_timed_iter:
-            seconds = trainer.step_end_time - trainer.iter_start_time
-            self._timed_seconds += seconds
-            if self._times is not None:
-                self._times.append((seconds, it))
-            else:
-                trainer.storage.put_scalar("time", seconds, kind=ScalarKind.TIME)
+        self._first_timed_iter = trainer.start_iter + max(self._warmup_iter - 1, 0)
+        trainer.time_iterations(trainer.storage.open_series("time", kind=ScalarKind.TIME, tensors=False), self._first_timed_iter)
 
     def after_train(self) -> None:
         if self._start_time is None:  # training failed before this hook's before_train
             return
         total = time.perf_counter() - self._start_time
-        in_iterations = self._timed_seconds
+        in_iterations = self.trainer.timed_iteration_seconds
         outside = total - in_iterations
         timed = self.trainer.iter - self._first_timed_iter
         if timed > 0 and in_iterations > 0:
