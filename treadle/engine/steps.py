@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_clock = time.perf_counter
+_Tensor = torch.Tensor
 # nullcontext is reentrant and stateless: one instance serves every step.
 _NO_CONTEXT = contextlib.nullcontext()
 
@@ -278,7 +280,7 @@ class EagerStep(StepBase):
         optimizer.zero_grad(set_to_none=True)
         loss = None
         if self.grad_accum_steps == 1:
-            t0 = time.perf_counter()
+            t0 = _clock()
             # _next_batch's common case inline: an iterator is open and
             # batches stay where they are.
             data_iter = self._data_iter
@@ -289,12 +291,12 @@ class EagerStep(StepBase):
                     batch = next(data_iter)
                 except StopIteration:
                     batch = self._restart_data()
-            data_time = time.perf_counter() - t0
+            data_time = _clock() - t0
             loss_fn = self._direct_loss_fn
             if loss_fn is not None and isinstance(batch, (tuple, list)) and len(batch) == 2:
                 # The common case of the loss contract inline: one loss tensor.
                 loss = loss_fn(model(batch[0]), batch[1])
-                if not isinstance(loss, torch.Tensor):
+                if not isinstance(loss, _Tensor):
                     losses = _as_losses(loss, "loss_fn")
                     loss = None
             elif self.precision == "fp32" and not self._custom_loss:

@@ -136,6 +136,7 @@ class TrainerBase:
     ) -> None:
         self._hooks: List[HookBase] = []
         self._hooks_by_stage: Dict[str, List[Any]] = {s: [] for s in HOOK_STAGES}
+        self._before_step_hooks: List[Any] = []
         self.iter: int = 0
         self.start_iter: int = 0
         self.max_iter: int = 0
@@ -221,6 +222,7 @@ class TrainerBase:
             stage: [(h, getattr(h, stage), f"{type(h).__name__}.{stage}") for h in self._hooks if h.overrides(stage)]
             for stage in HOOK_STAGES
         }
+        self._before_step_hooks = self._hooks_by_stage["before_step"]
         self._tell_step_about_hooks()
         self._plan_after_step()
 
@@ -240,7 +242,7 @@ class TrainerBase:
                 periods[id(hook)] = max(int(period), 0)
         self._after_step_periods = periods
         self._after_step_always = [entry for entry in entries if id(entry[0]) not in periods]
-        self._after_step_now = entries
+        self._after_step_now = self._after_step_always if self._loop_started is not None else entries
         self._after_step_next_due = self._next_after_step_due(self.iter - 1 if ask_periods else self.iter)
 
     def _next_after_step_due(self, after: int) -> int:
@@ -398,13 +400,16 @@ class TrainerBase:
         times, times_from = self._iteration_times, self._iteration_times_from
         timed = 0.0
         self._loop_started = clock()
+        # In the loop, after_step runs the hooks called every iteration, and
+        # all of them where a periodic one is due.
+        self._after_step_now = self._after_step_always
         try:
             for it in range(start_iter, max_iter):
                 # Hooks may read storage.iter; keep it in step with self.iter.
                 self.iter = storage.iter = it
                 self.iter_start_time = start = clock()
                 # Read each iteration: hooks may be registered during training.
-                if before_step_overridden or self._hooks_by_stage["before_step"]:
+                if before_step_overridden or self._before_step_hooks:
                     self.before_step()
                 if direct_step:
                     # Read each iteration: a hook may assign another step.
@@ -422,9 +427,11 @@ class TrainerBase:
                     # A periodic hook is due: every hook runs, in order.
                     self._after_step_now = self._hooks_by_stage["after_step"]
                     self._after_step_next_due = self._next_after_step_due(it)
-                else:
-                    self._after_step_now = self._after_step_always
-                if after_step_overridden or self._after_step_now:
+                    try:
+                        self.after_step()
+                    finally:
+                        self._after_step_now = self._after_step_always
+                elif after_step_overridden or self._after_step_always:
                     self.after_step()
                 # The run's last epoch ends in after_train, after the final evaluation.
                 if epoch_length and (it + 1) % epoch_length == 0 and it + 1 != max_iter:
