@@ -46,7 +46,6 @@ from .build import build_optimizer, build_step, loader_epoch_length, resolve_sch
 from .history import EpochCallback, EpochHistory, TrainingHistory
 from .resume import restore_hyperparameters, take_hyperparameters
 from .train_loop import TrainerBase
-from .validation import check_watched_metric
 
 __all__ = ["Trainer", "TrainingHistory", "LOGGERS"]
 
@@ -325,6 +324,9 @@ class Trainer(TrainerBase):
                     name = name[len(prefix):]
                     name = "total_loss" if name == "loss" else name
                     return name, best_mode or metric_mode(name)
+        # validation.py checks configs (OmegaConf), which a plain Trainer never imports otherwise.
+        from .validation import check_watched_metric
+
         check_watched_metric("best_metric", name, getattr(self.evaluator, "result_names", None))
         declared = _declared_direction(self.evaluator, name)
         mode = best_mode or (("max" if declared else "min") if declared is not None else metric_mode(name))

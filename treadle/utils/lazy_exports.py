@@ -1,0 +1,52 @@
+"""Package attributes imported from their submodule when first read (PEP 562).
+
+A package whose ``__init__`` would otherwise import a heavy dependency for a
+few of its names (OmegaConf for the config entry points) exports those names
+lazily, so that code using only its other names does not pay for the import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import Any, Dict, List
+
+__all__ = ["lazy_exports"]
+
+
+def lazy_exports(package: str, submodule_of: Dict[str, str]) -> None:
+    """Make the names in ``submodule_of`` (public name -> the submodule,
+    relative to ``package``, that defines it) attributes of ``package`` that
+    are imported when first read. Call it last in the package's ``__init__``::
+
+        lazy_exports(__name__, {"instantiate": "instantiate"})
+
+    A name may equal its submodule's name (``treadle.config.instantiate`` is
+    both): importing the submodule makes Python set it on the package, which
+    would hide the function behind the module; the package keeps the function.
+    """
+    module = sys.modules[package]
+
+    class LazyExportsModule(types.ModuleType):
+        def __getattr__(self, name: str) -> Any:
+            submodule = submodule_of.get(name)
+            if submodule is None:
+                raise AttributeError(f"module {package!r} has no attribute {name!r}")
+            value = getattr(importlib.import_module(f".{submodule}", package), name)
+            vars(self)[name] = value  # later reads skip this method
+            return value
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            if (
+                isinstance(value, types.ModuleType)
+                and submodule_of.get(name) == name
+                and value.__name__ == f"{package}.{name}"
+            ):
+                value = getattr(value, name)
+            super().__setattr__(name, value)
+
+        def __dir__(self) -> List[str]:
+            return sorted(set(vars(self)) | set(submodule_of))
+
+    module.__class__ = LazyExportsModule
