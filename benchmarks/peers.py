@@ -9,6 +9,9 @@ in the same order from one ``DataLoader`` (pre-made batches read with
 Systems, each run in its own process, in interleaved rounds:
 
 - ``hand``: a hand-written loop over the DataLoader;
+- ``hand-recorded``: the same loop keeping what the bare engine records for
+  its writers: each iteration's detached loss, its data-loading time and
+  its duration;
 - ``treadle-bare``: ``TrainerBase(EagerStep(...))``, ``register_hooks([])``;
 - ``treadle-hooks``: ``IterationTimer`` and ``PeriodicWriter`` every 20
   iterations with ``CommonMetricPrinter``, ``JSONWriter`` and
@@ -68,7 +71,7 @@ from typing import Any, Callable, Dict, List, Tuple
 TREADLE = ["treadle-bare", "treadle-hooks", "treadle-trainer"]
 PEERS = ["ignite", "accelerate", "mmengine", "mmengine-log", "pytorch-accelerated", "pytorch-accelerated-default",
          "lightning", "lightning-log"]
-SYSTEMS = ["hand", *TREADLE, *PEERS]
+SYSTEMS = ["hand", "hand-recorded", *TREADLE, *PEERS]
 # The module each peer needs.
 REQUIRES = {
     "ignite": "ignite",
@@ -186,6 +189,32 @@ def run_hand(work: Workload, workdir: str) -> Run:
             optimizer.zero_grad(set_to_none=True)
             F.cross_entropy(model(x), y).backward()
             optimizer.step()
+
+    return model, train
+
+
+def run_hand_recorded(work: Workload, workdir: str) -> Run:
+    import torch.nn.functional as F
+
+    model, optimizer, loader = work.fresh()
+    losses: List[Tuple[Any, int]] = []
+    data_times: List[Tuple[float, int]] = []
+    iteration_times: List[Tuple[float, int]] = []
+
+    def train() -> None:
+        clock = time.perf_counter
+        batches = iter(loader)
+        for it in range(work.iters):
+            start = clock()
+            optimizer.zero_grad(set_to_none=True)
+            x, y = next(batches)
+            data_time = clock() - start
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            losses.append((loss.detach(), it))
+            data_times.append((data_time, it))
+            iteration_times.append((clock() - start, it))
 
     return model, train
 
