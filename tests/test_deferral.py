@@ -10,7 +10,7 @@ from torch import nn
 
 from treadle.engine import EagerStep, TrainerBase
 from treadle.events import CommonMetricPrinter, JSONWriter, has_event_storage, get_event_storage
-from treadle.hooks import EMA, IterationTimer, LRScheduler, PeriodicWriter
+from treadle.hooks import EMA, HookBase, IterationTimer, LRScheduler, PeriodicWriter
 
 HOST_READS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__", "__index__")
 
@@ -53,3 +53,32 @@ def test_no_host_reads_between_flushes(tmp_path, host_reads):
     lines = [json.loads(line) for line in (tmp_path / "metrics.json").read_text().splitlines()]
     assert [line["iteration"] for line in lines] == [9, 19, 29]
     assert {"total_loss", "grad_norm", "lr", "time", "data_time"} <= set(lines[0])
+
+
+def test_a_cpu_run_without_writers_holds_at_most_max_pending_cpu_losses():
+    """With no writer nothing flushes; on a CPU the step's pending losses are
+    still read every ``max_pending_cpu`` iterations (no sync there), and every
+    value reaches the history."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 3)
+    data = [(torch.randn(4, 8), torch.randint(0, 3, (4,))) for _ in range(7)]
+    losses = []
+
+    def loss_fn(outputs, targets):
+        loss = nn.functional.cross_entropy(outputs, targets)
+        losses.append(loss.detach().clone())
+        return loss
+
+    trainer = TrainerBase(EagerStep(model, itertools.cycle(data), torch.optim.SGD(model.parameters(), lr=0.1),
+                                    loss_fn=loss_fn))
+    held = []
+
+    class Watch(HookBase):
+        def after_step(self):
+            held.append(len(self.trainer.step._loss_points))
+
+    trainer.register_hooks([Watch()])
+    trainer.train(0, 200)
+    limit = trainer.storage.max_pending_cpu
+    assert limit < 200 and max(held) == limit - 1
+    assert trainer.storage.history("total_loss").values() == [(loss.item(), i) for i, loss in enumerate(losses)]

@@ -120,6 +120,18 @@ def test_pending_values_are_bounded():
         assert s.history("x").latest() == 24.0
 
 
+def test_pending_cpu_tensors_have_their_own_lower_bound():
+    """CPU values are read without a device sync; each pending one is a small
+    allocation that outlives its step, so fewer of them wait for a flush."""
+    with EventStorage(0, max_pending_cpu=5) as s:
+        assert (s.max_pending, s.max_pending_cpu) == (100_000, 5)
+        for i in range(12):
+            s.iter = i
+            s.put_scalar("x", torch.tensor(float(i)))
+            assert sum(len(points) for points in s._pending.values()) < 5
+        assert s.history("x").values() == [(float(i), i) for i in range(12)]
+
+
 def test_history_buffer_is_bounded_and_keeps_the_global_average():
     h = HistoryBuffer(max_length=3)
     for i in range(10):

@@ -352,7 +352,8 @@ class EagerStep(StepBase):
         self._loss_points = storage.open_series("total_loss", kind=ScalarKind.LOSS)
         self._data_time_points = storage.open_series("data_time", kind=ScalarKind.TIME, tensors=False)
         self._other_losses = {}
-        self._series_limit = storage.max_pending
+        # Values in host memory are bounded lower: reading them is no sync.
+        self._series_limit = storage.max_pending if self.device.type != "cpu" else storage.max_pending_cpu
 
     def _publish_losses(self, storage: EventStorage, losses: Dict[str, torch.Tensor], iteration: int) -> None:
         """Appends ``losses`` (by name, ``total_loss`` among them) to their
