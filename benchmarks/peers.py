@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -315,12 +316,8 @@ def _run_mmengine(work: Workload, workdir: str, logging_on: bool) -> Run:
     return model, runner.train
 
 
-def run_mmengine(work: Workload, workdir: str) -> Run:
-    return _run_mmengine(work, workdir, logging_on=False)
-
-
-def run_mmengine_log(work: Workload, workdir: str) -> Run:
-    return _run_mmengine(work, workdir, logging_on=True)
+run_mmengine = functools.partial(_run_mmengine, logging_on=False)
+run_mmengine_log = functools.partial(_run_mmengine, logging_on=True)
 
 
 def _run_pytorch_accelerated(work: Workload, workdir: str, default_callbacks: bool) -> Run:
@@ -341,12 +338,8 @@ def _run_pytorch_accelerated(work: Workload, workdir: str, default_callbacks: bo
     return model, train
 
 
-def run_pytorch_accelerated(work: Workload, workdir: str) -> Run:
-    return _run_pytorch_accelerated(work, workdir, default_callbacks=False)
-
-
-def run_pytorch_accelerated_default(work: Workload, workdir: str) -> Run:
-    return _run_pytorch_accelerated(work, workdir, default_callbacks=True)
+run_pytorch_accelerated = functools.partial(_run_pytorch_accelerated, default_callbacks=False)
+run_pytorch_accelerated_default = functools.partial(_run_pytorch_accelerated, default_callbacks=True)
 
 
 def _run_lightning(work: Workload, workdir: str, logging_on: bool) -> Run:
@@ -381,12 +374,8 @@ def _run_lightning(work: Workload, workdir: str, logging_on: bool) -> Run:
     return model, lambda: trainer.fit(module, loader)
 
 
-def run_lightning(work: Workload, workdir: str) -> Run:
-    return _run_lightning(work, workdir, logging_on=False)
-
-
-def run_lightning_log(work: Workload, workdir: str) -> Run:
-    return _run_lightning(work, workdir, logging_on=True)
+run_lightning = functools.partial(_run_lightning, logging_on=False)
+run_lightning_log = functools.partial(_run_lightning, logging_on=True)
 
 
 RUNNERS: Dict[str, Callable[[Workload, str], Run]] = {

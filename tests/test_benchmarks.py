@@ -38,13 +38,13 @@ def test_checkpoint_benchmark_prints_sync_and_async_figures_for_both_formats():
 def test_peers_benchmark_prints_a_row_per_system_with_identical_weights():
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--rounds", "1", "--iters", "30",
-         "--systems", "hand", "treadle-bare", "treadle-hooks", "treadle-trainer"],
+         "--systems", "hand", "hand-recorded", "treadle-bare", "treadle-hooks", "treadle-trainer"],
         capture_output=True, text=True, timeout=600, check=True,
     ).stdout
     lines = [line.split() for line in out.splitlines()]
     header = next(line for line in lines if line and line[0] == "system")
     rows = {line[0]: dict(zip(header, line)) for line in lines if line and line[0] in
-            ("hand", "treadle-bare", "treadle-hooks", "treadle-trainer")}
-    assert sorted(rows) == ["hand", "treadle-bare", "treadle-hooks", "treadle-trainer"], out
+            ("hand", "hand-recorded", "treadle-bare", "treadle-hooks", "treadle-trainer")}
+    assert sorted(rows) == ["hand", "hand-recorded", "treadle-bare", "treadle-hooks", "treadle-trainer"], out
     # Every system ends with the hand-written loop's weights, bit for bit.
     assert all(row["bit-identical"] == "True" for row in rows.values()), out
