@@ -1,10 +1,10 @@
 """treadle's per-iteration overhead beside a hand-written loop and its peers.
 
 The same workload for everyone: an MLP on random data whose hand-written
-step takes ~0.3 ms on one intra-op thread (``--width 128``; ``--width 2048``
-gives ~3 ms), SGD with momentum, cross-entropy, the same 64-sample batches
-in the same order from one ``DataLoader`` (pre-made batches read with
-``batch_size=None``), ``--iters`` iterations.
+step takes ~0.3-0.5 ms on one intra-op thread (``--width 128``; ``--width
+4096`` gives ~2.5-3 ms; the time depends on the host), SGD with momentum,
+cross-entropy, the same 64-sample batches in the same order from one
+``DataLoader`` (a pre-made batch per index), ``--iters`` iterations.
 
 Systems, each run in its own process, in interleaved rounds:
 
@@ -435,7 +435,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--iters", type=int, default=2000)
-    parser.add_argument("--width", type=int, default=128, help="hidden width: 128 ~ 0.3 ms, 2048 ~ 3 ms per step")
+    parser.add_argument("--width", type=int, default=128, help="hidden width: 128 ~ 0.3-0.5 ms, 4096 ~ 2.5-3 ms per step")
     parser.add_argument("--systems", nargs="+", default=SYSTEMS, choices=SYSTEMS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
