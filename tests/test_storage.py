@@ -132,6 +132,21 @@ def test_pending_cpu_tensors_have_their_own_lower_bound():
         assert s.history("x").values() == [(float(i), i) for i in range(12)]
 
 
+def test_pending_cpu_tensors_wait_for_the_flush_while_a_device_tensor_is_pending():
+    """Resolving would read the device tensor too: a sync a GPU run makes only
+    at a flush. A meta tensor stands for it (reading it raises)."""
+    with EventStorage(0, max_pending_cpu=5) as s:
+        s.put_scalar("on_device", torch.tensor(1.0, device="meta"))
+        for i in range(12):
+            s.put_scalar("x", torch.tensor(float(i)))
+        assert len(s._pending["x"]) == 12
+    with EventStorage(0, max_pending_cpu=5) as s:
+        s.open_series("device_loss").append((torch.tensor(1.0, device="meta"), 0))
+        for i in range(12):
+            s.put_scalar("x", torch.tensor(float(i)))
+        assert len(s._pending["x"]) == 12
+
+
 def test_history_buffer_is_bounded_and_keeps_the_global_average():
     h = HistoryBuffer(max_length=3)
     for i in range(10):

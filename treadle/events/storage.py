@@ -111,7 +111,8 @@ class EventStorage:
         max_pending: pending tensors are resolved once this many accumulate,
             so that a run without writers does not hold an unbounded list.
         max_pending_cpu: the same bound for tensors in host memory, which are
-            read without a device sync. It is low because each pending CPU
+            read without a device sync, while no device tensor is pending
+            (it would be read with them). It is low because each pending CPU
             value is a small allocation that outlives its step: on a CPU run
             without writers, thousands of them interleave with the step's
             large buffers in the heap, which then grows (+114 MB after 2000
@@ -228,10 +229,19 @@ class EventStorage:
             points.append(point)
         # Not with a cross-rank reducer: resolving is then a collective, which
         # must happen at the same point on every rank (PeriodicWriter's flush).
-        if (
-            self._pending_tensors >= self._max_pending or self._pending_cpu_tensors >= self._max_pending_cpu
-        ) and self.reducer is None:
+        if self.reducer is None and (
+            self._pending_tensors >= self._max_pending
+            or (self._pending_cpu_tensors >= self._max_pending_cpu and self._only_host_tensors_pending())
+        ):
             self.materialize()
+
+    def _only_host_tensors_pending(self) -> bool:
+        """Whether resolving now reads no device tensor (which would be a sync
+        that a GPU run must only make at a flush)."""
+        if self._pending_tensors != self._pending_cpu_tensors:
+            return False
+        series = self._series
+        return all(not series[name] or series[name][-1][0].is_cpu for name in self._series_of_tensors)
 
     def open_series(
         self, name: str, *, smoothing_hint: bool = True, kind: Optional[str] = None, tensors: bool = True
