@@ -142,9 +142,13 @@ def test_pending_cpu_tensors_wait_for_the_flush_while_a_device_tensor_is_pending
         assert len(s._pending["x"]) == 12
     with EventStorage(0, max_pending_cpu=5) as s:
         s.open_series("device_loss").append((torch.tensor(1.0, device="meta"), 0))
+        looks = []
+        only_host = s._only_host_tensors_pending
+        s._only_host_tensors_pending = lambda: looks.append(1) or only_host()
         for i in range(12):
             s.put_scalar("x", torch.tensor(float(i)))
         assert len(s._pending["x"]) == 12
+        assert len(looks) == 2  # at the 5th and 10th put, not at every put after the 5th
 
 
 def test_history_buffer_is_bounded_and_keeps_the_global_average():

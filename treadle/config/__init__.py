@@ -8,8 +8,6 @@ The names below are imported from their modules when first used, so that
 script that builds its trainer in Python imports no config machinery.
 """
 
-from __future__ import annotations
-
 from typing import TYPE_CHECKING
 
 from treadle.utils.lazy_exports import lazy_exports

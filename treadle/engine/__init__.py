@@ -5,8 +5,6 @@ config-driven entry points) are imported when first used: a script that
 builds ``TrainerBase`` or ``Trainer`` in Python does not import OmegaConf.
 """
 
-from __future__ import annotations
-
 from typing import TYPE_CHECKING
 
 from treadle import hooks

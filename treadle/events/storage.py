@@ -149,6 +149,7 @@ class EventStorage:
         self._tensor_names: Set[str] = set()
         self._pending_tensors = 0
         self._pending_cpu_tensors = 0
+        self._cpu_check_at = max_pending_cpu
         # Series (see open_series): per name, a list its producer appends
         # (value, iteration) to directly; emptied into _pending when read.
         self._series: Dict[str, List[Tuple[ScalarValue, int]]] = {}
@@ -231,17 +232,21 @@ class EventStorage:
         # must happen at the same point on every rank (PeriodicWriter's flush).
         if self.reducer is None and (
             self._pending_tensors >= self._max_pending
-            or (self._pending_cpu_tensors >= self._max_pending_cpu and self._only_host_tensors_pending())
+            or (self._pending_cpu_tensors >= self._cpu_check_at and self._only_host_tensors_pending())
         ):
             self.materialize()
 
     def _only_host_tensors_pending(self) -> bool:
         """Whether resolving now reads no device tensor (which would be a sync
-        that a GPU run must only make at a flush)."""
-        if self._pending_tensors != self._pending_cpu_tensors:
-            return False
+        that a GPU run must only make at a flush). When it would, the next
+        look is ``max_pending_cpu`` puts later, not at every put."""
         series = self._series
-        return all(not series[name] or series[name][-1][0].is_cpu for name in self._series_of_tensors)
+        if self._pending_tensors == self._pending_cpu_tensors and all(
+            not series[name] or series[name][-1][0].is_cpu for name in self._series_of_tensors
+        ):
+            return True
+        self._cpu_check_at += self._max_pending_cpu
+        return False
 
     def open_series(
         self, name: str, *, smoothing_hint: bool = True, kind: Optional[str] = None, tensors: bool = True
@@ -392,6 +397,7 @@ class EventStorage:
         tensor_names, self._tensor_names = self._tensor_names, set()
         pending_tensors, self._pending_tensors = self._pending_tensors, 0
         pending_cpu_tensors, self._pending_cpu_tensors = self._pending_cpu_tensors, 0
+        self._cpu_check_at = self._max_pending_cpu
         try:
             if self.reducer is not None:
                 self._reduce(pending)
