@@ -431,6 +431,15 @@ def child(system: str, iters: int, width: int) -> Dict[str, Any]:
     }
 
 
+def _interquartile(values: List[float]) -> str:
+    """The middle half of the rounds' values, ``low-high``: how far apart
+    rounds land on this machine, against which a difference of medians is read."""
+    if len(values) < 4:
+        return f"{min(values):.3f}-{max(values):.3f}"
+    low, _, high = statistics.quantiles(values, n=4)
+    return f"{low:.3f}-{high:.3f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -458,15 +467,18 @@ def main() -> None:
     hand_rss = statistics.median(r["peak_rss"] for r in results["hand"]) if "hand" in results else None
     print(f"per-iteration time, width {args.width}, {args.iters} iterations, one thread, "
           f"medians of {args.rounds} interleaved rounds; ratio to a hand-written loop over pre-built batches")
-    print(f"{'system':<28} {'ms/it':>7} {'ratio':>7} {'+us/it':>9} {'end-to-end':>11} {'bit-identical':>14} {'peak-RSS':>9}")
+    print(f"{'system':<28} {'ms/it':>7} {'ratio':>7} {'ratio-IQR':>13} {'+us/it':>9} {'end-to-end':>11} "
+          f"{'bit-identical':>14} {'peak-RSS':>9}")
     for system, rows in results.items():
         ratio = statistics.median(r["ratio"] for r in rows)
+        spread = _interquartile([r["ratio"] for r in rows])
         added = statistics.median(r["added_us"] for r in rows)
         per_iter = statistics.median(r["per_iter_ms"] for r in rows)
         end_to_end = statistics.median(r["end_to_end"] for r in rows)
         same = all(r["digest"] == hand_digest for r in rows)
         rss = statistics.median(r["peak_rss"] for r in rows) / hand_rss if hand_rss else float("nan")
-        print(f"{system:<28} {per_iter:7.3f} {ratio:7.3f} {added:+9.1f} {end_to_end:11.3f} {str(same):>14} {rss:8.2f}x")
+        print(f"{system:<28} {per_iter:7.3f} {ratio:7.3f} {spread:>13} {added:+9.1f} {end_to_end:11.3f} {str(same):>14} "
+              f"{rss:8.2f}x")
     if skipped:
         print(f"not installed, skipped: {', '.join(skipped)}")
 

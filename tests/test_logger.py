@@ -76,3 +76,179 @@ def test_a_log_file_that_cannot_be_written_is_one_warning(tmp_path, capfd):
             logger.removeHandler(h)
             h.close()
         logging.getLogger(name).propagate = True
+
+
+# ---------------------------------------------------------------- status lines without a record
+def _close(logger):
+    for h in list(logger.handlers):
+        logger.removeHandler(h)
+        h.close()
+
+
+def _frozen_clock(monkeypatch):
+    import time
+
+    monkeypatch.setattr(time, "time", lambda: 1_700_000_000.0)
+    monkeypatch.setattr(time, "time_ns", lambda: 1_700_000_000 * 10**9)
+
+
+def test_a_line_written_without_a_record_reads_as_logging_writes_it(tmp_path, capsys, monkeypatch):
+    import logging
+
+    from treadle.utils.logger import _ColorfulFormatter, write_info_line
+
+    _frozen_clock(monkeypatch)
+    parent = setup_logger(str(tmp_path), name="treadle_test_lines")
+    child = logging.getLogger("treadle_test_lines.printer")
+    line = "iter: 19/100  total_loss: " + colored("0.5", "cyan", attrs=["bold"], force_color=True)
+    try:
+        for colorful in (False, True):
+            if colorful:  # what setup_logger gives a terminal
+                console = next(h for h in parent.handlers if not hasattr(h, "filename"))
+                console.setFormatter(
+                    _ColorfulFormatter(colored("[%(asctime)s %(name)s]: ", "green", force_color=True) + "%(message)s",
+                                       datefmt="%m/%d %H:%M:%S")
+                )
+            child.info(line)
+            assert write_info_line(child, line, lambda: None) is True
+            out = capsys.readouterr().out.splitlines()
+            # A console that is not a terminal gets no color codes either.
+            assert len(out) == 2 and out[0] == out[1] and out[0].endswith(line if colorful else strip_ansi(line)), out
+            assert ("\x1b[32m" in out[0]) is colorful  # the green prefix
+        logged = (tmp_path / "log.txt").read_text().splitlines()
+        assert len(logged) == 4 and len(set(logged)) == 1, logged
+        assert logged[0].endswith("iter: 19/100  total_loss: 0.5")  # no color codes in the file
+    finally:
+        _close(parent)
+
+
+def test_a_line_goes_through_logging_when_anything_else_would_see_it(tmp_path, capsys, monkeypatch):
+    import logging
+
+    from treadle.utils.logger import _PlainFormatter, write_info_line
+
+    seen = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            seen.append(record)
+
+    def user_factory(*args, **kwargs):
+        return logging.LogRecord(*args, **kwargs)
+
+    parent = setup_logger(str(tmp_path), name="treadle_test_fallback")
+    child = logging.getLogger("treadle_test_fallback.printer")
+    file_handler = next(h for h in parent.handlers if hasattr(h, "filename") or "log.txt" in str(getattr(h.stream, "name", "")))
+    changes = {
+        "a filter on the logger": (lambda: child.addFilter(lambda r: True), lambda: child.filters.clear()),
+        "another handler": (lambda: parent.addHandler(Collect()), lambda: parent.removeHandler(parent.handlers[-1])),
+        "a filter on a handler": (lambda: file_handler.addFilter(lambda r: True), lambda: file_handler.filters.clear()),
+        "a record factory": (lambda: logging.setLogRecordFactory(user_factory),
+                             lambda: logging.setLogRecordFactory(logging.LogRecord)),
+        "a format with other fields": (
+            lambda: file_handler.setFormatter(_PlainFormatter("%(process)d %(message)s", datefmt="%H")),
+            lambda: file_handler.setFormatter(_PlainFormatter("[%(asctime)s] %(name)s %(levelname)s: %(message)s",
+                                                              datefmt="%m/%d %H:%M:%S")),
+        ),
+    }
+    try:
+        before = (tmp_path / "log.txt").read_text()
+        for reason, (change, undo) in changes.items():
+            change()
+            try:
+                assert write_info_line(child, "a line", lambda: None) is False, reason
+            finally:
+                undo()
+        assert capsys.readouterr().out == "" and (tmp_path / "log.txt").read_text() == before and not seen
+        assert write_info_line(child, "a line", lambda: None) is True
+    finally:
+        _close(parent)
+
+
+def test_a_line_before_the_log_file_starts_is_kept_as_a_record(tmp_path, capsys):
+    import logging
+
+    from treadle.utils.logger import start_log_files, write_info_line
+
+    parent = setup_logger(str(tmp_path), name="treadle_test_deferred", defer_file=True)
+    child = logging.getLogger("treadle_test_deferred.printer")
+    try:
+        # The deferred file keeps records: the caller must make one.
+        assert write_info_line(child, "early", lambda: None) is False
+        child.info("early")
+        start_log_files("treadle_test_deferred")
+        assert write_info_line(child, "late", lambda: None) is True
+        assert [line.split(": ", 1)[1] for line in (tmp_path / "log.txt").read_text().splitlines()] == ["early", "late"]
+    finally:
+        _close(parent)
+
+
+def test_a_line_the_log_file_cannot_take_is_one_warning(tmp_path, capfd):
+    import errno
+    import logging
+
+    from treadle.utils.logger import write_info_line
+
+    logger = setup_logger(str(tmp_path), name="treadle")
+    child = logging.getLogger("treadle.events.printer")
+    handler = next(h for h in logger.handlers if str(getattr(getattr(h, "stream", None), "name", "")).endswith("log.txt"))
+
+    class FullDisk:
+        name = str(tmp_path / "log.txt")
+        closed = False
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            self.closed = True
+
+    def record():
+        return child.makeRecord(child.name, logging.INFO, __file__, 1, "status", (), None)
+
+    real, handler.stream = handler.stream, FullDisk()
+    try:
+        for i in range(5):
+            assert write_info_line(child, f"status {i}", record) is True
+        out, err = capfd.readouterr()
+        assert err == ""
+        assert out.count("Cannot write the log file") == 1 and "No space left on device" in out
+        assert out.count("status") == 5  # the console goes on
+    finally:
+        real.close()
+        _close(logger)
+        logging.getLogger("treadle").propagate = True
+
+
+def test_the_printer_writes_its_line_to_the_log_file_and_names_itself_in_records(tmp_path):
+    import logging
+
+    from treadle.events import CommonMetricPrinter, EventStorage
+
+    logger = setup_logger(str(tmp_path), name="treadle")
+    seen = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            seen.append(record)
+
+    try:
+        with EventStorage() as storage:
+            printer = CommonMetricPrinter(10)
+            storage.put_scalar("total_loss", 0.25)
+            printer.write()  # only setup_logger's handlers: no record
+            logger.addHandler(Collect())
+            storage.step()
+            storage.put_scalar("total_loss", 0.5)
+            printer.write()  # a handler of the user's: a record, from _log
+        lines = [line for line in (tmp_path / "log.txt").read_text().splitlines() if "total_loss" in line]
+        # The second line's loss is the median of both iterations.
+        assert [line.split("iter: ")[1] for line in lines] == ["0/10  total_loss: 0.25", "1/10  total_loss: 0.375"]
+        (record,) = seen
+        assert record.funcName == "_log" and record.pathname.endswith("printer.py") and record.name == "treadle.events.printer"
+    finally:
+        _close(logger)
+        logging.getLogger("treadle").propagate = True

@@ -13,6 +13,7 @@ from typing import Any, Collection, Dict, List, Optional, Tuple
 import torch
 from termcolor import colored
 
+from treadle.utils.logger import write_info_line
 from .storage import EventStorage, ScalarKind, get_event_storage
 from .writer import EventWriter, _check_start_iter, _check_window_size
 
@@ -23,16 +24,6 @@ logger = logging.getLogger(__name__)
 
 # Read through this name so that tests can control the clock.
 _now = time.perf_counter
-
-# (file, line, function) that status lines are logged from (see CommonMetricPrinter._log).
-_LOG_CALLER: Optional[Tuple[str, int, str]] = None
-
-
-def _remember_log_caller(filename: str, lineno: int, function: str) -> Tuple[str, int, str]:
-    global _LOG_CALLER
-    _LOG_CALLER = (filename, lineno, function)
-    return _LOG_CALLER
-
 
 def _duration(seconds: int) -> str:
     """``str(datetime.timedelta(seconds=seconds))``: ``H:MM:SS``, with days past 24 hours."""
@@ -156,19 +147,24 @@ class CommonMetricPrinter(EventWriter):
     def _log(self, line: str) -> None:
         """Logs ``line`` at INFO, as ``logger.info(line)`` from here would.
 
-        The record names this method as its origin without logging's search
-        of the stack for it (``findCaller``), which is found once: a status
-        line comes every few milliseconds on a fast step, and that search is
-        a tenth of what logging it costs.
+        When only :func:`~treadle.utils.setup_logger`'s handlers would see
+        it (the usual case), the line goes to them without a record
+        (:func:`~treadle.utils.logger.write_info_line`, same text): a status
+        line comes every few milliseconds on a fast step. Otherwise the
+        record names this method as its origin without logging's search of
+        the stack for it (``findCaller``), which is found once.
         """
         logger = self._logger
         if not logger.isEnabledFor(logging.INFO):
             return
-        caller = _LOG_CALLER
-        if caller is None:
-            code = sys._getframe().f_code
-            caller = _remember_log_caller(code.co_filename, sys._getframe().f_lineno, code.co_name)
-        logger.handle(logger.makeRecord(logger.name, logging.INFO, caller[0], caller[1], line, (), None, caller[2]))
+        if not write_info_line(logger, line, lambda: self._record(line)):
+            logger.handle(self._record(line))
+
+    def _record(self, line: str) -> logging.LogRecord:
+        # The record's origin is _log, named without logging's stack search.
+        code = CommonMetricPrinter._log.__code__
+        logger = self._logger
+        return logger.makeRecord(logger.name, logging.INFO, code.co_filename, code.co_firstlineno, line, (), None, code.co_name)
 
     def _training_line(self, storage: EventStorage, iteration: int, fresh: Collection[str]) -> str:
         # The medians every writer of this flush shares (computed once).
