@@ -118,6 +118,15 @@ def test_a_line_written_without_a_record_reads_as_logging_writes_it(tmp_path, ca
         logged = (tmp_path / "log.txt").read_text().splitlines()
         assert len(logged) == 4 and len(set(logged)) == 1, logged
         assert logged[0].endswith("iter: 19/100  total_loss: 0.5")  # no color codes in the file
+        # A minute later: the time in the line moves on (it is kept per second).
+        import time
+
+        monkeypatch.setattr(time, "time", lambda: 1_700_000_061.0)
+        monkeypatch.setattr(time, "time_ns", lambda: 1_700_000_061 * 10**9)
+        child.info(line)
+        assert write_info_line(child, line, lambda: None) is True
+        later = (tmp_path / "log.txt").read_text().splitlines()[4:]
+        assert len(later) == 2 and later[0] == later[1] and later[0] != logged[0], later
     finally:
         _close(parent)
 

@@ -7,7 +7,7 @@ import os
 import re
 import sys
 import time
-from typing import IO, Callable, List, Optional
+from typing import IO, Any, Callable, List, Optional, Tuple
 
 from termcolor import colored
 
@@ -35,24 +35,39 @@ class _LineFormatterMixin:
     """A formatter of :func:`setup_logger` that can also format a plain INFO
     line without a ``LogRecord`` (:func:`write_info_line`), to the same text."""
 
+    # (format, date format, converter) last checked, and the answer.
+    _line_check: Tuple[Any, ...] = ()
+    _formats_lines = False
+    # (second, date format, converter) of the last line's time, and its text:
+    # lines come every few milliseconds, the text changes once a second.
+    _asctime_key: Tuple[Any, ...] = ()
+    _asctime = ""
+
     def formats_lines(self) -> bool:
         """Whether :meth:`format_info_line` gives what ``format`` would: the
         format and date format are still set_logger's kind (a user may
         replace them), and the class is one of this module's."""
         style = self._style  # type: ignore[attr-defined]
-        return (
-            type(self) in _LINE_FORMATTERS
-            and type(style) is logging.PercentStyle
-            and not getattr(style, "_defaults", None)
-            and bool(self.datefmt)  # type: ignore[attr-defined]
-            and _LINE_FIELDS.issuperset(_FIELD.findall(style._fmt))
-        )
+        key = (style, style._fmt, self.datefmt)  # type: ignore[attr-defined]
+        if key != self._line_check:
+            self._line_check = key
+            self._formats_lines = (
+                type(self) in _LINE_FORMATTERS
+                and type(style) is logging.PercentStyle
+                and not getattr(style, "_defaults", None)
+                and bool(self.datefmt)  # type: ignore[attr-defined]
+                and _LINE_FIELDS.issuperset(_FIELD.findall(style._fmt))
+            )
+        return self._formats_lines
 
     def format_info_line(self, name: str, message: str, created: float) -> str:
         # Formatter.format for a record without exception or stack: the
         # style's % substitution, the time as formatTime gives it with a datefmt.
-        asctime = time.strftime(self.datefmt, self.converter(created))  # type: ignore[attr-defined]
-        text = self._style._fmt % {"asctime": asctime, "name": name, "levelname": "INFO", "message": message}  # type: ignore[attr-defined]
+        datefmt, converter = self.datefmt, self.converter  # type: ignore[attr-defined]
+        key = (int(created), datefmt, converter)
+        if key != self._asctime_key:
+            self._asctime_key, self._asctime = key, time.strftime(datefmt, converter(created))
+        text = self._style._fmt % {"asctime": self._asctime, "name": name, "levelname": "INFO", "message": message}  # type: ignore[attr-defined]
         return strip_ansi(text) if isinstance(self, _PlainFormatter) else text
 
 
