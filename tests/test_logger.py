@@ -1,5 +1,7 @@
 """setup_logger: files per run, closed when replaced, no color codes in files."""
 
+import errno
+
 from termcolor import colored
 
 from treadle.utils.logger import setup_logger, strip_ansi
@@ -41,28 +43,30 @@ def test_log_files_hold_no_color_codes(tmp_path):
     assert strip_ansi(colored("x", "red", attrs=["bold"])) == "x"
 
 
+class _FullDisk:
+    """A log file's stream on a full disk."""
+
+    def __init__(self, path):
+        self.name, self.closed = str(path), False
+
+    def write(self, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def flush(self):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def close(self):
+        self.closed = True
+
+
 def test_a_log_file_that_cannot_be_written_is_one_warning(tmp_path, capfd):
-    import errno
     import logging
 
     name = "treadle"
     logger = setup_logger(str(tmp_path), name=name)
     handler = next(h for h in logger.handlers if str(getattr(getattr(h, "stream", None), "name", "")).endswith("log.txt"))
 
-    class FullDisk:
-        name = str(tmp_path / "log.txt")
-        closed = False
-
-        def write(self, text):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        def flush(self):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        def close(self):
-            self.closed = True
-
-    real, handler.stream = handler.stream, FullDisk()
+    real, handler.stream = handler.stream, _FullDisk(tmp_path / "log.txt")
     try:
         for i in range(5):
             logger.info("record %d", i)
@@ -193,7 +197,6 @@ def test_a_line_before_the_log_file_starts_is_kept_as_a_record(tmp_path, capsys)
 
 
 def test_a_line_the_log_file_cannot_take_is_one_warning(tmp_path, capfd):
-    import errno
     import logging
 
     from treadle.utils.logger import write_info_line
@@ -202,23 +205,10 @@ def test_a_line_the_log_file_cannot_take_is_one_warning(tmp_path, capfd):
     child = logging.getLogger("treadle.events.printer")
     handler = next(h for h in logger.handlers if str(getattr(getattr(h, "stream", None), "name", "")).endswith("log.txt"))
 
-    class FullDisk:
-        name = str(tmp_path / "log.txt")
-        closed = False
-
-        def write(self, text):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        def flush(self):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        def close(self):
-            self.closed = True
-
     def record():
         return child.makeRecord(child.name, logging.INFO, __file__, 1, "status", (), None)
 
-    real, handler.stream = handler.stream, FullDisk()
+    real, handler.stream = handler.stream, _FullDisk(tmp_path / "log.txt")
     try:
         for i in range(5):
             assert write_info_line(child, f"status {i}", record) is True

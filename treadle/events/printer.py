@@ -164,7 +164,9 @@ class CommonMetricPrinter(EventWriter):
         # The record's origin is _log, named without logging's stack search.
         code = CommonMetricPrinter._log.__code__
         logger = self._logger
-        return logger.makeRecord(logger.name, logging.INFO, code.co_filename, code.co_firstlineno, line, (), None, code.co_name)
+        return logger.makeRecord(
+            logger.name, logging.INFO, code.co_filename, code.co_firstlineno, line, (), None, code.co_name
+        )
 
     def _training_line(self, storage: EventStorage, iteration: int, fresh: Collection[str]) -> str:
         # The medians every writer of this flush shares (computed once).

@@ -67,7 +67,8 @@ class _LineFormatterMixin:
         key = (int(created), datefmt, converter)
         if key != self._asctime_key:
             self._asctime_key, self._asctime = key, time.strftime(datefmt, converter(created))
-        text = self._style._fmt % {"asctime": self._asctime, "name": name, "levelname": "INFO", "message": message}  # type: ignore[attr-defined]
+        fields = {"asctime": self._asctime, "name": name, "levelname": "INFO", "message": message}
+        text = self._style._fmt % fields  # type: ignore[attr-defined]
         return strip_ansi(text) if isinstance(self, _PlainFormatter) else text
 
 
