@@ -48,3 +48,18 @@ def test_peers_benchmark_prints_a_row_per_system_with_identical_weights():
     assert sorted(rows) == ["hand", "hand-recorded", "treadle-bare", "treadle-hooks", "treadle-trainer"], out
     # Every system ends with the hand-written loop's weights, bit for bit.
     assert all(row["bit-identical"] == "True" for row in rows.values()), out
+
+
+def test_flush_benchmark_prints_each_part_with_and_without_records():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "flush.py"), "--rounds", "1", "--iters", "40"],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout
+    rows = {line[:42].strip(): line[42:].split() for line in out.splitlines()[2:] if line[:1].isalpha() and "amortized" not in line}
+    assert sorted(rows) == sorted([
+        "storage (pending values)", "CommonMetricPrinter", "JSONWriter", "TensorboardWriter",
+        "whole flush (PeriodicWriter.after_step)",
+    ]), out
+    # Two positive figures per part: without and with a LogRecord for the console line.
+    assert all(len(v) == 2 and all(float(x) > 0 for x in v) for v in rows.values()), out
+    assert "per iteration, amortized" in out
