@@ -13,6 +13,7 @@ Runs alternate between the console line written straight to
 same line as a ``LogRecord`` through ``logging`` (what any other handler on
 the ``treadle`` logger gets), so that the difference is measured on one
 machine at one time. Medians of ``--rounds`` runs, microseconds per flush.
+Timing the parts adds a few microseconds to the whole.
 
 Run: ``python benchmarks/flush.py`` (``--rounds``, ``--iters``, ``--width``, ``--period``).
 """

@@ -39,16 +39,22 @@ call divided by ``--iters``. Each process times a hand-written loop over
 pre-built batches (the reference) and its system alternately, twice each,
 and keeps the fastest of each; ``ratio`` is system / reference in that
 process, so a machine that drifts between processes does not bias it. The
-table shows medians over the rounds, the added microseconds per iteration,
-whether the final weights are bit-identical to the hand-written loop's, and
-the peak resident memory against the ``hand`` process's.
+table shows medians over the rounds with the middle half of the rounds'
+ratios (``ratio-IQR``: the noise a difference is read against), the added
+microseconds per iteration, whether the final weights are bit-identical to
+the hand-written loop's, and the peak resident memory against the ``hand``
+process's.
+
+``--calls`` counts instead the Python and C functions each system calls per
+iteration over the same stretch (``sys.setprofile``, one process each): a
+figure a busy machine does not move.
 
 Console output of every system goes to ``os.devnull`` through its usual
 path (``logging``, ``print``, progress bars): formatting a line is paid for,
 a terminal is not.
 
 Run: ``python benchmarks/peers.py`` (``--rounds 7``, ``--iters 2000``,
-``--width``, ``--systems``).
+``--width``, ``--systems``, ``--calls``).
 """
 
 from __future__ import annotations
@@ -67,7 +73,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 TREADLE = ["treadle-bare", "treadle-hooks", "treadle-trainer"]
 PEERS = ["ignite", "accelerate", "mmengine", "mmengine-log", "pytorch-accelerated", "pytorch-accelerated-default",
@@ -145,6 +151,8 @@ class _StampedBatches:
         self.x, self.y = x, y
         self.first, self.last = first, len(x) - 1
         self.stamps: Dict[int, float] = {}
+        # Called with the batch index at the stretch's two ends (--calls).
+        self.at_bounds: Optional[Callable[[int], None]] = None
 
     def __len__(self) -> int:
         return len(self.x)
@@ -152,6 +160,8 @@ class _StampedBatches:
     def __getitem__(self, i: int) -> Tuple[Any, Any]:
         if i == self.first or i == self.last:
             self.stamps[i] = time.perf_counter()
+            if self.at_bounds is not None:
+                self.at_bounds(i)
         return self.x[i], self.y[i]
 
     def steady_seconds_per_iter(self) -> float:
@@ -396,6 +406,36 @@ def _quiet_console() -> Any:
     return devnull
 
 
+def count_calls(system: str, iters: int, width: int) -> Dict[str, Any]:
+    """One process: the Python and C functions ``system`` calls per iteration
+    over the steady stretch (``sys.setprofile`` events from batch ``first``
+    to the last), a figure the host's noise does not move."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    devnull = _quiet_console()
+    work = Workload(width, iters)
+    calls = 0
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        nonlocal calls
+        if event == "call" or event == "c_call":
+            calls += 1
+
+    def at_bounds(i: int) -> None:
+        sys.setprofile(profile if i == work.dataset.first else None)
+
+    work.dataset.at_bounds = at_bounds
+    with tempfile.TemporaryDirectory() as workdir:
+        _, train = RUNNERS[system](work, workdir)
+        with contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
+            try:
+                train()
+            finally:
+                sys.setprofile(None)
+    return {"system": system, "calls_per_iter": calls / (work.dataset.last - work.dataset.first)}
+
+
 def child(system: str, iters: int, width: int) -> Dict[str, Any]:
     """One process: the reference, then the system; what the table needs."""
     import warnings
@@ -431,6 +471,26 @@ def child(system: str, iters: int, width: int) -> Dict[str, Any]:
     }
 
 
+def _run_child(system: str, iters: int, width: int, *options: str) -> Dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", system, "--iters", str(iters), "--width", str(width), *options],
+        capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"{system} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def print_calls(systems: List[str], iters: int, width: int) -> None:
+    counts = {system: _run_child(system, iters, width, "--calls")["calls_per_iter"] for system in systems}
+    print(f"Python and C function calls per iteration over the steady stretch (sys.setprofile), width {width}, "
+          f"{iters} iterations")
+    print(f"{'system':<28} {'calls/it':>9} {'vs hand':>8}")
+    for system, count in counts.items():
+        extra = f"{count - counts['hand']:+8.1f}" if "hand" in counts else ""
+        print(f"{system:<28} {count:9.1f} {extra}")
+
+
 def _interquartile(values: List[float]) -> str:
     """The middle half of the rounds' values, ``low-high``: how far apart
     rounds land on this machine, against which a difference of medians is read."""
@@ -446,23 +506,25 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=2000)
     parser.add_argument("--width", type=int, default=128, help="hidden width: 128 ~ 0.3-0.5 ms, 4096 ~ 2.5-3 ms per step")
     parser.add_argument("--systems", nargs="+", default=SYSTEMS, choices=SYSTEMS)
+    parser.add_argument("--calls", action="store_true",
+                        help="count the functions each system calls per iteration instead of timing it")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.iters, args.width)))
+        measure = count_calls if args.calls else child
+        print(json.dumps(measure(args.child, args.iters, args.width)))
         return
     systems = [s for s in args.systems if available(s)]
     skipped = [s for s in args.systems if s not in systems]
+    if args.calls:
+        print_calls(systems, args.iters, args.width)
+        if skipped:
+            print(f"not installed, skipped: {', '.join(skipped)}")
+        return
     results: Dict[str, List[Dict[str, Any]]] = {s: [] for s in systems}
     for _ in range(args.rounds):
         for system in systems:  # interleaved: a drift of the machine hits every system alike
-            proc = subprocess.run(
-                [sys.executable, __file__, "--child", system, "--iters", str(args.iters), "--width", str(args.width)],
-                capture_output=True, text=True,
-            )
-            if proc.returncode != 0:
-                raise SystemExit(f"{system} failed:\n{proc.stderr[-3000:]}")
-            results[system].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            results[system].append(_run_child(system, args.iters, args.width))
     hand_digest = results["hand"][0]["digest"] if "hand" in results else None
     hand_rss = statistics.median(r["peak_rss"] for r in results["hand"]) if "hand" in results else None
     print(f"per-iteration time, width {args.width}, {args.iters} iterations, one thread, "

@@ -63,3 +63,16 @@ def test_flush_benchmark_prints_each_part_with_and_without_records():
     # Two positive figures per part: without and with a LogRecord for the console line.
     assert all(len(v) == 2 and all(float(x) > 0 for x in v) for v in rows.values()), out
     assert "per iteration, amortized" in out
+
+
+def test_peers_benchmark_counts_calls_per_iteration():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--calls", "--iters", "40",
+         "--systems", "hand", "hand-recorded", "treadle-bare"],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout
+    rows = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in out.splitlines()
+            if line.split() and line.split()[0] in ("hand", "hand-recorded", "treadle-bare")}
+    assert sorted(rows) == ["hand", "hand-recorded", "treadle-bare"], out
+    # A training step is hundreds of calls; the hand-written loop's own row is +0.
+    assert all(count > 100 for count, _ in rows.values()) and rows["hand"][1] == 0.0, out
