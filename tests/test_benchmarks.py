@@ -5,7 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+
+# Each starts benchmark processes: tens of seconds.
+pytestmark = pytest.mark.slow
 
 
 def test_overhead_benchmark_prints_every_section():
