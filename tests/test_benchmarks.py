@@ -72,12 +72,11 @@ def test_flush_benchmark_prints_each_part_with_and_without_records():
 
 def test_peers_benchmark_counts_calls_per_iteration():
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--calls", "--iters", "40",
-         "--systems", "hand", "hand-recorded", "treadle-bare"],
+        [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--calls", "--iters", "40", "--systems", "hand", "treadle-bare"],
         capture_output=True, text=True, timeout=300, check=True,
     ).stdout
     rows = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in out.splitlines()
-            if line.split() and line.split()[0] in ("hand", "hand-recorded", "treadle-bare")}
-    assert sorted(rows) == ["hand", "hand-recorded", "treadle-bare"], out
+            if line.split() and line.split()[0] in ("hand", "treadle-bare")}
+    assert sorted(rows) == ["hand", "treadle-bare"], out
     # A training step is hundreds of calls; the hand-written loop's own row is +0.
     assert all(count > 100 for count, _ in rows.values()) and rows["hand"][1] == 0.0, out
