@@ -45,7 +45,7 @@ class _LineFormatterMixin:
 
     def formats_lines(self) -> bool:
         """Whether :meth:`format_info_line` gives what ``format`` would: the
-        format and date format are still set_logger's kind (a user may
+        format and date format are still setup_logger's kind (a user may
         replace them), and the class is one of this module's."""
         style = self._style  # type: ignore[attr-defined]
         key = (style, style._fmt, self.datefmt)  # type: ignore[attr-defined]
@@ -307,7 +307,7 @@ def write_info_line(logger: logging.Logger, line: str, make_record: Callable[[],
 
     For a line logged every few milliseconds (the training status line):
     right after a training step, logging's path through record, handlers and
-    formatters runs with cold CPU caches and costs a third of a flush. The
+    formatters runs with cold CPU caches and costs a fifth of a flush. The
     text is the same, handler locks are taken, and a failed write goes to
     the handler's ``handleError`` with the record ``make_record()`` builds.
     The caller checks ``logger.isEnabledFor(logging.INFO)``.
