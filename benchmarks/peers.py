@@ -47,14 +47,20 @@ process's.
 
 ``--calls`` counts instead the Python and C functions each system calls per
 iteration over the same stretch (``sys.setprofile``, one process each): a
-figure a busy machine does not move.
+figure a busy machine does not move. ``--instructions`` counts the machine
+instructions each system executes per iteration over that stretch, the
+reference included, under valgrind's callgrind (one process each, side by
+side; minutes: valgrind runs ~50x slower): what noise does not move
+either, at any step size (``--width 4096``). Instructions, not time: cache
+misses and branch mispredictions are not in it. ``--profiles DIR`` keeps
+each system's profile of the stretch, for ``callgrind_annotate``.
 
 Console output of every system goes to ``os.devnull`` through its usual
 path (``logging``, ``print``, progress bars): formatting a line is paid for,
 a terminal is not.
 
 Run: ``python benchmarks/peers.py`` (``--rounds 7``, ``--iters 2000``,
-``--width``, ``--systems``, ``--calls``).
+``--width``, ``--systems``, ``--calls``, ``--instructions``).
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ import json
 import logging
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -175,18 +182,45 @@ def _digest(model: Any) -> str:
     return h.hexdigest()[:16]
 
 
-def _reference(work: Workload) -> float:
-    """The hand-written loop over pre-built batches: the per-process reference."""
+def _hand_steps(model: Any, optimizer: Any, batches: List[Tuple[Any, Any]]) -> None:
     import torch.nn.functional as F
 
-    model, optimizer, _ = work.fresh()
-    batches = list(zip(work.x, work.y))
-    start = time.perf_counter()
     for x, y in batches:
         optimizer.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()
         optimizer.step()
-    return (time.perf_counter() - start) / len(batches)
+
+
+def run_reference(work: Workload, workdir: str = "") -> Run:
+    """The hand-written loop over pre-built batches: what every ratio is to."""
+    model, optimizer, _ = work.fresh()
+    batches = list(zip(work.x, work.y))
+    return model, lambda: _hand_steps(model, optimizer, batches)
+
+
+def run_reference_bounded(work: Workload, workdir: str = "") -> Run:
+    """The reference, calling the dataset's ``at_bounds`` where a loader would
+    fetch the stretch's first and last batches (``--instructions``)."""
+    model, optimizer, _ = work.fresh()
+    batches = list(zip(work.x, work.y))
+    first, last = work.dataset.first, work.dataset.last
+
+    def train() -> None:
+        _hand_steps(model, optimizer, batches[:first])
+        work.dataset.at_bounds(first)
+        _hand_steps(model, optimizer, batches[first:last])
+        work.dataset.at_bounds(last)
+        _hand_steps(model, optimizer, batches[last:])
+
+    return model, train
+
+
+def _reference(work: Workload) -> float:
+    """Seconds per iteration of the reference, timed in this process."""
+    _, train = run_reference(work)
+    start = time.perf_counter()
+    train()
+    return (time.perf_counter() - start) / work.iters
 
 
 # ---------------------------------------------------------------------- systems
@@ -471,6 +505,71 @@ def child(system: str, iters: int, width: int) -> Dict[str, Any]:
     }
 
 
+def run_bounded(system: str, iters: int, width: int) -> Dict[str, Any]:
+    """One process, run under callgrind by ``--instructions``: ``system``
+    trains once and calls ``os.getsid`` where the steady stretch starts and
+    ends; callgrind, told to dump its counts before each such call, writes
+    the stretch's instructions to a file of their own."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    devnull = _quiet_console()
+    work = Workload(width, iters)
+    work.dataset.at_bounds = lambda i: os.getsid(0)
+    with tempfile.TemporaryDirectory() as workdir:
+        model, train = (run_reference_bounded if system == "reference" else RUNNERS[system])(work, workdir)
+        with contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
+            train()
+    return {"system": system, "digest": _digest(model), "stretch": work.dataset.last - work.dataset.first}
+
+
+def instructions_per_iter(system: str, iters: int, width: int, profiles: Optional[str] = None) -> float:
+    """Instructions per iteration over the steady stretch, counted by
+    valgrind's callgrind: the same stretch the timing covers, writer flushes
+    included, start and end left out."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "callgrind.out")
+        command = ["valgrind", "--tool=callgrind", "--dump-before=getsid", f"--callgrind-out-file={out}",
+                   sys.executable, __file__, "--child", system, "--bounded", "--iters", str(iters), "--width", str(width)]
+        # The same hash seed for every process: dict and set layouts, and so
+        # the instructions spent on them, do not change between runs. One
+        # BLAS thread: numpy's OpenBLAS threads otherwise spin while idle,
+        # instructions that depend on the clock, not on the work.
+        env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+               "MKL_NUM_THREADS": "1"}
+        proc = subprocess.run(command, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise SystemExit(f"{system} failed under valgrind:\n{proc.stderr[-3000:]}")
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        # Dump 1: up to the stretch; dump 2: the stretch; the last file: the rest.
+        stretch_file = out + ".2"
+        if not os.path.exists(stretch_file) or os.path.exists(out + ".3"):
+            raise SystemExit(f"{system}: callgrind did not dump exactly at the stretch's two ends")
+        with open(stretch_file) as f:
+            summary = next(line for line in f if line.startswith("summary:"))
+        if profiles:
+            shutil.copy(stretch_file, os.path.join(profiles, f"callgrind.out.{system}"))
+    return int(summary.split()[1]) / result["stretch"]
+
+
+def print_instructions(systems: List[str], iters: int, width: int, profiles: Optional[str] = None) -> None:
+    import concurrent.futures
+
+    names = ["reference", *systems]
+    if profiles:
+        os.makedirs(profiles, exist_ok=True)
+    # Instruction counts do not depend on what else the machine runs.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
+        counts = dict(zip(names, pool.map(lambda s: instructions_per_iter(s, iters, width, profiles), names)))
+    reference = counts.pop("reference")
+    print(f"instructions per iteration over the steady stretch (valgrind callgrind), width {width}, {iters} iterations; "
+          f"reference: a hand-written loop over pre-built batches, {reference / 1e3:.1f}k instructions")
+    print(f"{'system':<28} {'k instr/it':>11} {'ratio':>7} {'vs hand':>9}")
+    for system, count in counts.items():
+        extra = f"{(count - counts['hand']) / 1e3:+8.1f}k" if "hand" in counts else ""
+        print(f"{system:<28} {count / 1e3:11.1f} {count / reference:7.3f} {extra:>9}")
+
+
 def _run_child(system: str, iters: int, width: int, *options: str) -> Dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, __file__, "--child", system, "--iters", str(iters), "--width", str(width), *options],
@@ -508,16 +607,30 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", default=SYSTEMS, choices=SYSTEMS)
     parser.add_argument("--calls", action="store_true",
                         help="count the functions each system calls per iteration instead of timing it")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count the instructions each system executes per iteration (valgrind) instead of timing it")
+    parser.add_argument("--profiles", metavar="DIR",
+                        help="with --instructions: keep each system's callgrind profile of the stretch in DIR "
+                             "(read them with callgrind_annotate)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--bounded", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
+        if args.bounded:
+            print(json.dumps(run_bounded(args.child, args.iters, args.width)))
+            return
         measure = count_calls if args.calls else child
         print(json.dumps(measure(args.child, args.iters, args.width)))
         return
     systems = [s for s in args.systems if available(s)]
     skipped = [s for s in args.systems if s not in systems]
-    if args.calls:
-        print_calls(systems, args.iters, args.width)
+    if args.calls or args.instructions:
+        if args.instructions and shutil.which("valgrind") is None:
+            raise SystemExit("--instructions needs valgrind on the PATH (apt install valgrind)")
+        if args.instructions:
+            print_instructions(systems, args.iters, args.width, args.profiles)
+        else:
+            print_calls(systems, args.iters, args.width)
         if skipped:
             print(f"not installed, skipped: {', '.join(skipped)}")
         return

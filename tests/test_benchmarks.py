@@ -1,6 +1,8 @@
 """The benchmarks still run: each is started with the smallest settings and
 its report read back (the figures themselves are not asserted)."""
 
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +82,21 @@ def test_peers_benchmark_counts_calls_per_iteration():
     assert sorted(rows) == ["hand", "treadle-bare"], out
     # A training step is hundreds of calls; the hand-written loop's own row is +0.
     assert all(count > 100 for count, _ in rows.values()) and rows["hand"][1] == 0.0, out
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="--instructions runs the systems under valgrind")
+def test_peers_benchmark_counts_instructions_over_the_steady_stretch(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--instructions", "--iters", "30", "--systems", "hand",
+         "--profiles", str(tmp_path)],
+        capture_output=True, text=True, timeout=900, check=True,
+    ).stdout
+    reference = float(re.search(r"pre-built batches, ([\d.]+)k instructions", out).group(1))
+    row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["hand"])
+    per_iter, ratio = float(row[1]), float(row[2])
+    # The hand-written loop over a DataLoader does the reference's work and the loader's.
+    assert per_iter > reference > 0, out
+    assert ratio == pytest.approx(per_iter / reference, abs=1e-3), out
+    # Each system's profile of the stretch alone is kept, for callgrind_annotate.
+    profile = (tmp_path / "callgrind.out.hand").read_text()
+    assert "part: 2" in profile and "Trigger: --dump-before=getsid" in profile
