@@ -35,7 +35,10 @@ loader fetches batch ``iters // 10`` and the last batch, so the time per
 iteration covers the iterations between, writer flushes included, and
 leaves out each system's start (Lightning's setup, the first iterations)
 and end (a final checkpoint); ``end-to-end`` is the whole ``fit``/``train``
-call divided by ``--iters``. Each process times a hand-written loop over
+call divided by ``--iters``. Each system is built, and the garbage its
+start left collected (``gc.collect()``), before the clock starts: otherwise
+the first collection of Python's younger generations walks the start's
+objects inside the stretch, a one-off cost of up to ~10 ms. Each process times a hand-written loop over
 pre-built batches (the reference) and its system alternately, twice each,
 and keeps the fastest of each; ``ratio`` is system / reference in that
 process, so a machine that drifts between processes does not bias it. The
@@ -440,6 +443,17 @@ def _quiet_console() -> Any:
     return devnull
 
 
+def _settle_garbage_collector() -> None:
+    """Collects the garbage a system's start left (imports, the objects it
+    built): otherwise the first collection of Python's younger generations
+    inside the stretch walks them all, a one-off cost of the start (up to
+    ~10 ms here, for the systems that import the most) that would land in
+    the steady stretch of some systems and not of others."""
+    import gc
+
+    gc.collect()
+
+
 def count_calls(system: str, iters: int, width: int) -> Dict[str, Any]:
     """One process: the Python and C functions ``system`` calls per iteration
     over the steady stretch (``sys.setprofile`` events from batch ``first``
@@ -462,6 +476,7 @@ def count_calls(system: str, iters: int, width: int) -> Dict[str, Any]:
     work.dataset.at_bounds = at_bounds
     with tempfile.TemporaryDirectory() as workdir:
         _, train = RUNNERS[system](work, workdir)
+        _settle_garbage_collector()
         with contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
             try:
                 train()
@@ -486,6 +501,7 @@ def child(system: str, iters: int, width: int) -> Dict[str, Any]:
             folder = os.path.join(workdir, f"rep{rep}")  # a fresh output folder each time
             os.makedirs(folder)
             model, train = run(work, folder)  # built (imports included) outside the timing
+            _settle_garbage_collector()
             work.dataset.stamps.clear()
             with contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
                 start = time.perf_counter()
@@ -518,6 +534,7 @@ def run_bounded(system: str, iters: int, width: int) -> Dict[str, Any]:
     work.dataset.at_bounds = lambda i: os.getsid(0)
     with tempfile.TemporaryDirectory() as workdir:
         model, train = (run_reference_bounded if system == "reference" else RUNNERS[system])(work, workdir)
+        _settle_garbage_collector()
         with contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
             train()
     return {"system": system, "digest": _digest(model), "stretch": work.dataset.last - work.dataset.first}
