@@ -579,12 +579,9 @@ def print_instructions(systems: List[str], iters: int, width: int, profiles: Opt
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
         counts = dict(zip(names, pool.map(lambda s: instructions_per_iter(s, iters, width, profiles), names)))
     reference = counts.pop("reference")
-    print(f"instructions per iteration over the steady stretch (valgrind callgrind), width {width}, {iters} iterations; "
-          f"reference: a hand-written loop over pre-built batches, {reference / 1e3:.1f}k instructions")
-    print(f"{'system':<28} {'k instr/it':>11} {'ratio':>7} {'vs hand':>9}")
-    for system, count in counts.items():
-        extra = f"{(count - counts['hand']) / 1e3:+8.1f}k" if "hand" in counts else ""
-        print(f"{system:<28} {count / 1e3:11.1f} {count / reference:7.3f} {extra:>9}")
+    _print_counts(f"instructions per iteration over the steady stretch (valgrind callgrind), width {width}, {iters} "
+                  f"iterations; reference: a hand-written loop over pre-built batches, {reference / 1e3:.1f}k "
+                  "instructions", "k instr/it", counts, unit=1e3, reference=reference)
 
 
 def _run_child(system: str, iters: int, width: int, *options: str) -> Dict[str, Any]:
@@ -599,12 +596,20 @@ def _run_child(system: str, iters: int, width: int, *options: str) -> Dict[str, 
 
 def print_calls(systems: List[str], iters: int, width: int) -> None:
     counts = {system: _run_child(system, iters, width, "--calls")["calls_per_iter"] for system in systems}
-    print(f"Python and C function calls per iteration over the steady stretch (sys.setprofile), width {width}, "
-          f"{iters} iterations")
-    print(f"{'system':<28} {'calls/it':>9} {'vs hand':>8}")
+    _print_counts(f"Python and C function calls per iteration over the steady stretch (sys.setprofile), width {width}, "
+                  f"{iters} iterations", "calls/it", counts)
+
+
+def _print_counts(title: str, column: str, counts: Dict[str, float], unit: float = 1.0,
+                  reference: Optional[float] = None) -> None:
+    """A per-iteration count per system (in ``unit``), with its difference to
+    ``hand``'s and, given the reference's count, the ratio to it."""
+    print(title)
+    print(f"{'system':<28} {column:>11}" + (f" {'ratio':>7}" if reference else "") + f" {'vs hand':>9}")
     for system, count in counts.items():
-        extra = f"{count - counts['hand']:+8.1f}" if "hand" in counts else ""
-        print(f"{system:<28} {count:9.1f} {extra}")
+        ratio = f" {count / reference:7.3f}" if reference else ""
+        extra = f"{(count - counts['hand']) / unit:+9.1f}" if "hand" in counts else ""
+        print(f"{system:<28} {count / unit:11.1f}{ratio} {extra:>9}")
 
 
 def _interquartile(values: List[float]) -> str:
