@@ -38,10 +38,11 @@ and end (a final checkpoint); ``end-to-end`` is the whole ``fit``/``train``
 call divided by ``--iters``. Each system is built, and the garbage its
 start left collected (``gc.collect()``), before the clock starts: otherwise
 the first collection of Python's younger generations walks the start's
-objects inside the stretch, a one-off cost of up to ~10 ms. Each process times a hand-written loop over
-pre-built batches (the reference) and its system alternately, twice each,
-and keeps the fastest of each; ``ratio`` is system / reference in that
-process, so a machine that drifts between processes does not bias it. The
+objects inside the stretch, a one-off cost of up to ~10 ms. Each process
+times a hand-written loop over pre-built batches (the reference) and its
+system alternately, twice each, and keeps the fastest of each; ``ratio`` is
+system / reference in that process, so a machine that drifts between
+processes does not bias it. The
 table shows medians over the rounds with the middle half of the rounds'
 ratios (``ratio-IQR``: the noise a difference is read against), the added
 microseconds per iteration, whether the final weights are bit-identical to
@@ -533,11 +534,11 @@ def run_bounded(system: str, iters: int, width: int) -> Dict[str, Any]:
     work = Workload(width, iters)
     work.dataset.at_bounds = lambda i: os.getsid(0)
     with tempfile.TemporaryDirectory() as workdir:
-        model, train = (run_reference_bounded if system == "reference" else RUNNERS[system])(work, workdir)
+        _, train = (run_reference_bounded if system == "reference" else RUNNERS[system])(work, workdir)
         _settle_garbage_collector()
         with contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
             train()
-    return {"system": system, "digest": _digest(model), "stretch": work.dataset.last - work.dataset.first}
+    return {"system": system, "stretch": work.dataset.last - work.dataset.first}
 
 
 def instructions_per_iter(system: str, iters: int, width: int, profiles: Optional[str] = None) -> float:
