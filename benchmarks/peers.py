@@ -56,7 +56,11 @@ instructions each system executes per iteration over that stretch, the
 reference included, under valgrind's callgrind (one process each, side by
 side; minutes: valgrind runs ~50x slower): what noise does not move
 either, at any step size (``--width 4096``). Instructions, not time: cache
-misses and branch mispredictions are not in it. ``--profiles DIR`` keeps
+misses and branch mispredictions are not in it. With ``--cache-sim``
+valgrind simulates the caches as well (L1i and L1d of 32 KiB, an L2 of 512
+KiB) and the table adds each system's misses per iteration and callgrind's
+cycle estimate from them: what the step's eviction of the loop's code and
+data costs, still without the host's noise. ``--profiles DIR`` keeps
 each system's profile of the stretch, for ``callgrind_annotate``.
 
 Console output of every system goes to ``os.devnull`` through its usual
@@ -64,7 +68,7 @@ path (``logging``, ``print``, progress bars): formatting a line is paid for,
 a terminal is not.
 
 Run: ``python benchmarks/peers.py`` (``--rounds 7``, ``--iters 2000``,
-``--width``, ``--systems``, ``--calls``, ``--instructions``).
+``--width``, ``--systems``, ``--calls``, ``--instructions``, ``--cache-sim``).
 """
 
 from __future__ import annotations
@@ -541,13 +545,26 @@ def run_bounded(system: str, iters: int, width: int) -> Dict[str, Any]:
     return {"system": system, "stretch": work.dataset.last - work.dataset.first}
 
 
-def instructions_per_iter(system: str, iters: int, width: int, profiles: Optional[str] = None) -> float:
-    """Instructions per iteration over the steady stretch, counted by
-    valgrind's callgrind: the same stretch the timing covers, writer flushes
-    included, start and end left out."""
+# --cache-sim: this host's per-core sizes (and typical of current x86
+# cores), fixed so that counts compare across machines. valgrind simulates
+# two levels; the last is the core's L2, whose misses go to the shared L3.
+CACHE_SIM = ["--cache-sim=yes", "--I1=32768,8,64", "--D1=32768,8,64", "--LL=524288,8,64"]
+# valgrind's event names: instruction reads; level-1 instruction, data-read
+# and data-write misses; the same at the last level.
+L1_MISSES = ("I1mr", "D1mr", "D1mw")
+LL_MISSES = ("ILmr", "DLmr", "DLmw")
+
+
+def events_per_iter(system: str, iters: int, width: int, profiles: Optional[str] = None,
+                    cache_sim: bool = False) -> Dict[str, float]:
+    """valgrind's counts per iteration over the steady stretch, by event
+    (``Ir``, instructions; with ``cache_sim``, the simulated cache misses
+    too): the same stretch the timing covers, writer flushes included,
+    start and end left out."""
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "callgrind.out")
         command = ["valgrind", "--tool=callgrind", "--dump-before=getsid", f"--callgrind-out-file={out}",
+                   *(CACHE_SIM if cache_sim else []),
                    sys.executable, __file__, "--child", system, "--bounded", "--iters", str(iters), "--width", str(width)]
         # The same hash seed for every process: dict and set layouts, and so
         # the instructions spent on them, do not change between runs. One
@@ -564,25 +581,46 @@ def instructions_per_iter(system: str, iters: int, width: int, profiles: Optiona
         if not os.path.exists(stretch_file) or os.path.exists(out + ".3"):
             raise SystemExit(f"{system}: callgrind did not dump exactly at the stretch's two ends")
         with open(stretch_file) as f:
-            summary = next(line for line in f if line.startswith("summary:"))
+            header = {key: value.split() for key, _, value in (line.partition(": ") for line in f)
+                      if key in ("events", "summary")}
         if profiles:
             shutil.copy(stretch_file, os.path.join(profiles, f"callgrind.out.{system}"))
-    return int(summary.split()[1]) / result["stretch"]
+    return {event: int(count) / result["stretch"] for event, count in zip(header["events"], header["summary"])}
 
 
-def print_instructions(systems: List[str], iters: int, width: int, profiles: Optional[str] = None) -> None:
+def estimated_cycles(events: Dict[str, float]) -> float:
+    """callgrind's cycle estimate from instructions and cache misses
+    (kcachegrind's ``CEst`` without branches): a level-1 miss costs 10
+    cycles, a last-level miss 100."""
+    return events["Ir"] + 10 * sum(events[e] for e in L1_MISSES) + 100 * sum(events[e] for e in LL_MISSES)
+
+
+def print_instructions(systems: List[str], iters: int, width: int, profiles: Optional[str] = None,
+                       cache_sim: bool = False) -> None:
     import concurrent.futures
 
     names = ["reference", *systems]
     if profiles:
         os.makedirs(profiles, exist_ok=True)
-    # Instruction counts do not depend on what else the machine runs.
+    # Counts do not depend on what else the machine runs.
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
-        counts = dict(zip(names, pool.map(lambda s: instructions_per_iter(s, iters, width, profiles), names)))
+        events = dict(zip(names, pool.map(lambda s: events_per_iter(s, iters, width, profiles, cache_sim), names)))
+    counts = {name: e["Ir"] for name, e in events.items()}
     reference = counts.pop("reference")
     _print_counts(f"instructions per iteration over the steady stretch (valgrind callgrind), width {width}, {iters} "
                   f"iterations; reference: a hand-written loop over pre-built batches, {reference / 1e3:.1f}k "
                   "instructions", "k instr/it", counts, unit=1e3, reference=reference)
+    if not cache_sim:
+        return
+    print()
+    print("simulated caches (32 KiB 8-way L1i and L1d, 512 KiB 8-way L2, 64-byte lines), misses per iteration; "
+          "estimated cycles = instructions + 10 x L1 misses + 100 x L2 misses")
+    print(f"{'system':<28} {'L1i miss':>9} {'L1d miss':>9} {'L2 miss':>8} {'k cycles/it':>12} {'ratio':>7} {'vs hand':>9}")
+    cycles = {name: estimated_cycles(e) for name, e in events.items()}
+    for name, e in events.items():
+        extra = f"{(cycles[name] - cycles['hand']) / 1e3:+9.1f}" if "hand" in cycles and name != "reference" else ""
+        print(f"{name:<28} {e['I1mr']:9.0f} {e['D1mr'] + e['D1mw']:9.0f} {sum(e[k] for k in LL_MISSES):8.0f} "
+              f"{cycles[name] / 1e3:12.1f} {cycles[name] / cycles['reference']:7.3f} {extra:>9}")
 
 
 def _run_child(system: str, iters: int, width: int, *options: str) -> Dict[str, Any]:
@@ -635,6 +673,9 @@ def main() -> None:
     parser.add_argument("--profiles", metavar="DIR",
                         help="with --instructions: keep each system's callgrind profile of the stretch in DIR "
                              "(read them with callgrind_annotate)")
+    parser.add_argument("--cache-sim", action="store_true",
+                        help="with --instructions: simulate the caches too (misses and estimated cycles per iteration; "
+                             "about twice as slow)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--bounded", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -645,13 +686,15 @@ def main() -> None:
         measure = count_calls if args.calls else child
         print(json.dumps(measure(args.child, args.iters, args.width)))
         return
+    if (args.cache_sim or args.profiles) and not args.instructions:
+        parser.error("--cache-sim and --profiles go with --instructions")
     systems = [s for s in args.systems if available(s)]
     skipped = [s for s in args.systems if s not in systems]
     if args.calls or args.instructions:
         if args.instructions and shutil.which("valgrind") is None:
             raise SystemExit("--instructions needs valgrind on the PATH (apt install valgrind)")
         if args.instructions:
-            print_instructions(systems, args.iters, args.width, args.profiles)
+            print_instructions(systems, args.iters, args.width, args.profiles, args.cache_sim)
         else:
             print_calls(systems, args.iters, args.width)
         if skipped:

@@ -85,18 +85,36 @@ def test_peers_benchmark_counts_calls_per_iteration():
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="--instructions runs the systems under valgrind")
-def test_peers_benchmark_counts_instructions_over_the_steady_stretch(tmp_path):
+def test_peers_benchmark_counts_instructions_and_cache_misses_over_the_steady_stretch(tmp_path):
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--instructions", "--iters", "30", "--systems", "hand",
-         "--profiles", str(tmp_path)],
-        capture_output=True, text=True, timeout=900, check=True,
+        [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--instructions", "--cache-sim", "--iters", "30",
+         "--systems", "hand", "--profiles", str(tmp_path)],
+        capture_output=True, text=True, timeout=1500, check=True,
     ).stdout
-    reference = float(re.search(r"pre-built batches, ([\d.]+)k instructions", out).group(1))
-    row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["hand"])
+    instructions, caches = out.split("simulated caches")
+    reference = float(re.search(r"pre-built batches, ([\d.]+)k instructions", instructions).group(1))
+    row = next(line.split() for line in instructions.splitlines() if line.split()[:1] == ["hand"])
     per_iter, ratio = float(row[1]), float(row[2])
     # The hand-written loop over a DataLoader does the reference's work and the loader's.
     assert per_iter > reference > 0, out
     assert ratio == pytest.approx(per_iter / reference, abs=1e-3), out
+    # The cache table: misses per iteration and cycles estimated from them and the instructions.
+    rows = {line.split()[0]: [float(x) for x in line.split()[1:6]] for line in caches.splitlines()
+            if line.split()[:1] in (["reference"], ["hand"])}
+    assert sorted(rows) == ["hand", "reference"], out
+    for name, instr in (("reference", reference), ("hand", per_iter)):
+        l1i, l1d, l2, cycles, _ = rows[name]
+        assert l1i > 0 and l1d > 0 and l2 > 0, out
+        assert cycles == pytest.approx(instr + 10 * (l1i + l1d) / 1e3 + 100 * l2 / 1e3, abs=0.2), out
+    assert rows["hand"][4] == pytest.approx(rows["hand"][3] / rows["reference"][3], abs=1e-3), out
+    assert rows["hand"][3] > rows["reference"][3], out
     # Each system's profile of the stretch alone is kept, for callgrind_annotate.
     profile = (tmp_path / "callgrind.out.hand").read_text()
     assert "part: 2" in profile and "Trigger: --dump-before=getsid" in profile
+    assert "events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw" in profile
+
+
+def test_peers_benchmark_takes_cache_sim_only_with_instructions():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--cache-sim"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--cache-sim and --profiles go with --instructions" in proc.stderr, proc.stderr
