@@ -15,6 +15,12 @@ the ``treadle`` logger gets), so that the difference is measured on one
 machine at one time. Medians of ``--rounds`` runs, microseconds per flush.
 Timing the parts adds a few microseconds to the whole.
 
+Not in a flush: TensorBoard's share of the rows. ``TensorboardWriter``
+keeps them and hands them to TensorBoard's file writer every ``flush_secs``
+(10 s) and at the end, where each is made an event, framed and
+checksummed (TensorBoard's CRC32C is pure Python); the last row of the
+table is that hand-over, per row.
+
 Run: ``python benchmarks/flush.py`` (``--rounds``, ``--iters``, ``--width``, ``--period``).
 """
 
@@ -40,7 +46,12 @@ from peers import Workload  # noqa: E402
 import treadle.events.printer as printer_module  # noqa: E402
 import treadle.events.storage as storage_module  # noqa: E402
 from treadle.engine import Trainer  # noqa: E402
+from treadle.events import TensorboardWriter  # noqa: E402
 from treadle.hooks import PeriodicWriter  # noqa: E402
+
+# Not part of a flush: rows reach TensorBoard's file writer in batches, every
+# flush_secs (10 s), and at the end; per row handed over.
+HANDOVER = "TensorBoard hand-over, per row (every 10 s)"
 
 
 def _timed(function: Callable[..., Any], key: str, seconds: Dict[str, float]) -> Callable[..., Any]:
@@ -66,6 +77,8 @@ def one_run(work: Workload, period: int, records: bool) -> Dict[str, float]:
         writers = next(h for h in trainer._hooks if isinstance(h, PeriodicWriter)).writers
         for writer in writers:
             writer.write = _timed(writer.write, type(writer).__name__, seconds)  # type: ignore[method-assign]
+        tensorboard = next(w for w in writers if isinstance(w, TensorboardWriter))
+        handed_rows = _count_handed_rows(tensorboard, seconds)
         storage_module.EventStorage.flush = _timed(storage_flush, "storage (pending values)", seconds)  # type: ignore[method-assign]
         if records:
             printer_module.write_info_line = lambda *args: False  # the caller then logs a record
@@ -77,7 +90,33 @@ def one_run(work: Workload, period: int, records: bool) -> Dict[str, float]:
             storage_module.EventStorage.flush = storage_flush  # type: ignore[method-assign]
         seconds["whole flush (PeriodicWriter.after_step)"] = trainer.timings()["PeriodicWriter.after_step"]
     flushes = work.iters // period
-    return {key: value / flushes * 1e6 for key, value in seconds.items()}
+    per_flush = {key: value / flushes * 1e6 for key, value in seconds.items() if key != HANDOVER}
+    per_flush[HANDOVER] = seconds[HANDOVER] / handed_rows[0] * 1e6
+    return per_flush
+
+
+def _count_handed_rows(writer: TensorboardWriter, seconds: Dict[str, float]) -> List[int]:
+    """Times ``writer.flush`` (the hand-over of kept rows to TensorBoard's
+    file writer, which frames and checksums them) and counts the rows it
+    hands over; ``[rows]``, filled as training runs. The first hand-over
+    (one row, at the first write) is left out: it opens the event file."""
+    rows = [0]
+    flush = writer.flush
+    calls = [0]
+
+    def counted() -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            return flush()
+        rows[0] += len(writer._kept_rows)
+        start = time.perf_counter()
+        try:
+            flush()
+        finally:
+            seconds[HANDOVER] += time.perf_counter() - start
+
+    writer.flush = counted  # type: ignore[method-assign]
+    return rows
 
 
 def main() -> None:
@@ -96,13 +135,14 @@ def main() -> None:
     keys = list(runs[False][0])
     print(f"microseconds per flush (every {args.period} iterations, width {args.width}, {args.iters} iterations, "
           f"one thread), medians of {args.rounds} alternated runs")
-    print(f"{'part':<42} {'line without record':>20} {'line as a record':>17}")
+    print(f"{'part':<46} {'line without record':>20} {'line as a record':>17}")
     for key in keys:
         plain = statistics.median(run[key] for run in runs[False])
         record = statistics.median(run[key] for run in runs[True])
-        print(f"{key:<42} {plain:20.1f} {record:17.1f}")
+        print(f"{key:<46} {plain:20.1f} {record:17.1f}")
     step = statistics.median(run["whole flush (PeriodicWriter.after_step)"] for run in runs[False]) / args.period
-    print(f"per iteration, amortized: {step:.1f} us")
+    handover = statistics.median(run[HANDOVER] for run in runs[False]) / args.period
+    print(f"per iteration, amortized: {step:.1f} us, and {handover:.1f} us of TensorBoard's hand-over")
 
 
 if __name__ == "__main__":

@@ -62,14 +62,17 @@ def test_flush_benchmark_prints_each_part_with_and_without_records():
         [sys.executable, str(ROOT / "benchmarks" / "flush.py"), "--rounds", "1", "--iters", "40"],
         capture_output=True, text=True, timeout=300, check=True,
     ).stdout
-    rows = {line[:42].strip(): line[42:].split() for line in out.splitlines()[2:] if line[:1].isalpha() and "amortized" not in line}
+    rows = {line[:46].strip(): line[46:].split() for line in out.splitlines()[2:] if line[:1].isalpha() and "amortized" not in line}
     assert sorted(rows) == sorted([
         "storage (pending values)", "CommonMetricPrinter", "JSONWriter", "TensorboardWriter",
-        "whole flush (PeriodicWriter.after_step)",
+        "whole flush (PeriodicWriter.after_step)", "TensorBoard hand-over, per row (every 10 s)",
     ]), out
     # Two positive figures per part: without and with a LogRecord for the console line.
     assert all(len(v) == 2 and all(float(x) > 0 for x in v) for v in rows.values()), out
-    assert "per iteration, amortized" in out
+    amortized = re.search(r"per iteration, amortized: ([\d.]+) us, and ([\d.]+) us of TensorBoard's hand-over", out)
+    # The hand-over per iteration is its per-row figure over the period (20).
+    assert amortized and float(amortized.group(2)) == pytest.approx(
+        float(rows["TensorBoard hand-over, per row (every 10 s)"][0]) / 20, abs=0.06), out
 
 
 def test_peers_benchmark_counts_calls_per_iteration():
