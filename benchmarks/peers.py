@@ -35,7 +35,11 @@ loader fetches batch ``iters // 10`` and the last batch, so the time per
 iteration covers the iterations between, writer flushes included, and
 leaves out each system's start (Lightning's setup, the first iterations)
 and end (a final checkpoint); ``end-to-end`` is the whole ``fit``/``train``
-call divided by ``--iters``. Each system is built, and the garbage its
+call divided by ``--iters``. treadle's ``TensorboardWriter`` hands its rows
+to TensorBoard's file writer every 10 seconds, which a default run does
+not last: that cost (``benchmarks/flush.py``'s last row) is in the
+``--instructions`` counts, where valgrind's slower clock brings it inside
+the stretch, and not in the times. Each system is built, and the garbage its
 start left collected (``gc.collect()``), before the clock starts: otherwise
 the first collection of Python's younger generations walks the start's
 objects inside the stretch, a one-off cost of up to ~10 ms. Each process
