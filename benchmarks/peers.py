@@ -63,8 +63,10 @@ either, at any step size (``--width 4096``). Instructions, not time: cache
 misses and branch mispredictions are not in it. With ``--cache-sim``
 valgrind simulates the caches as well (L1i and L1d of 32 KiB, an L2 of 512
 KiB) and the table adds each system's misses per iteration and callgrind's
-cycle estimate from them: what the step's eviction of the loop's code and
-data costs, still without the host's noise. ``--profiles DIR`` keeps
+cycle estimate from them: the misses the step's eviction of the loop's code
+and data causes, still without the host's noise. The estimate weighs every
+miss alike, where a step's streaming misses are mostly hidden by the
+prefetchers and a loop's pointer-chasing ones are not. ``--profiles DIR`` keeps
 each system's profile of the stretch, for ``callgrind_annotate``.
 
 Console output of every system goes to ``os.devnull`` through its usual
