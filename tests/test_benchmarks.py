@@ -75,6 +75,13 @@ def test_flush_benchmark_prints_each_part_with_and_without_records():
         float(rows["TensorBoard hand-over, per row (every 10 s)"][0]) / 20, abs=0.06), out
 
 
+def test_flush_benchmark_refuses_a_run_with_fewer_than_two_flushes():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "flush.py"), "--rounds", "1", "--iters", "20"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "--iters must be at least twice --period (got --iters 20, --period 20)" in proc.stderr, proc.stderr
+
+
 def test_peers_benchmark_counts_calls_per_iteration():
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--calls", "--iters", "40", "--systems", "hand", "treadle-bare"],
