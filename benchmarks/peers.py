@@ -53,6 +53,19 @@ microseconds per iteration, whether the final weights are bit-identical to
 the hand-written loop's, and the peak resident memory against the ``hand``
 process's.
 
+``--paired`` answers the narrower question of what a system adds to the
+hand-written loop over the same ``DataLoader``: each process trains
+``hand`` and the system alternately, ``--pairs`` times each (which goes
+first alternates too): the two times compared are taken seconds apart
+in one process. Each process keeps the fastest
+run of each (the host only ever slows a run down) and their difference;
+the table gives, per system, the median over the ``--rounds`` processes
+of the added microseconds per iteration, the middle half of them, and the
+median ratio to ``hand``. A difference of two medians from separate
+processes (the main table's ``+us/it`` rows) carries the noise of both
+processes and of the reference loop each is divided by; this one, the
+seconds between runs in one process only.
+
 ``--calls`` counts instead the Python and C functions each system calls per
 iteration over the same stretch (``sys.setprofile``, one process each): a
 figure a busy machine does not move. ``--instructions`` counts the machine
@@ -74,7 +87,8 @@ path (``logging``, ``print``, progress bars): formatting a line is paid for,
 a terminal is not.
 
 Run: ``python benchmarks/peers.py`` (``--rounds 7``, ``--iters 2000``,
-``--width``, ``--systems``, ``--calls``, ``--instructions``, ``--cache-sim``).
+``--width``, ``--systems``, ``--paired``, ``--pairs``, ``--calls``,
+``--instructions``, ``--cache-sim``).
 """
 
 from __future__ import annotations
@@ -496,6 +510,21 @@ def count_calls(system: str, iters: int, width: int) -> Dict[str, Any]:
     return {"system": system, "calls_per_iter": calls / (work.dataset.last - work.dataset.first)}
 
 
+def _timed_run(work: Workload, run: Callable[[Workload, str], Run], folder: str, devnull: Any) -> Tuple[float, float, Any]:
+    """Builds a system in ``folder`` (imports included, outside the timing)
+    and trains it once: its seconds per iteration over the steady stretch
+    and end to end, and its model."""
+    os.makedirs(folder)
+    model, train = run(work, folder)
+    _settle_garbage_collector()
+    work.dataset.stamps.clear()
+    with contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
+        start = time.perf_counter()
+        train()
+        whole = (time.perf_counter() - start) / work.iters
+    return work.dataset.steady_seconds_per_iter(), whole, model
+
+
 def child(system: str, iters: int, width: int) -> Dict[str, Any]:
     """One process: the reference, then the system; what the table needs."""
     import warnings
@@ -509,16 +538,10 @@ def child(system: str, iters: int, width: int) -> Dict[str, Any]:
         references, steady, whole = [], [], []
         for rep in range(2):  # alternated, the fastest of each: warm-up and drift hit both alike
             references.append(_reference(work))
-            folder = os.path.join(workdir, f"rep{rep}")  # a fresh output folder each time
-            os.makedirs(folder)
-            model, train = run(work, folder)  # built (imports included) outside the timing
-            _settle_garbage_collector()
-            work.dataset.stamps.clear()
-            with contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
-                start = time.perf_counter()
-                train()
-                whole.append((time.perf_counter() - start) / iters)
-            steady.append(work.dataset.steady_seconds_per_iter())
+            # A fresh output folder each time.
+            seconds, end_to_end, model = _timed_run(work, run, os.path.join(workdir, f"rep{rep}"), devnull)
+            steady.append(seconds)
+            whole.append(end_to_end)
         reference = min(references)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {
@@ -530,6 +553,28 @@ def child(system: str, iters: int, width: int) -> Dict[str, Any]:
         "digest": _digest(model),
         "peak_rss": peak,
     }
+
+
+def paired_child(system: str, iters: int, width: int, pairs: int) -> Dict[str, Any]:
+    """One process (``--paired``): ``hand`` and ``system`` trained
+    alternately, ``pairs`` times each, which goes first alternating too;
+    each pair's two steady-stretch times, taken seconds apart in one
+    process, and whether every run ended with ``hand``'s weights."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    devnull = _quiet_console()
+    work = Workload(width, iters)
+    times: Dict[str, List[float]] = {"hand": [], system: []}
+    digests = set()
+    with tempfile.TemporaryDirectory() as workdir:
+        _reference(work)  # warms the allocator and the kernels
+        for rep in range(pairs):
+            for name in ("hand", system) if rep % 2 == 0 else (system, "hand"):
+                seconds, _, model = _timed_run(work, RUNNERS[name], os.path.join(workdir, f"{name}{rep}"), devnull)
+                times[name].append(seconds)
+                digests.add(_digest(model))
+    return {"system": system, "hand": times["hand"], "times": times[system], "bit_identical": len(digests) == 1}
 
 
 def run_bounded(system: str, iters: int, width: int) -> Dict[str, Any]:
@@ -657,6 +702,35 @@ def _print_counts(title: str, column: str, counts: Dict[str, float], unit: float
         print(f"{system:<28} {count / unit:11.1f}{ratio} {extra:>9}")
 
 
+def print_paired(systems: List[str], rounds: int, pairs: int, iters: int, width: int) -> None:
+    """``--paired``: per system, ``rounds`` processes (see
+    :func:`paired_child`), interleaved across systems. In each process the
+    fastest of its runs of the system against the fastest of its runs of
+    ``hand`` (the host only ever slows a run down); the table gives the
+    median over the processes and the middle half of them."""
+    results: Dict[str, List[Dict[str, Any]]] = {s: [] for s in systems}
+    for _ in range(rounds):
+        for system in systems:
+            results[system].append(_run_child(system, iters, width, "--paired", "--pairs", str(pairs)))
+    print(f"per-iteration time against the hand-written DataLoader loop trained alternately in the same process, "
+          f"width {width}, {iters} iterations, one thread, {rounds} processes x {pairs} pairs per system, "
+          "fastest of each in a process")
+    print(f"{'system':<28} {'hand ms/it':>10} {'ms/it':>7} {'+us over hand':>14} {'IQR':>16} "
+          f"{'ratio to hand':>14} {'bit-identical':>14}")
+    for system, rows in results.items():
+        hand = [min(r["hand"]) for r in rows]
+        times = [min(r["times"]) for r in rows]
+        added = [(t - h) * 1e6 for t, h in zip(times, hand)]
+        spread = f"{min(added):+.1f}..{max(added):+.1f}"
+        if len(added) >= 4:
+            low, _, high = statistics.quantiles(added, n=4)
+            spread = f"{low:+.1f}..{high:+.1f}"
+        same = all(r["bit_identical"] for r in rows)
+        ratio = statistics.median(t / h for t, h in zip(times, hand))
+        print(f"{system:<28} {statistics.median(hand) * 1e3:10.3f} {statistics.median(times) * 1e3:7.3f} "
+              f"{statistics.median(added):+14.1f} {spread:>16} {ratio:14.3f} {str(same):>14}")
+
+
 def _interquartile(values: List[float]) -> str:
     """The middle half of the rounds' values, ``low-high``: how far apart
     rounds land on this machine, against which a difference of medians is read."""
@@ -682,6 +756,10 @@ def main() -> None:
     parser.add_argument("--cache-sim", action="store_true",
                         help="with --instructions: simulate the caches too (misses and estimated cycles per iteration; "
                              "about twice as slow)")
+    parser.add_argument("--paired", action="store_true",
+                        help="time each system against the hand-written DataLoader loop trained alternately in the "
+                             "same process, and print the difference per iteration (median of the pairs)")
+    parser.add_argument("--pairs", type=int, default=4, help="with --paired: pairs per process (default 4)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--bounded", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -689,11 +767,18 @@ def main() -> None:
         if args.bounded:
             print(json.dumps(run_bounded(args.child, args.iters, args.width)))
             return
+        if args.paired:
+            print(json.dumps(paired_child(args.child, args.iters, args.width, args.pairs)))
+            return
         measure = count_calls if args.calls else child
         print(json.dumps(measure(args.child, args.iters, args.width)))
         return
     if (args.cache_sim or args.profiles) and not args.instructions:
         parser.error("--cache-sim and --profiles go with --instructions")
+    if args.paired and (args.calls or args.instructions):
+        parser.error("--paired times; it does not go with --calls or --instructions")
+    if args.pairs < 1:
+        parser.error(f"--pairs must be at least 1, got {args.pairs}")
     systems = [s for s in args.systems if available(s)]
     skipped = [s for s in args.systems if s not in systems]
     if args.calls or args.instructions:
@@ -703,6 +788,11 @@ def main() -> None:
             print_instructions(systems, args.iters, args.width, args.profiles, args.cache_sim)
         else:
             print_calls(systems, args.iters, args.width)
+        if skipped:
+            print(f"not installed, skipped: {', '.join(skipped)}")
+        return
+    if args.paired:
+        print_paired([s for s in systems if s != "hand"], args.rounds, args.pairs, args.iters, args.width)
         if skipped:
             print(f"not installed, skipped: {', '.join(skipped)}")
         return

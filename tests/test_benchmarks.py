@@ -1,6 +1,7 @@
 """The benchmarks still run: each is started with the smallest settings and
 its report read back (the figures themselves are not asserted)."""
 
+import json
 import re
 import shutil
 import subprocess
@@ -55,6 +56,38 @@ def test_peers_benchmark_prints_a_row_per_system_with_identical_weights():
     assert sorted(rows) == ["hand", "hand-recorded", "treadle-bare", "treadle-hooks", "treadle-trainer"], out
     # Every system ends with the hand-written loop's weights, bit for bit.
     assert all(row["bit-identical"] == "True" for row in rows.values()), out
+
+
+def test_peers_benchmark_paired_times_each_system_against_hand_in_its_own_process():
+    script = str(ROOT / "benchmarks" / "peers.py")
+    # One process: hand and the system alternately, each pair's two times kept.
+    child = subprocess.run([sys.executable, script, "--child", "treadle-bare", "--paired", "--pairs", "3", "--iters", "30"],
+                           capture_output=True, text=True, timeout=300, check=True).stdout
+    result = json.loads(child.strip().splitlines()[-1])
+    assert result["system"] == "treadle-bare" and len(result["hand"]) == len(result["times"]) == 3, result
+    assert all(t > 0 for t in result["hand"] + result["times"]), result
+    # Every run in the process, hand's and treadle's, ends with the same weights.
+    assert result["bit_identical"] is True, result
+    out = subprocess.run([sys.executable, script, "--paired", "--rounds", "1", "--pairs", "2", "--iters", "30",
+                          "--systems", "hand", "treadle-bare", "treadle-hooks"],
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    assert "against the hand-written DataLoader loop trained alternately in the same process" in out, out
+    lines = [line.split() for line in out.splitlines()]
+    rows = {line[0]: line for line in lines if line and line[0] in ("hand", "treadle-bare", "treadle-hooks")}
+    # hand is what the others are paired with, not a row of its own.
+    assert sorted(rows) == ["treadle-bare", "treadle-hooks"], out
+    for row in rows.values():
+        hand_ms, ms, added, ratio = float(row[1]), float(row[2]), float(row[3]), float(row[5])
+        assert hand_ms > 0 and ms > 0 and ratio > 0 and abs(added) < 1e6 and row[4].count("..") == 1, row
+        assert row[6] == "True", row
+
+
+def test_peers_benchmark_refuses_paired_with_counts_and_fewer_than_one_pair():
+    script = str(ROOT / "benchmarks" / "peers.py")
+    proc = subprocess.run([sys.executable, script, "--paired", "--calls"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--paired times; it does not go with --calls or --instructions" in proc.stderr
+    proc = subprocess.run([sys.executable, script, "--paired", "--pairs", "0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--pairs must be at least 1, got 0" in proc.stderr
 
 
 def test_flush_benchmark_prints_each_part_with_and_without_records():
