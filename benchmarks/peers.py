@@ -56,10 +56,9 @@ process's.
 ``--paired`` answers the narrower question of what a system adds to the
 hand-written loop over the same ``DataLoader``: each process trains
 ``hand`` and the system alternately, ``--pairs`` times each (which goes
-first alternates too): the two times compared are taken seconds apart
-in one process. Each process keeps the fastest
-run of each (the host only ever slows a run down) and their difference;
-the table gives, per system, the median over the ``--rounds`` processes
+first alternates too), so that the times compared are taken seconds
+apart in one process. Each process keeps the fastest run of each (the
+host only ever slows a run down) and their difference; the table gives, per system, the median over the ``--rounds`` processes
 of the added microseconds per iteration, the middle half of them, and the
 median ratio to ``hand``. A difference of two medians from separate
 processes (the main table's ``+us/it`` rows) carries the noise of both
@@ -721,23 +720,21 @@ def print_paired(systems: List[str], rounds: int, pairs: int, iters: int, width:
         hand = [min(r["hand"]) for r in rows]
         times = [min(r["times"]) for r in rows]
         added = [(t - h) * 1e6 for t, h in zip(times, hand)]
-        spread = f"{min(added):+.1f}..{max(added):+.1f}"
-        if len(added) >= 4:
-            low, _, high = statistics.quantiles(added, n=4)
-            spread = f"{low:+.1f}..{high:+.1f}"
+        spread = _interquartile(added, "+.1f", "..")
         same = all(r["bit_identical"] for r in rows)
         ratio = statistics.median(t / h for t, h in zip(times, hand))
         print(f"{system:<28} {statistics.median(hand) * 1e3:10.3f} {statistics.median(times) * 1e3:7.3f} "
               f"{statistics.median(added):+14.1f} {spread:>16} {ratio:14.3f} {str(same):>14}")
 
 
-def _interquartile(values: List[float]) -> str:
+def _interquartile(values: List[float], fmt: str = ".3f", sep: str = "-") -> str:
     """The middle half of the rounds' values, ``low-high``: how far apart
     rounds land on this machine, against which a difference of medians is read."""
     if len(values) < 4:
-        return f"{min(values):.3f}-{max(values):.3f}"
-    low, _, high = statistics.quantiles(values, n=4)
-    return f"{low:.3f}-{high:.3f}"
+        low, high = min(values), max(values)
+    else:
+        low, _, high = statistics.quantiles(values, n=4)
+    return f"{low:{fmt}}{sep}{high:{fmt}}"
 
 
 def main() -> None:
@@ -758,7 +755,8 @@ def main() -> None:
                              "about twice as slow)")
     parser.add_argument("--paired", action="store_true",
                         help="time each system against the hand-written DataLoader loop trained alternately in the "
-                             "same process, and print the difference per iteration (median of the pairs)")
+                             "same process, and print what it adds per iteration (fastest of each in a process, "
+                             "median over --rounds processes)")
     parser.add_argument("--pairs", type=int, default=4, help="with --paired: pairs per process (default 4)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--bounded", action="store_true", help=argparse.SUPPRESS)
@@ -779,6 +777,8 @@ def main() -> None:
         parser.error("--paired times; it does not go with --calls or --instructions")
     if args.pairs < 1:
         parser.error(f"--pairs must be at least 1, got {args.pairs}")
+    if args.paired and set(args.systems) <= {"hand"}:
+        parser.error("--paired times systems against hand: name at least one other in --systems")
     systems = [s for s in args.systems if available(s)]
     skipped = [s for s in args.systems if s not in systems]
     if args.calls or args.instructions:

@@ -82,12 +82,14 @@ def test_peers_benchmark_paired_times_each_system_against_hand_in_its_own_proces
         assert row[6] == "True", row
 
 
-def test_peers_benchmark_refuses_paired_with_counts_and_fewer_than_one_pair():
+def test_peers_benchmark_refuses_paired_with_counts_fewer_than_one_pair_or_only_hand():
     script = str(ROOT / "benchmarks" / "peers.py")
     proc = subprocess.run([sys.executable, script, "--paired", "--calls"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--paired times; it does not go with --calls or --instructions" in proc.stderr
     proc = subprocess.run([sys.executable, script, "--paired", "--pairs", "0"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--pairs must be at least 1, got 0" in proc.stderr
+    proc = subprocess.run([sys.executable, script, "--paired", "--systems", "hand"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "name at least one other in --systems" in proc.stderr
 
 
 def test_flush_benchmark_prints_each_part_with_and_without_records():
