@@ -126,7 +126,9 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--period", type=int, default=20)
     args = parser.parse_args()
-    if args.period < 1 or args.iters < 2 * args.period:
+    if args.period < 1:
+        parser.error(f"--period must be at least 1, got {args.period}")
+    if args.iters < 2 * args.period:
         # The first flush's hand-over is left out: the figures need a second.
         parser.error(f"--iters must be at least twice --period (got --iters {args.iters}, --period {args.period})")
     logging.basicConfig(stream=open(os.devnull, "w"), level=logging.INFO, force=True)

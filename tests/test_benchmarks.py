@@ -115,6 +115,9 @@ def test_flush_benchmark_refuses_a_run_with_fewer_than_two_flushes():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "--iters must be at least twice --period (got --iters 20, --period 20)" in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "flush.py"), "--period", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--period must be at least 1, got 0" in proc.stderr, proc.stderr
 
 
 def test_peers_benchmark_counts_calls_per_iteration():
