@@ -30,7 +30,9 @@ writes one file per rank, in parallel, and no rank holds the full state.
 
 Run: ``python benchmarks/checkpoint.py`` (``--sizes 25 300`` in millions of
 parameters, ``--repeats``, ``--formats``, ``--processes``; ``--dir`` for the
-disk to write to, default a temporary directory). Figures are medians; the
+disk to write to, default a temporary directory; ``--device cuda`` for a
+model and optimizer state on the GPU, whose asynchronous save copies them to
+pinned host memory, one process). Figures are medians; the
 machine's load shows in them.
 """
 
@@ -54,12 +56,13 @@ from torch import nn
 from treadle.checkpoint import Checkpointer
 
 
-def build(params_millions: float, shard: bool = False):
-    """An MLP of about ``params_millions`` million parameters (each layer and
-    the whole sharded by FSDP2 with ``shard``), and AdamW with its state filled."""
+def build(params_millions: float, shard: bool = False, device: str = "cpu"):
+    """An MLP of about ``params_millions`` million parameters on ``device``
+    (each layer and the whole sharded by FSDP2 with ``shard``), and AdamW
+    with its state filled."""
     width = 2048
     layers = max(1, round(params_millions * 1e6 / (width * width + width)))
-    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)]).to(device)
     if shard:
         from torch.distributed.fsdp import fully_shard
 
@@ -124,6 +127,8 @@ def measure(model: nn.Module, optimizer: torch.optim.Optimizer, fmt: str, repeat
     main = not dist.is_initialized() or dist.get_rank() == 0
 
     def timed(name: str, asynchronous: bool) -> float:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # the GPU's pending work is not the save's
         _barrier()  # every rank starts together: the time is the loop's, not a wait for a late rank
         start = time.perf_counter()
         checkpointer.save(name, asynchronous=asynchronous)
@@ -204,10 +209,11 @@ def run_processes(world: int, sizes: List[float], formats: List[str], repeats: i
     return rows
 
 
-def run_one_process(sizes: List[float], formats: List[str], repeats: int, directory: str) -> List[Dict[str, float]]:
+def run_one_process(sizes: List[float], formats: List[str], repeats: int, directory: str,
+                    device: str = "cpu") -> List[Dict[str, float]]:
     rows = []
     for size in sizes:
-        model, optimizer = build(size)
+        model, optimizer = build(size, device=device)
         n_params = sum(p.numel() for p in model.parameters())
         for fmt in formats:
             rows.append(_combine([measure(model, optimizer, fmt, repeats, directory)], n_params, fmt, 1))
@@ -222,16 +228,21 @@ def main() -> None:
     parser.add_argument("--formats", nargs="+", default=["file", "dcp"], choices=["file", "dcp"])
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="where the model and optimizer state live (cuda: one process only)")
     args = parser.parse_args()
+    if args.device == "cuda" and (not torch.cuda.is_available() or args.processes != [1]):
+        parser.error("--device cuda needs a CUDA device and --processes 1")
     rows = []
     with tempfile.TemporaryDirectory(dir=args.dir) as directory:
         for processes in args.processes:
             if processes == 1:
                 torch.set_num_threads(max(1, os.cpu_count() or 1))
-                rows += run_one_process(args.sizes, args.formats, args.repeats, directory)
+                rows += run_one_process(args.sizes, args.formats, args.repeats, directory, args.device)
             else:
                 rows += run_processes(processes, args.sizes, args.formats, args.repeats, directory)
-    print("checkpoint save (medians of %d; with several processes, the slowest rank)" % args.repeats)
+    print("checkpoint save of a model on %s (medians of %d; with several processes, the slowest rank)"
+          % (args.device, args.repeats))
     print(
         f"{'params':>8} {'procs':>5} {'format':>6} {'MiB':>6} {'sync save s':>12} {'MiB/s':>7} "
         f"{'first stall s':>14} {'stall s':>8} {'stall/sync':>11} {'extra host MiB/proc':>20}"

@@ -14,6 +14,19 @@ def _deterministic_torch():
 
 
 @pytest.fixture(autouse=True)
+def _cpu_unless_marked_gpu(request, monkeypatch):
+    """Every test not marked ``gpu`` runs as on a machine without CUDA, also on
+    one with a GPU: device="auto" then picks the CPU the test was written
+    for, the console line has no max_mem, --num-gpus starts gloo processes.
+    The processes a test starts see no GPU either."""
+    if request.node.get_closest_marker("gpu") is None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
+@pytest.fixture(autouse=True)
 def _no_pending_run_start():
     """What a test's default_setup left for training to write does not reach another test."""
     yield

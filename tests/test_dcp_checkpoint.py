@@ -99,6 +99,28 @@ def test_an_async_dcp_run_writes_the_same_checkpoints_as_a_sync_one(tmp_path):
         assert_same_state(as_file(tmp_path / "async" / name), as_file(tmp_path / "sync" / name))
 
 
+def test_async_dcp_saves_survive_a_torch_that_closes_the_stager_after_each_save(tmp_path, monkeypatch):
+    """torch 2.11's DefaultStager closes its copier after every save (seen on
+    a GPU machine): the checkpointer kept its stager, and the second save
+    failed with KeyError: <class 'type'>. Closed stagers are replaced."""
+    real_async_save = dcp.async_save
+
+    def closing_async_save(*args, async_stager=None, **kwargs):
+        future = real_async_save(*args, async_stager=async_stager, **kwargs)
+        future.result()
+        async_stager.close()
+        return future
+
+    monkeypatch.setattr(dcp, "async_save", closing_async_save)
+    trainer, checkpointer = build(tmp_path / "async", async_save=True, max_to_keep=None)
+    trainer.train(0, 17)
+    build(tmp_path / "sync", max_to_keep=None)[0].train(0, 17)
+    assert not checkpointer.saving
+    assert sorted(os.listdir(tmp_path / "async")) == sorted(os.listdir(tmp_path / "sync"))
+    assert {"model_0000004.dcp", "model_0000009.dcp", "model_0000014.dcp"} <= set(os.listdir(tmp_path / "async"))
+    assert_same_state(as_file(tmp_path / "async" / "model_0000014.dcp"), as_file(tmp_path / "sync" / "model_0000014.dcp"))
+
+
 def test_a_damaged_dcp_checkpoint_is_reported_and_the_previous_one_resumed(tmp_path, caplog):
     run = tmp_path / "run"
     build(run, max_to_keep=None)[0].train(0, 17)  # model_0000004, _0009, _0014, final

@@ -255,6 +255,7 @@ def test_fp16_on_cpu_is_a_clear_error_and_bad_arguments_are_rejected():
         EagerStep(model, [], opt, grad_scaler=torch.amp.GradScaler("cpu"))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 with GradScaler needs CUDA")
 def test_fp16_grad_scaler_on_cuda_hooks_see_unscaled_gradients():
     model = make_model().cuda()

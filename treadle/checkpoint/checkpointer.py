@@ -8,7 +8,7 @@ import os
 import re
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import nn
@@ -505,11 +505,9 @@ class Checkpointer:
     def _start_async_dcp(self, state: Dict[str, Any], partial: str) -> "Future[Any]":
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-        if self._dcp_stager is None:
+        if self._dcp_stager is None or not dcp_format.stager_reusable(self._dcp_stager):
             # Kept between saves: DCP's stager reuses its host copies.
-            self._dcp_stager = DefaultStager(StagingOptions(False, False, False, False))
+            self._dcp_stager = dcp_format.new_stager()
         distributed = dist.is_available() and dist.is_initialized()
         if distributed and self._dcp_group is None:
             self._dcp_group = dist.new_group(backend="gloo")  # every rank is here, in the same order
@@ -948,35 +946,64 @@ class Checkpointer:
         return out
 
 
-def host_snapshot(obj: Any, buffers: Optional[Dict[Tuple[Any, ...], torch.Tensor]] = None, key: Tuple[Any, ...] = ()) -> Any:
+def host_snapshot(obj: Any, buffers: Optional[Dict[Tuple[Any, ...], torch.Tensor]] = None) -> Any:
     """A copy of ``obj`` whose tensors are copies in host memory, detached from
     training: what an asynchronous save writes while training goes on.
 
     ``buffers`` (path in ``obj`` -> tensor) keeps the copies between saves:
     a tensor of the same shape and dtype is copied into its previous buffer
     instead of freshly allocated memory, which is several times faster (no
-    page faults) and keeps the host memory at one copy of the state.
+    page faults) and keeps the host memory at one copy of the state. Kept
+    copies of GPU tensors are in pinned memory, filled by copies issued
+    together without waiting for each, then waited for once: on return
+    every copy has landed, and training may change the originals.
     """
+    devices: Set[torch.device] = set()
+    copied = _snapshot(obj, buffers, (), devices)
+    for device in devices:
+        torch.cuda.current_stream(device).synchronize()
+    return copied
+
+
+def _snapshot(obj: Any, buffers: Optional[Dict[Tuple[Any, ...], torch.Tensor]], key: Tuple[Any, ...],
+              devices: Set[torch.device]) -> Any:
     if isinstance(obj, torch.Tensor):
         tensor = obj.detach()
+        on_host = tensor.device.type == "cpu"
         if buffers is None:
-            return tensor.clone() if tensor.device.type == "cpu" else tensor.to("cpu")
+            return tensor.clone() if on_host else tensor.to("cpu")
         buffer = buffers.get(key)
         if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype or tensor.is_sparse:
-            buffer = tensor.clone() if tensor.device.type == "cpu" else tensor.to("cpu")
-            buffers[key] = buffer
+            if on_host or tensor.is_sparse or tensor.device.type != "cuda":
+                buffer = tensor.clone() if on_host else tensor.to("cpu")
+                buffers[key] = buffer
+                return buffer
+            buffer = buffers[key] = _pinned_like(tensor)
+        if tensor.device.type == "cuda" and buffer.is_pinned():
+            buffer.copy_(tensor, non_blocking=True)
+            devices.add(tensor.device)
         else:
             buffer.copy_(tensor)
         return buffer
     if isinstance(obj, dict):
-        copied = {k: host_snapshot(v, buffers, key + (k,)) for k, v in obj.items()}
+        copied = {k: _snapshot(v, buffers, key + (k,), devices) for k, v in obj.items()}
         return copied if type(obj) is dict else type(obj)(copied)  # an OrderedDict stays one
     if isinstance(obj, list):
-        return [host_snapshot(v, buffers, key + (i,)) for i, v in enumerate(obj)]
+        return [_snapshot(v, buffers, key + (i,), devices) for i, v in enumerate(obj)]
     if isinstance(obj, tuple):
-        items = [host_snapshot(v, buffers, key + (i,)) for i, v in enumerate(obj)]
+        items = [_snapshot(v, buffers, key + (i,), devices) for i, v in enumerate(obj)]
         return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
     return obj
+
+
+def _pinned_like(tensor: torch.Tensor) -> torch.Tensor:
+    """An empty host tensor like ``tensor`` in pinned memory (copies from the
+    GPU into it run at the link's full speed and need not wait one by one),
+    or in ordinary memory where pinning is refused (a limit on locked memory)."""
+    try:
+        return torch.empty_like(tensor, device="cpu", pin_memory=True)
+    except RuntimeError:
+        return torch.empty_like(tensor, device="cpu")
 
 
 def _log_load_report(report: Any, path: str) -> None:

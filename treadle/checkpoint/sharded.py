@@ -148,6 +148,25 @@ def sharded_state(
     return state
 
 
+def new_stager() -> Any:
+    """A DCP stager for asynchronous saves, meant to be kept from one save to
+    the next: it reuses its host copies of the state (see :func:`stager_reusable`)."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    return DefaultStager(StagingOptions(False, False, False, False))
+
+
+def stager_reusable(stager: Any) -> bool:
+    """Whether ``stager`` can stage another save. Some torch releases (2.11
+    among them) close a ``DefaultStager``'s copier after every save, where
+    later ones keep it open until ``close()``: a closed one fails the next
+    save deep in DCP with ``KeyError: <class 'type'>``, so it is replaced.
+    A stager whose inside is not the one known here is taken as reusable."""
+    copier = getattr(stager, "_state_dict_stager", None)
+    rules = getattr(copier, "_deepcopy_dispatch", None)
+    return rules is None or bool(rules)
+
+
 def _record(obj: Any) -> bytes:
     """``obj`` as the bytes of a ``torch.save`` file: one DCP item of plain
     bytes (DCP would flatten a dict into items, and write its tensors from

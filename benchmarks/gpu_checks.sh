@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The checks only a CUDA machine can run, in one go (a lent GPU's time is
+# short): the GPU tests (fp16 with a GradScaler, CompiledStep with CUDA
+# graphs, no host synchronisation between flushes, asynchronous checkpoints),
+# the GPU benchmark, the checkpoint benchmark with the state on the GPU, and
+# the whole fast test suite on a machine where device="auto" picks the GPU.
+#
+# Run from the repository root: bash benchmarks/gpu_checks.sh
+# Logs go to $OUT (default /tmp/gpu_checks); PYTHON picks the interpreter
+# (default python3); CHECKPOINT_DIR the checkpoint benchmark's folder
+# (default /dev/shm: the stall, not the disk, is its figure here);
+# SUITE_SECONDS bounds the whole-suite run (default 150); CHECKS picks
+# what runs (default "tests bench checkpoint suite").
+set -u -o pipefail
+OUT=${OUT:-/tmp/gpu_checks}
+PYTHON=${PYTHON:-python3}
+CHECKPOINT_DIR=${CHECKPOINT_DIR:-/dev/shm}
+SUITE_SECONDS=${SUITE_SECONDS:-150}
+CHECKS=" ${CHECKS:-tests bench checkpoint suite} "
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+status=0
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+"$PYTHON" -c "import torch, treadle; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name())" || exit 1
+
+if [[ $CHECKS == *" tests "* ]]; then
+    echo "== GPU tests (pytest -m gpu)"
+    "$PYTHON" -m pytest -q -rs -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log" || status=1
+fi
+if [[ $CHECKS == *" bench "* ]]; then
+    echo "== benchmarks/gpu.py"
+    "$PYTHON" benchmarks/gpu.py 2>&1 | tee "$OUT/gpu_bench.log" || status=1
+fi
+if [[ $CHECKS == *" checkpoint "* ]]; then
+    echo "== benchmarks/checkpoint.py --device cuda"
+    "$PYTHON" benchmarks/checkpoint.py --device cuda --processes 1 --sizes 25 300 --repeats 2 --dir "$CHECKPOINT_DIR" 2>&1 \
+        | tee "$OUT/checkpoint.log" || status=1
+fi
+if [[ $CHECKS == *" suite "* ]]; then
+    # Every other test runs as on a machine without a GPU (tests/conftest.py):
+    # this shows that the suite passes on a GPU machine too.
+    echo "== the fast suite on this GPU machine (at most ${SUITE_SECONDS}s)"
+    workers=$("$PYTHON" -c "import os; print(max(1, min(14, (os.cpu_count() or 2) - 2)))")
+    # -v names each result as it comes: a run cut short by the timeout still names its failures.
+    timeout "$SUITE_SECONDS" "$PYTHON" -m pytest -v -rfE -m "not slow and not gpu" -n "$workers" --tb=short \
+        -p no:cacheprovider tests >"$OUT/suite.log" 2>&1 || status=1
+    grep -E "(FAILED|ERROR) tests/|[0-9]+ (passed|failed)" "$OUT/suite.log" | sort -u | tail -n 60
+fi
+exit $status
