@@ -242,6 +242,31 @@ def test_bf16_autocast_on_cpu_runs_matmuls_in_bf16():
     assert history["total_loss"][-1] < history["total_loss"][0]
 
 
+def test_bf16_step_equals_the_hand_written_autocast_loop_bit_for_bit():
+    """The common case runs inline under one autocast context reused every
+    step: the updates must stay those of a loop that opens a new one each time."""
+    torch.manual_seed(0)
+    data = [(torch.randn(16, 4), torch.randint(0, 3, (16,))) for _ in range(12)]
+
+    def fresh():
+        torch.manual_seed(1)
+        model = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 3))
+        return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    reference, ref_opt = fresh()
+    for x, y in data * 2:
+        ref_opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = nn.functional.cross_entropy(reference(x), y)
+        loss.backward()
+        ref_opt.step()
+    model, opt = fresh()
+    TrainerBase(EagerStep(model, data, opt, loss_fn=nn.functional.cross_entropy, precision="bf16")).train(0, 24)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p, q)
+    assert not torch.is_autocast_enabled("cpu")  # the context is left after each step
+
+
 def test_fp16_on_cpu_is_a_clear_error_and_bad_arguments_are_rejected():
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

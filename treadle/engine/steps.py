@@ -238,6 +238,7 @@ class EagerStep(StepBase):
         self.loss_fn = loss_fn
         # The series run_step appends to, opened in each train()'s storage.
         self._series_storage: Optional[EventStorage] = None
+        self._autocast: Optional[torch.autocast] = None
         self._loss_points: List[Tuple[Any, int]] = []
         self._data_time_points: List[Tuple[Any, int]] = []
         self._other_losses: Dict[str, List[Tuple[Any, int]]] = {}
@@ -295,7 +296,12 @@ class EagerStep(StepBase):
             loss_fn = self._direct_loss_fn
             if loss_fn is not None and isinstance(batch, (tuple, list)) and len(batch) == 2:
                 # The common case of the loss contract inline: one loss tensor.
-                loss = loss_fn(model(batch[0]), batch[1])
+                autocast = self._autocast
+                if autocast is None:
+                    loss = loss_fn(model(batch[0]), batch[1])
+                else:
+                    with autocast:
+                        loss = loss_fn(model(batch[0]), batch[1])
                 if not isinstance(loss, _Tensor):
                     losses = _as_losses(loss, "loss_fn")
                     loss = None
@@ -349,6 +355,12 @@ class EagerStep(StepBase):
     def _open_series(self, storage: EventStorage) -> None:
         """Opens the series this step appends to in ``storage`` (a new one each ``train()``)."""
         self._series_storage = storage
+        # One autocast context, entered once per step: building one costs
+        # more than entering it (it is re-entered, never nested).
+        self._autocast = (
+            None if self.precision == "fp32"
+            else torch.autocast(device_type=self.device.type, dtype=_AUTOCAST_DTYPES[self.precision])
+        )
         self._loss_points = storage.open_series("total_loss", kind=ScalarKind.LOSS)
         self._data_time_points = storage.open_series("data_time", kind=ScalarKind.TIME, tensors=False)
         self._other_losses = {}
@@ -374,12 +386,8 @@ class EagerStep(StepBase):
     def loss_fn(self, loss_fn: Optional[Callable[[Any, Any], Any]]) -> None:
         self._loss_fn = loss_fn
         # The loss function run_step calls itself, when the loss contract's
-        # common case applies: fp32, no loss of the user's, no compiled loss.
-        direct = (
-            self.precision == "fp32"
-            and not self._custom_loss
-            and type(self)._compute_losses is EagerStep._compute_losses
-        )
+        # common case applies: no loss of the user's, no compiled loss.
+        direct = not self._custom_loss and type(self)._compute_losses is EagerStep._compute_losses
         self._direct_loss_fn = loss_fn if direct else None
 
     def compute_loss(self, batch: Any) -> Any:
