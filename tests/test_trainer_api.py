@@ -135,6 +135,29 @@ def test_datasets_with_shuffle_collate_fn_and_eval_batch_size():
     assert all(torch.equal(first[i][0], data[i][0]) for i in range(16))  # shuffle=False: in order
 
 
+def test_a_sequence_of_batches_without_iter_is_a_train_loader_and_anything_else_is_refused():
+    """Python iterates an object with __getitem__ and __len__ alone (the
+    sequence protocol); the Trainer must take it as it takes a list."""
+    torch.manual_seed(0)
+    batches = [(torch.randn(8, 6), torch.randint(0, 2, (8,))) for _ in range(4)]
+
+    class Batches:
+        def __len__(self):
+            return len(batches)
+
+        def __getitem__(self, i):
+            return batches[i]
+
+    model = nn.Linear(6, 2)
+    trainer = Trainer(model, "sgd", Batches(), loss_fn=nn.functional.cross_entropy, lr=0.1, max_epochs=2,
+                      device="cpu", progress_bar=False)
+    assert trainer.max_iter == 8
+    trainer.train()
+    assert len(trainer.history.epochs) == 2
+    with pytest.raises(TypeError, match="train_loader must be an iterable of batches or a dataset, got int"):
+        Trainer(nn.Linear(6, 2), "sgd", 3, loss_fn=nn.functional.cross_entropy, lr=0.1, max_iter=2, device="cpu")
+
+
 def test_max_iter_and_max_epochs_whichever_first():
     assert make(max_iter=5, max_epochs=3).max_iter == 5
     assert make(max_iter=500, max_epochs=3).max_iter == 24

@@ -531,7 +531,8 @@ def _as_train_loader(
         raise ValueError("batch_size is for a dataset; this train_loader makes its own batches")
     if collate_fn is not None:
         raise ValueError("collate_fn is for a dataset; this train_loader makes its own batches")
-    if not hasattr(data, "__iter__"):
+    # An object with __getitem__ alone is iterable too (Python's sequence protocol).
+    if not (hasattr(data, "__iter__") or hasattr(type(data), "__getitem__")):
         raise TypeError(f"train_loader must be an iterable of batches or a dataset, got {type(data).__name__}")
     return data
 
