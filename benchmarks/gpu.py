@@ -228,8 +228,7 @@ def measure(size: str, systems: List[str], rounds: int, iters: int) -> List[Dict
     work = Workload(size, iters)
     times: Dict[str, List[float]] = {s: [] for s in systems}
     digests: Dict[str, str] = {}
-    devnull = open(os.devnull, "w")
-    with tempfile.TemporaryDirectory() as root:
+    with tempfile.TemporaryDirectory() as root, open(os.devnull, "w") as devnull:
         for r in range(rounds + 1):  # round 0 warms up (cuBLAS, allocator, compilation) and is not counted
             for system in systems:
                 model, train = RUNNERS[system](work, os.path.join(root, f"{system}-{r}"))
