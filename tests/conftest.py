@@ -13,6 +13,13 @@ def _deterministic_torch():
     torch.set_num_threads(threads)
 
 
+def _hide_gpus(patch: pytest.MonkeyPatch) -> None:
+    patch.setattr(torch.cuda, "is_available", lambda: False)
+    patch.setattr(torch.cuda, "device_count", lambda: 0)
+    patch.setattr(torch.cuda, "is_initialized", lambda: False)
+    patch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
 @pytest.fixture(autouse=True)
 def _cpu_unless_marked_gpu(request, monkeypatch):
     """Every test not marked ``gpu`` runs as on a machine without CUDA, also on
@@ -20,10 +27,22 @@ def _cpu_unless_marked_gpu(request, monkeypatch):
     for, the console line has no max_mem, --num-gpus starts gloo processes.
     The processes a test starts see no GPU either."""
     if request.node.get_closest_marker("gpu") is None:
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-        monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+        _hide_gpus(monkeypatch)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cpu_module_unless_it_has_gpu_tests(request):
+    """The same for module-scoped fixtures (a job trained once for several
+    tests), which are set up before any per-test fixture. A module with a
+    ``gpu`` test keeps its GPU: hidden while its fixtures ran, CUDA would not
+    find it afterwards."""
+    items = [item for item in request.session.items if getattr(item, "module", None) is request.module]
+    if any(item.get_closest_marker("gpu") is not None for item in items):
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        _hide_gpus(patch)
+        yield
 
 
 @pytest.fixture(autouse=True)

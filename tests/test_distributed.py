@@ -183,7 +183,9 @@ def test_reduce_across_ranks_on_one_process_reads_every_kind_of_value_in_order()
     assert all(type(v) is float for v in reduced)
 
 
-def _mixed_reduce_worker(rank: int, tmp: str) -> None:
+def _mixed_reduce_worker(rank: int, tmp: str, older_torch: bool) -> None:
+    if older_torch and hasattr(dist, "all_gather_single"):
+        del dist.all_gather_single  # as on torch 2.11, which has only all_gather_into_tensor
     with _process_group(rank, 2, tmp):
         # One name may be a number on one rank and a tensor (of another shape
         # or dtype) on the other: values still meet by position.
@@ -209,8 +211,9 @@ def _mixed_reduce_worker(rank: int, tmp: str) -> None:
         _dump(tmp, rank, out)
 
 
-def test_reduce_across_ranks_with_numbers_and_tensors_mixed_over_two_gloo_processes(tmp_path):
-    _spawn(_mixed_reduce_worker, 2, str(tmp_path))
+@pytest.mark.parametrize("older_torch", [False, True], ids=["this_torch", "torch_without_all_gather_single"])
+def test_reduce_across_ranks_with_numbers_and_tensors_mixed_over_two_gloo_processes(tmp_path, older_torch):
+    _spawn(_mixed_reduce_worker, 2, str(tmp_path), older_torch)
     r0, r1 = _load_ranks(tmp_path, 2)
     assert r0["reduced"] == r1["reduced"] == pytest.approx([1.5, 0.3, 0.5, 3.5, 1.0, 3.0])
     for r in (r0, r1):
@@ -355,10 +358,11 @@ def test_collectives_happen_only_at_flushes(tmp_path):
     _spawn(_counting_worker, 2, str(tmp_path))
     flushes = [it for it in range(MAX_ITER) if (it + 1) % WRITER_PERIOD == 0 or it == MAX_ITER - 1]
     assert flushes == [4, 9, 14, 19, 22]
-    expected = [[name, it] for it in flushes for name in ["all_gather_single"] * 2]
+    gather = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    expected = [[name, it] for it in flushes for name in [gather] * 2]
     # The final flush of after_train has nothing left to resolve, but every
     # rank still meets the others there: the header gather only.
-    expected.append(["all_gather_single", MAX_ITER])
+    expected.append([gather, MAX_ITER])
     for report in _load_ranks(tmp_path, 2):
         assert report["calls"] == expected
     # The main process alone wrote, once per flush.

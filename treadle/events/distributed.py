@@ -58,12 +58,23 @@ def _local_values(entries: List[Entry], device: torch.device, dtype: torch.dtype
     return torch.cat([moved[key][start:stop] for key, start, stop in runs])
 
 
+def _all_gather_single(output: torch.Tensor, local: torch.Tensor) -> None:
+    """Every rank's ``local``, concatenated into ``output``, on each rank."""
+    # torch 2.13 has it as all_gather_single and deprecates its older name,
+    # all_gather_into_tensor, the only one torch 2.11 and earlier have.
+    # Looked up at each call, not at import: tests count collectives by
+    # replacing them on the module.
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(output, local)
+
+
 def reduce_across_ranks(entries: List[Entry]) -> List[float]:
     """Means (losses, metrics, other scalars) and maxima (times) over all ranks.
 
     Installed as :attr:`EventStorage.reducer` by the trainer when the world
     size is above one; it runs at each flush, on every rank at once, and is
-    the only communication of a flush: two ``all_gather_single`` calls.
+    the only communication of a flush: two ``all_gather_single`` calls
+    (``all_gather_into_tensor`` before torch 2.13).
     The first carries a fingerprint of the names and their count (three
     numbers), the second every rank's pending values. The header goes first
     because a collective needs the same size on every rank: ranks that
@@ -86,7 +97,7 @@ def reduce_across_ranks(entries: List[Entry]) -> List[float]:
     dtype = torch.float64 if device.type == "cpu" else torch.float32
     header = torch.tensor([*_fingerprint(entries), float(len(entries))], dtype=dtype, device=device)
     headers = torch.empty(world * header.numel(), dtype=dtype, device=device)
-    dist.all_gather_single(headers, header)
+    _all_gather_single(headers, header)
     if not torch.equal(headers.view(world, -1), header.expand(world, -1)):
         names = comm.all_gather([name for name, _, _ in entries])  # only on this error path
         differing = {r: n for r, n in enumerate(names) if n != names[comm.get_rank()]}
@@ -99,7 +110,7 @@ def reduce_across_ranks(entries: List[Entry]) -> List[float]:
         return []
     local = _local_values(entries, device, dtype)
     gathered = torch.empty(world * local.numel(), dtype=dtype, device=device)
-    dist.all_gather_single(gathered, local)
+    _all_gather_single(gathered, local)
     per_rank = gathered.view(world, -1)
     # Both reductions come back in the one copy and each entry's is picked
     # here: a mask of times on the device would be one more copy to it.
