@@ -313,7 +313,9 @@ class _Regression(torch.utils.data.Dataset):
         return self.x[i], self.y[i]
 
 
-def _counting_worker(rank: int, tmp: str) -> None:
+def _counting_worker(rank: int, tmp: str, older_torch: bool) -> None:
+    if older_torch and hasattr(dist, "all_gather_single"):
+        del dist.all_gather_single  # as on torch 2.11
     with _process_group(rank, 2, tmp):
         torch.manual_seed(0)
         model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)))
@@ -327,7 +329,8 @@ def _counting_worker(rank: int, tmp: str) -> None:
             PeriodicWriter(writers, period=WRITER_PERIOD),
         ])
         calls = []
-        originals = {name: getattr(dist, name) for name in _COLLECTIVES}
+        # Only the collectives this torch has (all_gather_single is 2.13's).
+        originals = {name: getattr(dist, name) for name in _COLLECTIVES if hasattr(dist, name)}
 
         def counted(name, fn):
             def call(*args, **kwargs):
@@ -345,7 +348,8 @@ def _counting_worker(rank: int, tmp: str) -> None:
         _dump(tmp, rank, {"calls": calls})
 
 
-def test_collectives_happen_only_at_flushes(tmp_path):
+@pytest.mark.parametrize("older_torch", [False, True], ids=["this_torch", "torch_without_all_gather_single"])
+def test_collectives_happen_only_at_flushes(tmp_path, older_torch):
     """Python-level ``torch.distributed`` collectives, counted by ``storage.iter``
     during a 2-rank DDP run with a timer, an LR scheduler and a writer.
 
@@ -355,10 +359,10 @@ def test_collectives_happen_only_at_flushes(tmp_path):
     twice per flush (names and count, then values; the names alone when
     nothing is pending); every other iteration must see no collective at all.
     """
-    _spawn(_counting_worker, 2, str(tmp_path))
+    _spawn(_counting_worker, 2, str(tmp_path), older_torch)
     flushes = [it for it in range(MAX_ITER) if (it + 1) % WRITER_PERIOD == 0 or it == MAX_ITER - 1]
     assert flushes == [4, 9, 14, 19, 22]
-    gather = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    gather = "all_gather_single" if hasattr(dist, "all_gather_single") and not older_torch else "all_gather_into_tensor"
     expected = [[name, it] for it in flushes for name in [gather] * 2]
     # The final flush of after_train has nothing left to resolve, but every
     # rank still meets the others there: the header gather only.
