@@ -10,7 +10,8 @@
 # (default python3); CHECKPOINT_DIR the checkpoint benchmark's folder
 # (default /dev/shm: the stall, not the disk, is its figure here);
 # SUITE_SECONDS bounds the whole-suite run (default 150); CHECKS picks
-# what runs (default "tests bench checkpoint suite").
+# what runs (default "tests bench checkpoint suite"; "compiled" adds
+# benchmarks/gpu_compiled.py, CompiledStep's time taken apart).
 set -u -o pipefail
 OUT=${OUT:-/tmp/gpu_checks}
 PYTHON=${PYTHON:-python3}
@@ -31,6 +32,10 @@ fi
 if [[ $CHECKS == *" bench "* ]]; then
     echo "== benchmarks/gpu.py"
     "$PYTHON" benchmarks/gpu.py 2>&1 | tee "$OUT/gpu_bench.log" || status=1
+fi
+if [[ $CHECKS == *" compiled "* ]]; then
+    echo "== benchmarks/gpu_compiled.py"
+    "$PYTHON" benchmarks/gpu_compiled.py 2>&1 | tee "$OUT/gpu_compiled.log" || status=1
 fi
 if [[ $CHECKS == *" checkpoint "* ]]; then
     echo "== benchmarks/checkpoint.py --device cuda"

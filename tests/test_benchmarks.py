@@ -170,9 +170,11 @@ def test_peers_benchmark_takes_cache_sim_only_with_instructions():
 
 def test_gpu_benchmarks_say_in_one_line_that_they_need_cuda():
     """On a machine without CUDA (as every test but the gpu ones sees it) the
-    GPU benchmark and the checkpoint benchmark's --device cuda stop with one line."""
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py")], capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and proc.stderr.strip() == "benchmarks/gpu.py needs a CUDA device; none is visible here"
+    GPU benchmarks and the checkpoint benchmark's --device cuda stop with one line."""
+    for script in ("gpu.py", "gpu_compiled.py"):
+        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script)], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode != 0 and proc.stderr.strip() == f"benchmarks/{script} needs a CUDA device; none is visible here"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "checkpoint.py"), "--device", "cuda"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().endswith("--device cuda needs a CUDA device and --processes 1")
