@@ -1,4 +1,6 @@
 import logging
+import math
+import types
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from torch import nn
 
 from treadle.engine import EagerStep, TrainerBase
 from treadle.hooks.callback import CallbackHook
-from treadle.hooks.lr_scheduler import LRMultiplier, LRScheduler
+from treadle.hooks.lr_scheduler import LRMultiplier, LRScheduler, build_lr_multiplier
 
 
 def make_trainer(scheduler_factory, lr=1.0, **hook_options):
@@ -157,7 +159,8 @@ def test_resolve_scheduler_names_its_own_argument(treadle_caplog):
     for scheduler in ("linear", None):
         treadle_caplog.clear()
         multiplier = resolve_scheduler(scheduler, opt, 8, warmup_iters=100)
-        assert multiplier(0.0) == pytest.approx(0.001) and multiplier(0.5) == pytest.approx(1.0 if scheduler is None else 0.5)
+        # Hugging Face's warm-up: from 0 to the full rate at the (clipped) 4 iterations.
+        assert multiplier(0.0) == 0.0 and multiplier(0.5) == pytest.approx(1.0)
         assert warnings_of(treadle_caplog) == [
             "warmup_iters=100 is not shorter than the run (max_iter=8): warming up over 4 iterations, half the run, "
             "instead."
@@ -233,3 +236,44 @@ def test_lr_multiplier_step_sets_the_rates_torchs_step_sets(tensor_lr, constant)
         assert ours_opt.param_groups[0]["lr"] is lr_tensor
     if constant:  # the rates are computed again only where they had to change
         assert not [epoch for epoch in computed if 3 <= epoch <= 19 or 23 <= epoch <= 29 or epoch >= 33]
+
+
+def test_reduce_lr_on_plateau_is_refused_by_the_hook_given_or_found_on_the_trainer():
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+    with pytest.raises(TypeError, match="ReduceLROnPlateau is not supported"):
+        LRScheduler(optimizer, plateau)
+    hook = LRScheduler()
+    hook.trainer = types.SimpleNamespace(scheduler=plateau)
+    with pytest.raises(TypeError, match="ReduceLROnPlateau is not supported"):
+        hook.before_train()
+
+
+@pytest.mark.parametrize("name", ["cosine", "linear", None])
+def test_resolve_scheduler_warms_up_as_hugging_face_and_configs_as_detectron2(name):
+    """The plain Trainer's scheduler="cosine", warmup_iters=W is what an HF
+    user's lr_scheduler_type="cosine", warmup_steps=W gives (per-step rates
+    of transformers' own schedule); a config's warm-up stays detectron2's."""
+    transformers = pytest.importorskip("transformers")
+    hf = {
+        "cosine": transformers.get_cosine_schedule_with_warmup,
+        "linear": transformers.get_linear_schedule_with_warmup,
+        None: lambda optimizer, warmup, total: transformers.get_constant_schedule_with_warmup(optimizer, warmup),
+    }[name]
+    from treadle.engine import resolve_scheduler
+
+    n, warmup = 20, 5
+    multiplier = resolve_scheduler(name, torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), n, warmup_iters=warmup)
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    reference = hf(optimizer, warmup, n)
+    expected = []
+    for _ in range(n):
+        expected.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        reference.step()
+    assert [multiplier(i / n) for i in range(n)] == pytest.approx(expected, rel=0, abs=1e-12)
+    assert expected[warmup] == 1.0  # the full rate is reached
+    detectron2 = build_lr_multiplier(name or "constant", max_iter=n, warmup_iters=warmup)
+    assert detectron2(0.0) == pytest.approx(0.001)
+    if name == "cosine":
+        assert detectron2(warmup / n) == pytest.approx(0.5 * (1 + math.cos(math.pi * warmup / n)))

@@ -1,6 +1,7 @@
 """The plain-object Trainer."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -89,9 +90,11 @@ def test_warmup_longer_than_the_run_is_clipped_with_one_warning_naming_the_argum
     assert warnings == [
         "warmup_iters=100 is not shorter than the run (max_iter=8): warming up over 4 iterations, half the run, instead."
     ]
-    # A ramp over iterations 0-3 from 0.001x, the full rate at 4, then the cosine's second half.
-    assert history["lr"][0] == pytest.approx(1e-4)
-    assert max(history["lr"]) == pytest.approx(history["lr"][4]) == pytest.approx(0.05)
+    # Hugging Face's warm-up (as get_cosine_schedule_with_warmup): a ramp over
+    # iterations 0-3 from 0, the full rate at 4, then the cosine over the rest.
+    expected = [0.1 * i / 4 for i in range(4)] + [0.1 * 0.5 * (1 + math.cos(math.pi * i / 4)) for i in range(4)]
+    assert history["lr"] == pytest.approx(expected, rel=0, abs=1e-12)
+    assert max(history["lr"]) == history["lr"][4] == pytest.approx(0.1)
 
 
 def test_bad_run_lengths_and_inputs():

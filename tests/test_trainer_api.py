@@ -135,6 +135,52 @@ def test_datasets_with_shuffle_collate_fn_and_eval_batch_size():
     assert all(torch.equal(first[i][0], data[i][0]) for i in range(16))  # shuffle=False: in order
 
 
+def test_eval_batch_size_for_an_eval_loader_that_is_not_a_dataset_is_refused_before_anything_is_written(tmp_path):
+    """A list of examples is taken as a list of batches, as for train_loader:
+    the batch size given with it would be silently ignored (the model saw one
+    example at a time, and Hugging Face-style dict examples failed at the
+    first evaluation, after an epoch of training)."""
+    examples = [classification(12, seed=1)[i] for i in range(12)]
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"eval_batch_size is for a dataset; this eval_loader \(list\) is taken as its own batches"):
+        make(eval_loader=examples, eval_batch_size=4, max_iter=2, output_dir=str(out))
+    assert not out.exists()
+    # Batches made by the user stay welcome, with or without the training batch_size.
+    batches = [tuple(torch.stack(t) for t in zip(*examples[i:i + 4])) for i in range(0, 12, 4)]
+    trainer = make(eval_loader=batches, metrics=["accuracy"], max_iter=2)
+    assert set(trainer.evaluate()) == {"accuracy"}
+
+
+def test_reduce_lr_on_plateau_is_refused_when_the_trainer_is_built_not_after_an_epoch(tmp_path):
+    """torch's ReduceLROnPlateau is an LRScheduler by class, but its step needs
+    a metric: it used to be taken, then fail after the first epoch of training."""
+    from functools import partial
+
+    out = tmp_path / "run"
+    plateau = partial(torch.optim.lr_scheduler.ReduceLROnPlateau, mode="min", patience=1)
+    with pytest.raises(TypeError, match=r"^ReduceLROnPlateau is not supported: it steps on a metric value"):
+        make(scheduler=plateau, scheduler_interval="epoch", eval_loader=classification(16, seed=1), max_epochs=2,
+             output_dir=str(out))
+    assert not out.exists()
+
+
+def test_epochs_whose_batches_do_not_divide_into_accumulated_updates_are_announced(treadle_caplog):
+    """10 batches, 4 per update: an epoch is 2 updates and 2 batches carry
+    over (the peers end each epoch with a short update instead); said when
+    the trainer is built, and what training then does matches the line."""
+    trainer = make(data=classification(80), batch_size=8, grad_accum_steps=4, max_epochs=2)
+    warnings = [r.getMessage() for r in treadle_caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        "10 batches per epoch is not a multiple of grad_accum_steps=4: an epoch is 2 updates (8 batches), "
+        "and the 2 batches left over begin the next epoch's first update"
+    ]
+    assert trainer.max_iter == 4
+    treadle_caplog.clear()
+    make(data=classification(64), batch_size=8, grad_accum_steps=4, max_epochs=2)  # 8 batches: 2 whole updates
+    make(data=classification(80), batch_size=8, grad_accum_steps=4, max_iter=3)  # no epochs asked for
+    assert [r for r in treadle_caplog.records if r.levelname == "WARNING"] == []
+
+
 def test_a_sequence_of_batches_without_iter_is_a_train_loader_and_anything_else_is_refused():
     """Python iterates an object with __getitem__ and __len__ alone (the
     sequence protocol); the Trainer must take it as it takes a list."""

@@ -211,6 +211,7 @@ def resolve_scheduler(
     *,
     warmup_iters: int = 0,
     warmup_factor: float = 0.001,
+    warmup_style: str = "huggingface",
 ) -> Union[None, ParamScheduler, torch.optim.lr_scheduler.LRScheduler]:
     """A scheduler the ``LRScheduler`` hook takes, from what a user gave:
     ``None``, an instance (torch scheduler or fvcore ``ParamScheduler``), a
@@ -223,10 +224,16 @@ def resolve_scheduler(
     ``warmup_iters`` adds a linear warm-up to a named schedule (or to a
     constant one when ``scheduler`` is None); one as long as the run or
     longer is clipped to half the run, with a warning naming ``warmup_iters``.
+    By default the warm-up is Hugging Face's (``get_cosine_schedule_with_warmup``
+    and its siblings): from 0 to the full rate over ``warmup_iters``, then the
+    schedule over the remaining iterations; ``warmup_style="detectron2"``
+    gives the configs' (see ``build_lr_multiplier``).
     """
     # The warning about a warm-up longer than the run names this argument
     # (also Trainer's), not the config key build_lr_multiplier names by default.
-    warmup = dict(warmup_iters=warmup_iters, warmup_factor=warmup_factor, warmup_name="warmup_iters")
+    warmup = dict(
+        warmup_iters=warmup_iters, warmup_factor=warmup_factor, warmup_name="warmup_iters", warmup_style=warmup_style
+    )
     if scheduler is None:
         if warmup_iters:
             return build_lr_multiplier("constant", max_iter=max_iter, **warmup)
@@ -283,14 +290,19 @@ def loader_epoch_length(loader: Iterable[Any], grad_accum_steps: int = 1) -> Opt
     is the pass; any other loader counts with ``len``. With gradient
     accumulation one step takes ``grad_accum_steps`` batches.
     """
-    # Read by attribute rather than by type, so a user's own endless loader can
-    # declare its pass as TrainLoader does.
-    if hasattr(loader, "epoch_length"):
-        batches = loader.epoch_length
-    elif isinstance(loader, Sized):
-        batches = len(loader)
-    else:
-        return None
+    batches = loader_batches(loader)
     if not batches:
         return None
     return max(batches // grad_accum_steps, 1)
+
+
+def loader_batches(loader: Iterable[Any]) -> Optional[int]:
+    """Batches per pass over ``loader``, or None when it has no length (see
+    :func:`loader_epoch_length`)."""
+    # Read by attribute rather than by type, so a user's own endless loader can
+    # declare its pass as TrainLoader does.
+    if hasattr(loader, "epoch_length"):
+        return loader.epoch_length
+    if isinstance(loader, Sized):
+        return len(loader)
+    return None

@@ -42,7 +42,7 @@ from treadle.utils.env import seed_all_rng
 from treadle.utils.logger import setup_logger, start_log_files
 from treadle.utils.run_folder import RunFolder, check_output_dir, claim_on_main_process
 
-from .build import build_optimizer, build_step, loader_epoch_length, resolve_scheduler
+from .build import build_optimizer, build_step, loader_batches, loader_epoch_length, resolve_scheduler
 from .history import EpochCallback, EpochHistory, TrainingHistory
 from .resume import restore_hyperparameters, take_hyperparameters
 from .train_loop import TrainerBase
@@ -109,8 +109,11 @@ class Trainer(TrainerBase):
             (``"cosine"``, ``"linear"``, ``"step"``, ``"constant"``), or a factory
             ``(optimizer, max_iter) -> scheduler`` (or ``(optimizer)``, as
             pytorch-accelerated's ``create_scheduler_fn``); ``warmup_iters``
-            adds a linear warm-up to a named schedule (clipped to half the
-            run, with a warning, when it is not shorter than the run).
+            adds a linear warm-up to a named schedule as Hugging Face's
+            ``get_*_schedule_with_warmup``: from 0 to the full rate, then the
+            schedule over the remaining iterations (clipped to half the run,
+            with a warning, when it is not shorter than the run).
+            ``ReduceLROnPlateau`` is refused (it steps on a metric).
         scheduler_interval: when a torch scheduler steps: ``"iter"`` or
             ``"epoch"`` (Lightning's ``interval``); logged when training starts.
         batch_size, eval_batch_size, shuffle, collate_fn, num_workers: how
@@ -229,9 +232,26 @@ class Trainer(TrainerBase):
         self.optimizer = optimizer
 
         self.train_loader = _as_train_loader(train_loader, batch_size, num_workers, seed, shuffle, collate_fn)
-        self.eval_loader = _as_eval_loader(eval_loader, eval_batch_size or batch_size, num_workers, collate_fn)
+        self.eval_loader = _as_eval_loader(eval_loader, eval_batch_size, batch_size, num_workers, collate_fn)
         epoch_length = loader_epoch_length(self.train_loader, grad_accum_steps)
         run_length = _run_length(max_iter, max_epochs, epoch_length)
+        batches = loader_batches(self.train_loader)
+        if max_epochs is not None and batches and grad_accum_steps > 1 and batches % grad_accum_steps:
+            # Hugging Face, Lightning and pytorch-accelerated end each epoch
+            # with a shorter update instead; said here rather than found out
+            # from weights that differ.
+            if batches < grad_accum_steps:
+                logger.warning(
+                    "%d batches per epoch is fewer than grad_accum_steps=%d: an epoch counts as 1 update, "
+                    "which takes batches of the next pass too", batches, grad_accum_steps,
+                )
+            else:
+                logger.warning(
+                    "%d batches per epoch is not a multiple of grad_accum_steps=%d: an epoch is %d updates "
+                    "(%d batches), and the %d batches left over begin the next epoch's first update",
+                    batches, grad_accum_steps, epoch_length, epoch_length * grad_accum_steps,
+                    batches % grad_accum_steps,
+                )
         if callbacks and not epoch_length:
             raise ValueError("callbacks are called at each epoch's end, and this train_loader has no length (no epochs)")
 
@@ -537,12 +557,22 @@ def _as_train_loader(
     return data
 
 
-def _as_eval_loader(data: Any, batch_size: Optional[int], num_workers: int, collate_fn: Any) -> Optional[Iterable[Any]]:
+def _as_eval_loader(
+    data: Any, eval_batch_size: Optional[int], batch_size: Optional[int], num_workers: int, collate_fn: Any
+) -> Optional[Iterable[Any]]:
     if data is None:
         return None
     is_dataset = isinstance(data, torch.utils.data.Dataset) and not isinstance(data, torch.utils.data.IterableDataset)
     if not is_dataset:
+        # As for train_loader: anything else (a list included) is taken as
+        # its batches, so a batch size given for it would silently be ignored.
+        if eval_batch_size is not None:
+            raise ValueError(
+                f"eval_batch_size is for a dataset; this eval_loader ({type(data).__name__}) is taken as its own "
+                "batches. Pass a torch Dataset to have it batched (a list of examples is not one)"
+            )
         return data
+    batch_size = eval_batch_size or batch_size
     if batch_size is None:
         raise ValueError("eval_loader is a dataset: give eval_batch_size=... (or batch_size) to batch it")
     return build_test_loader(data, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_fn)

@@ -22,6 +22,8 @@ from .base import HookBase
 __all__ = ["LRMultiplier", "LRScheduler", "WarmupParamScheduler", "build_lr_multiplier", "SCHEDULE_NAMES"]
 
 SCHEDULE_NAMES = ("constant", "cosine", "linear", "step")
+# What a warm-up means (see build_lr_multiplier): detectron2's, or transformers' get_*_schedule_with_warmup.
+WARMUP_STYLES = ("detectron2", "huggingface")
 
 logger = logging.getLogger(__name__)
 
@@ -161,11 +163,20 @@ def build_lr_multiplier(
     gamma: float = 0.1,
     end_value: float = 0.0,
     warmup_name: str = "lr_multiplier.warmup_iters",
+    warmup_style: str = "detectron2",
 ) -> ParamScheduler:
     """A learning-rate multiplier by name: ``"constant"``, ``"cosine"`` (to
     ``end_value``), ``"linear"`` (to ``end_value``) or ``"step"`` (times
     ``gamma`` at each of ``steps``, by default at 2/3 and 8/9 of training),
     with an optional linear warm-up over ``warmup_iters`` iterations.
+
+    ``warmup_style`` says what the warm-up is: ``"detectron2"`` (configs'
+    default, as detectron2's ``WarmupParamScheduler``): from ``warmup_factor``
+    times the rate up to the schedule's value at ``warmup_iters``, the schedule
+    running over the whole run; ``"huggingface"`` (the plain ``Trainer``'s, as
+    ``transformers``' ``get_*_schedule_with_warmup``): from 0 up to the full
+    rate at ``warmup_iters``, then the schedule over the remaining iterations
+    (``warmup_factor`` unused).
 
     A warm-up as long as the run or longer (a short test run of a config
     made for a long one, ``train.max_iter=30`` with the presets' 50) is
@@ -181,6 +192,8 @@ def build_lr_multiplier(
     """
     if max_iter <= 0:
         raise ConfigError(f"max_iter must be positive, got {max_iter}")
+    if warmup_style not in WARMUP_STYLES:
+        raise ConfigError(f"warmup_style must be one of {', '.join(WARMUP_STYLES)}, got {warmup_style!r}")
     if name == "constant":
         schedule: ParamScheduler = ConstantParamScheduler(1.0)
     elif name == "cosine":
@@ -207,8 +220,22 @@ def build_lr_multiplier(
         )
         warmup_iters = used
     if warmup_iters > 0:
-        schedule = WarmupParamScheduler(schedule, warmup_factor, warmup_iters / max_iter)
+        if warmup_style == "huggingface":
+            schedule = WarmupParamScheduler(schedule, 0.0, warmup_iters / max_iter, rescale_interval=True)
+        else:
+            schedule = WarmupParamScheduler(schedule, warmup_factor, warmup_iters / max_iter)
     return schedule
+
+
+def _refuse_plateau(scheduler: Any) -> None:
+    # A torch LRScheduler by class, but its step needs the metric it watches:
+    # taken, it would fail at its first step, after a whole epoch of training.
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise TypeError(
+            "ReduceLROnPlateau is not supported: it steps on a metric value (scheduler.step(val_loss)), and "
+            "LRScheduler steps schedules by iteration or epoch only. Use a schedule of the iteration "
+            "(a name such as 'cosine', or a torch scheduler such as StepLR)"
+        )
 
 
 class LRScheduler(HookBase):
@@ -256,6 +283,7 @@ class LRScheduler(HookBase):
                 "LRScheduler needs a torch.optim.lr_scheduler.LRScheduler or an fvcore ParamScheduler, "
                 f"got {type(scheduler).__name__}"
             )
+        _refuse_plateau(scheduler)
         self._optimizer = optimizer
         self._scheduler_arg = scheduler
         self._max_iter = max_iter
@@ -276,6 +304,7 @@ class LRScheduler(HookBase):
         if self._scheduler_arg is None and self.scheduler is None:
             # LRScheduler() in LiBai's and detectron2's build_hooks: the trainer's schedule.
             found = getattr(self.trainer, "scheduler", None)
+            _refuse_plateau(found)
             if not isinstance(found, (torch.optim.lr_scheduler.LRScheduler, ParamScheduler)):
                 raise ValueError(
                     "LRScheduler was given no scheduler, and the trainer has none (trainer.scheduler): give "
