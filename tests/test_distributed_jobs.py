@@ -283,6 +283,37 @@ def test_preemption_of_a_two_rank_job(two_processes, tmp_path):
 
 
 @pytest.mark.slow
+def test_kill_9_of_the_launcher_alone_ends_its_workers_as_a_preemption(two_processes, tmp_path):
+    """``kill -9 LAUNCHER_PID`` (not the process group): the launcher's
+    handlers never run, and its workers used to train on, orphaned, holding
+    the output folder. The kernel now sends each worker SIGTERM when the
+    launcher ends: they stop together at their next agreed check, checkpoint
+    there, and ``--resume`` ends bit-identical to the uninterrupted run."""
+    run = tmp_path / "run"
+    paused = _PausedJob(run, FAULTS, at=15)
+    try:
+        paused.wait_for_pause()
+        workers = paused.workers()
+        assert len(workers) == 2
+        os.kill(paused.proc.pid, signal.SIGKILL)
+        paused.proc.wait(timeout=30)
+        paused.marker.unlink()  # rank 0 goes on to its next check
+        deadline = time.monotonic() + TIMEOUT
+        while any(Path(f"/proc/{pid}").exists() for pid in workers):
+            assert time.monotonic() < deadline, "the workers outlived their launcher"
+            time.sleep(0.1)
+    finally:
+        paused.close()
+    for log in ("log.txt", "log.txt.rank1"):
+        assert "Stop requested at iteration 19: preempted by SIGTERM" in (run / log).read_text()
+    assert (run / "last_checkpoint").read_text() == "model_0000019.pth"
+    assert not (run / "model_final.pth").exists()
+
+    _train_net(run, "--num-gpus", "2", "--resume", *FAULTS)
+    _assert_equal(_weights(run / "model_final.pth", strip="model."), _weights(two_processes / "model_final.pth"))
+
+
+@pytest.mark.slow
 def test_preemption_in_the_last_partial_sync_period_finishes_on_resume(two_processes, tmp_path):
     """SIGTERM on rank 1 at iteration 25 of 40 (the ranks agree every 20
     iterations): they stop at the last iteration, the job exits 75 without

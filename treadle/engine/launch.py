@@ -9,6 +9,7 @@ process group it describes. NCCL is used with CUDA, gloo otherwise, so
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import inspect
 import logging
@@ -126,7 +127,7 @@ def launch(
         context = mp.start_processes(
             _distributed_worker,
             nprocs=num_gpus_per_machine,
-            args=(main_func, world_size, num_gpus_per_machine, machine_rank, dist_url, tuple(args), timeout),
+            args=(main_func, world_size, num_gpus_per_machine, machine_rank, dist_url, tuple(args), timeout, os.getpid()),
             daemon=False,
             start_method="spawn",
             join=False,
@@ -217,7 +218,10 @@ def _distributed_worker(
     dist_url: str,
     args: Sequence[Any],
     timeout: datetime.timedelta,
+    launcher_pid: Optional[int] = None,
 ) -> None:
+    if launcher_pid is not None:
+        _end_with_the_launcher(launcher_pid)
     global_rank = machine_rank * num_gpus_per_machine + local_rank
     # What torchrun would set: code that reads the environment sees one convention.
     os.environ.update(
@@ -237,6 +241,30 @@ def _distributed_worker(
         torch.set_num_threads(max(1, torch.get_num_threads() // num_gpus_per_machine))
     dist.init_process_group(backend=_backend(), init_method=dist_url, world_size=world_size, rank=global_rank, timeout=timeout)
     _run_and_clean_up(main_func, args)
+
+
+# prctl's option: the signal the kernel sends this process when its parent ends.
+_PR_SET_PDEATHSIG = 1
+
+
+def _end_with_the_launcher(launcher_pid: int) -> None:
+    """Has the kernel send this worker SIGTERM when the launcher ends, however
+    it ends (``kill -9`` of the launcher's PID: its handlers, which pass
+    SIGTERM on, never run). Without it the workers trained on, orphaned,
+    holding the output folder. SIGTERM is what a preemption sends: every
+    worker checkpoints at the ranks' next agreed check and exits with 75, so
+    ``--resume`` continues from there. Linux only (prctl); elsewhere nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != launcher_pid:
+        # The launcher ended before the request was made: nothing will send it.
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _run_in_env_group(main_func: Callable[..., Any], args: Sequence[Any], timeout: datetime.timedelta) -> None:
