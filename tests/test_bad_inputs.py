@@ -135,6 +135,19 @@ CASES: List[Case] = [
         culprit="has no 'model'",
     ),
     case("--config-file", _config_file("no_train.py", "model = dict(a=1)\n"), culprit="no 'train'"),
+    # docs/config.md's example once had a plain dict here: it was iterated as the loader, at iteration 0
+    case(
+        "--config-file",
+        _config_file(
+            "dict_loader.py",
+            "from treadle.config import LazyConfig\n"
+            f"_all = LazyConfig.load({str(ROOT / 'configs' / 'digits_mlp.py')!r})\n"
+            "model, optimizer, train, lr_multiplier = _all.model, _all.optimizer, _all.train, _all.lr_multiplier\n"
+            "dataloader = _all.dataloader\n"
+            "dataloader.train = dict(total_batch_size=8, num_workers=0)\n",
+        ),
+        culprit="dataloader.train is a plain dict (keys: total_batch_size, num_workers), not a loader",
+    ),
     # the command line
     case("--num-gpus", "0", culprit="--num-gpus must be an integer >= 1, got 0"),
     case("--num-gpus", "abc", culprit="--num-gpus"),

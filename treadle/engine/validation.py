@@ -409,6 +409,8 @@ def check_run_config(cfg: DictConfig, *, world_size: int = 1, eval_only: bool = 
         _check_tracker_libraries(train)
     known = _evaluator_metric_names(cfg)
     has_test = cfg.dataloader.get("test") is not None
+    if has_test:
+        _check_loader_is_a_call("dataloader.test", cfg.dataloader.test)
     for section in ("best_checkpointer", "early_stopping"):
         node = train.get(section)
         metric = node.get("metric") if isinstance(node, DictConfig) else None
@@ -448,7 +450,20 @@ def _check_tracker_libraries(train: Any) -> None:
             )
 
 
+def _check_loader_is_a_call(key: str, node: Any) -> None:
+    # DefaultTrainer instantiates the node: a dict without _target_ comes back
+    # a dict, which training would iterate as a loader (its keys as batches)
+    # and fail on at iteration 0, after the run folder is written.
+    if isinstance(node, DictConfig) and "_target_" not in node:
+        keys = ", ".join(str(k) for k in node.keys()) or "none"
+        raise ConfigError(
+            f"{key} is a plain dict (keys: {keys}), not a loader: make it a LazyCall, e.g. "
+            f"L(build_{'train' if key.endswith('train') else 'test'}_loader)(dataset=..., ...)"
+        )
+
+
 def _check_train_loader(node: Any, world_size: int) -> None:
+    _check_loader_is_a_call("dataloader.train", node)
     if not isinstance(node, DictConfig):
         return
     batch = node.get("total_batch_size", _MISSING)
