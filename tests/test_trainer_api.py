@@ -181,6 +181,20 @@ def test_epochs_whose_batches_do_not_divide_into_accumulated_updates_are_announc
     assert [r for r in treadle_caplog.records if r.levelname == "WARNING"] == []
 
 
+@pytest.mark.parametrize("options, message", [
+    (dict(lr="fast"), "lr must be a positive number, got 'fast'"),
+    (dict(lr=0), "lr must be a positive number, got 0"),
+    (dict(batch_size=0), "batch_size must be an integer >= 1, got 0"),
+    (dict(eval_loader=classification(8, seed=1), eval_batch_size=2.5), "eval_batch_size must be an integer >= 1, got 2.5"),
+])
+def test_bad_numbers_are_named_by_the_trainers_own_argument(tmp_path, options, message):
+    out = tmp_path / "run"
+    with pytest.raises(ValueError) as caught:
+        make(max_iter=2, output_dir=str(out), **options)
+    assert str(caught.value) == message
+    assert not out.exists()
+
+
 def test_a_sequence_of_batches_without_iter_is_a_train_loader_and_anything_else_is_refused():
     """Python iterates an object with __getitem__ and __len__ alone (the
     sequence protocol); the Trainer must take it as it takes a list."""

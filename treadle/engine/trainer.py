@@ -208,6 +208,13 @@ class Trainer(TrainerBase):
             raise ValueError(f"Unknown loggers {unknown_loggers}; choose from {list(LOGGERS)}")
         if scheduler_interval not in ("iter", "epoch"):
             raise ValueError(f"scheduler_interval must be 'iter' or 'epoch', got {scheduler_interval!r}")
+        # Named here: torch's own messages for these ("'<' not supported between
+        # instances of 'str' and 'float'", "total_batch_size must be >= 1") do not.
+        if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0):
+            raise ValueError(f"lr must be a positive number, got {lr!r}")
+        for name, size in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+            if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {size!r}")
         self.output_dir = output_dir
         self.checkpoint_dir = _inside(output_dir, checkpoints_dir)
         self.logs_dir = _inside(output_dir, logs_dir)
