@@ -1282,3 +1282,23 @@ def test_garbage_pointer_of_a_finished_run_resumes_from_its_final_checkpoint(tmp
     (tmp_path / "model_final.pth").unlink()
     # Never model_best: it is a point in the past, not where the run stopped.
     assert Checkpointer(Net(), str(tmp_path)).resume_or_load() == {"iteration": 7}
+
+
+def test_resume_with_every_checkpoint_unreadable_is_one_line_naming_each(tmp_path):
+    """The command line shows an error's lines joined by "; ": the list of
+    files tried is one line itself ("Tried:; ..." before)."""
+    model = nn.Linear(2, 2)
+    ckpt = Checkpointer(model, str(tmp_path))
+    for it in (4, 9):
+        ckpt.save(f"model_{it:07d}", iteration=it)
+        path = tmp_path / f"model_{it:07d}.pth"
+        path.write_bytes(path.read_bytes()[:100])  # truncated
+    with pytest.raises(CheckpointError) as caught:
+        Checkpointer(nn.Linear(2, 2), str(tmp_path)).resume_or_load()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"Cannot resume: none of the checkpoints in '{tmp_path}' could be read. Tried: ")
+    tried = message.split(" Tried: ", 1)[1].split("; ")
+    assert [t.split(": ", 1)[0] for t in tried if t.startswith(str(tmp_path))] == [
+        str(tmp_path / "model_0000009.pth"), str(tmp_path / "model_0000004.pth")
+    ]

@@ -829,8 +829,9 @@ class Checkpointer:
                 ) from None
         problem = f" The checkpoint pointer is unusable: {pointer_problem}." if pointer_problem else ""
         raise CheckpointError(
-            f"Cannot resume: none of the checkpoints in '{self.save_dir}' could be read.{problem} Tried:\n  "
-            + "\n  ".join(failures)
+            # One line: the command line shows an error's lines joined by "; ".
+            f"Cannot resume: none of the checkpoints in '{self.save_dir}' could be read.{problem} Tried: "
+            + "; ".join(failures)
         )
 
     def _log_resume_point(
