@@ -10,6 +10,7 @@ fails its test.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, Iterator, List, Sequence, Tuple
 
 import pytest
 import torch
@@ -254,6 +255,31 @@ def test_resume_with_dropout_after_kill_9_is_exact(tmp_path):
     _assert_equal(_weights(run / "model_final.pth"), _weights(tmp_path / "reference" / "model_final.pth"))
 
 
+@contextlib.contextmanager
+def _two_rank_job_paused_at_15(run: Path) -> Iterator[Tuple[_PausedJob, List[int]]]:
+    """The 2-rank FAULTS job with rank 0 paused at iteration 15, and its two workers' pids."""
+    paused = _PausedJob(run, FAULTS, at=15)
+    try:
+        paused.wait_for_pause()
+        workers = paused.workers()
+        assert len(workers) == 2
+        yield paused, workers
+    finally:
+        paused.close()
+
+
+def _assert_stopped_at_19_and_resumes_exactly(run: Path, uninterrupted: Path, reason: str) -> None:
+    """Both ranks of a job paused at iteration 15 stopped at their next check
+    (19) for ``reason``, with a checkpoint there and no model_final, and
+    ``--resume`` ends bit-identical to the uninterrupted run."""
+    for log in ("log.txt", "log.txt.rank1"):
+        assert f"Stop requested at iteration 19: {reason}" in (run / log).read_text()
+    assert (run / "last_checkpoint").read_text() == "model_0000019.pth"
+    assert not (run / "model_final.pth").exists()
+    _train_net(run, "--num-gpus", "2", "--resume", *FAULTS)
+    _assert_equal(_weights(run / "model_final.pth", strip="model."), _weights(uninterrupted / "model_final.pth"))
+
+
 @pytest.mark.slow
 def test_preemption_of_a_two_rank_job(two_processes, tmp_path):
     """SIGTERM, as a scheduler sends it to every process of the job, while
@@ -262,24 +288,12 @@ def test_preemption_of_a_two_rank_job(two_processes, tmp_path):
     workers' status 75, and ``--resume`` ends bit-identical to the
     uninterrupted run."""
     run = tmp_path / "run"
-    paused = _PausedJob(run, FAULTS, at=15)
-    try:
-        paused.wait_for_pause()
-        workers = paused.workers()
-        assert len(workers) == 2
+    with _two_rank_job_paused_at_15(run) as (paused, workers):
         for pid in [paused.proc.pid, *workers]:
             os.kill(pid, signal.SIGTERM)
         paused.marker.unlink()  # rank 0 goes on; its signal is handled before its next step
         assert paused.proc.wait(timeout=TIMEOUT) == 75, paused.log_path.read_text()[-3000:]
-    finally:
-        paused.close()
-    for log in ("log.txt", "log.txt.rank1"):
-        assert "Stop requested at iteration 19: preempted by" in (run / log).read_text()
-    assert (run / "last_checkpoint").read_text() == "model_0000019.pth"
-    assert not (run / "model_final.pth").exists()
-
-    _train_net(run, "--num-gpus", "2", "--resume", *FAULTS)
-    _assert_equal(_weights(run / "model_final.pth", strip="model."), _weights(two_processes / "model_final.pth"))
+    _assert_stopped_at_19_and_resumes_exactly(run, two_processes, "preempted by")
 
 
 @pytest.mark.slow
@@ -290,11 +304,7 @@ def test_kill_9_of_the_launcher_alone_ends_its_workers_as_a_preemption(two_proce
     launcher ends: they stop together at their next agreed check, checkpoint
     there, and ``--resume`` ends bit-identical to the uninterrupted run."""
     run = tmp_path / "run"
-    paused = _PausedJob(run, FAULTS, at=15)
-    try:
-        paused.wait_for_pause()
-        workers = paused.workers()
-        assert len(workers) == 2
+    with _two_rank_job_paused_at_15(run) as (paused, workers):
         os.kill(paused.proc.pid, signal.SIGKILL)
         paused.proc.wait(timeout=30)
         paused.marker.unlink()  # rank 0 goes on to its next check
@@ -302,15 +312,7 @@ def test_kill_9_of_the_launcher_alone_ends_its_workers_as_a_preemption(two_proce
         while any(Path(f"/proc/{pid}").exists() for pid in workers):
             assert time.monotonic() < deadline, "the workers outlived their launcher"
             time.sleep(0.1)
-    finally:
-        paused.close()
-    for log in ("log.txt", "log.txt.rank1"):
-        assert "Stop requested at iteration 19: preempted by SIGTERM" in (run / log).read_text()
-    assert (run / "last_checkpoint").read_text() == "model_0000019.pth"
-    assert not (run / "model_final.pth").exists()
-
-    _train_net(run, "--num-gpus", "2", "--resume", *FAULTS)
-    _assert_equal(_weights(run / "model_final.pth", strip="model."), _weights(two_processes / "model_final.pth"))
+    _assert_stopped_at_19_and_resumes_exactly(run, two_processes, "preempted by SIGTERM")
 
 
 @pytest.mark.slow
