@@ -203,3 +203,14 @@ def test_config_evaluator_with_a_torchmetrics_metric(tmp_path, capsys):
     assert (out / "model_best.pth").exists()
     assert cli(common[:2] + [f"train.output_dir={tmp_path / 'other'}", "train.best_checkpointer.metric=multiclass_acc"]) == 2
     assert "train.best_checkpointer.metric='multiclass_acc' is not a result" in capsys.readouterr().err
+
+
+def test_an_unknown_train_key_is_warned_about_once(tmp_path):
+    """train_net checks a job before it starts its processes and again in each;
+    on one process the console showed the warning twice."""
+    out = tmp_path / "run"
+    result = run_job("--config-file", str(DIGITS), "+train.new_key=1", "train.max_iter=2", "train.eval_period=0",
+                     f"train.output_dir={out}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("train.new_key is not a key that DefaultTrainer reads") == 1
+    assert (out / "log.txt").read_text().count("train.new_key is not a key that DefaultTrainer reads") <= 1
