@@ -277,3 +277,10 @@ def test_resolve_scheduler_warms_up_as_hugging_face_and_configs_as_detectron2(na
     assert detectron2(0.0) == pytest.approx(0.001)
     if name == "cosine":
         assert detectron2(warmup / n) == pytest.approx(0.5 * (1 + math.cos(math.pi * warmup / n)))
+
+
+def test_an_unknown_warmup_style_is_a_config_error_naming_the_choices():
+    from treadle.config import ConfigError
+
+    with pytest.raises(ConfigError, match="warmup_style must be one of detectron2, huggingface, got 'hf'"):
+        build_lr_multiplier("cosine", max_iter=10, warmup_iters=2, warmup_style="hf")
