@@ -257,18 +257,23 @@ def test_max_to_keep_counts_only_this_runs_checkpoints(tmp_path):
 
 
 # ---------------------------------------------------------------------- signals outside training
-def test_job_signal_before_training_exits_75_and_after_training_is_ignored(treadle_caplog):
+def test_job_signal_before_training_exits_75_and_while_stopping_or_after_training_is_noted(treadle_caplog):
     previous = _JobSignals.install()
     try:
-        for phase, said in (("starting", "before training started"), ("stopping", "while the job stops")):
+        _JobSignals.phase = "starting"
+        with pytest.raises(SystemExit) as exited:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs at the next bytecode boundary
+        assert exited.value.code == 75 and "Received SIGTERM before training started" in treadle_caplog.text
+        # A stopping job's status is decided and it is on its way out: an
+        # exception raised from the handler landed in a garbage-collector
+        # callback during the exit and printed a traceback
+        # (test_a_second_sigterm_after_the_checkpoint_still_exits_75, now and then).
+        for phase, said in (("stopping", "while the job stops; it is exiting already"), ("over", "after training ended")):
             _JobSignals.phase = phase
-            with pytest.raises(SystemExit) as exited:
-                os.kill(os.getpid(), signal.SIGTERM)
-                time.sleep(1)  # the handler runs at the next bytecode boundary
-            assert exited.value.code == 75 and f"Received SIGTERM {said}" in treadle_caplog.text
-        _JobSignals.phase = "over"
-        os.kill(os.getpid(), signal.SIGTERM)  # the work is done: noted, and the job ends normally
-        time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            assert f"Received SIGTERM {said}" in treadle_caplog.text
     finally:
         _JobSignals.restore(previous)
     assert signal.getsignal(signal.SIGTERM) == previous[signal.SIGTERM]

@@ -278,9 +278,10 @@ class _JobSignals:
     During training the :class:`~treadle.hooks.PreemptionHandler` owns these
     signals (checkpoint, then exit 75). Before training starts nothing is
     saved and nothing needs to be: the job exits at once with status 75 (retry
-    later), as it does while a stopping job finishes (a second signal after a
-    preemption checkpoint). After training ended the work is done: the signal
-    is noted and the job ends normally. No traceback in any case.
+    later). While a stopping job finishes (a second signal after a preemption
+    checkpoint, say) its status is decided and it is on its way out: the
+    signal is noted. After training ended the work is done: the signal is
+    noted and the job ends normally. No traceback in any case.
     """
 
     phase = "starting"  # then "training", "stopping" or "over"
@@ -307,6 +308,12 @@ class _JobSignals:
         if cls.phase == "over":
             logger.info("Received %s after training ended; finishing.", name)
             return
+        if cls.phase == "stopping":
+            # An exception raised here would land wherever the exit is (a
+            # weakref callback of the garbage collector printed "Exception
+            # ignored ... SystemExit: 75" with a traceback), and change nothing.
+            logger.info("Received %s while the job stops; it is exiting already.", name)
+            return
         if cls.phase == "starting" and cls.standalone:
             # os._exit, not SystemExit: raised from a signal handler, an
             # exception lands wherever the job is (inside an import of torch,
@@ -317,8 +324,7 @@ class _JobSignals:
             if comm.is_main_process():
                 os.write(2, f"Received {name} before training started; exiting with status {PREEMPTED_EXIT_CODE}.\n".encode())
             os._exit(PREEMPTED_EXIT_CODE)
-        when = "before training started" if cls.phase == "starting" else "while the job stops"
-        logger.warning("Received %s %s; exiting with status %d.", name, when, PREEMPTED_EXIT_CODE)
+        logger.warning("Received %s before training started; exiting with status %d.", name, PREEMPTED_EXIT_CODE)
         raise SystemExit(PREEMPTED_EXIT_CODE)
 
 
