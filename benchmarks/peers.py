@@ -15,7 +15,9 @@ Systems, each run in its own process, in interleaved rounds:
 - ``treadle-bare``: ``TrainerBase(EagerStep(...))``, ``register_hooks([])``;
 - ``treadle-hooks``: ``IterationTimer`` and ``PeriodicWriter`` every 20
   iterations with ``CommonMetricPrinter``, ``JSONWriter`` and
-  ``TensorboardWriter``;
+  ``TensorboardWriter``, the console set up by ``setup_logger()`` (as
+  detectron2's ``default_setup`` does; without it no handler would print
+  the status lines);
 - ``treadle-trainer``: the plain ``Trainer(...)`` with an ``output_dir``
   (its default hooks and writers: timer, LR schedule, checkpoint at the
   end, JSON and TensorBoard, console lines, run summary);
@@ -308,7 +310,11 @@ def run_treadle_hooks(work: Workload, workdir: str) -> Run:
     from treadle.engine import EagerStep, TrainerBase
     from treadle.events import CommonMetricPrinter, JSONWriter, TensorboardWriter
     from treadle.hooks import IterationTimer, PeriodicWriter
+    from treadle.utils.logger import setup_logger
 
+    # The console handler writes to whatever sys.stdout is when a line comes:
+    # the timed run's os.devnull, as for the plain Trainer's.
+    setup_logger()
     model, optimizer, loader = work.fresh()
     trainer = TrainerBase(EagerStep(model, loader, optimizer, loss_fn=F.cross_entropy))
     writers = [CommonMetricPrinter(work.iters), JSONWriter(os.path.join(workdir, "metrics.json")), TensorboardWriter(workdir)]

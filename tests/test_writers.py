@@ -513,6 +513,33 @@ def test_printer_drops_a_loss_that_is_no_longer_put(treadle_caplog):
     assert printed(treadle_caplog) == ["iter: 0  total_loss: 1  loss_warmup: 0.5", "iter: 1  total_loss: 2"]
 
 
+def test_printer_builds_no_line_nobody_sees_and_resumes_when_logging_is_enabled(treadle_caplog, monkeypatch):
+    # INFO off on its logger (logging not set up): no text is built, but the
+    # lines and metrics it would have shown count as shown.
+    printer = CommonMetricPrinter(window_size=1, color=False)
+    built = []
+    training_line = CommonMetricPrinter._training_line
+    monkeypatch.setattr(
+        CommonMetricPrinter, "_training_line", lambda self, *a: built.append(a[1]) or training_line(self, *a)
+    )
+    logger = logging.getLogger("treadle.events.printer")
+    with EventStorage(0) as s:
+        s.iter = 9
+        s.put_scalar("total_loss", 1.0, kind=ScalarKind.LOSS)
+        s.put_scalar("eval/acc", 0.25, smoothing_hint=False, kind=ScalarKind.METRIC)
+        logger.setLevel(logging.WARNING)
+        try:
+            printer.write()
+        finally:
+            logger.setLevel(logging.NOTSET)
+        assert built == [] and printed(treadle_caplog) == []
+        s.iter = 19
+        s.put_scalar("total_loss", 2.0, kind=ScalarKind.LOSS)
+        printer.write()
+    assert built == [19]
+    assert printed(treadle_caplog) == ["iter: 19  total_loss: 2"]
+
+
 def test_printer_colors_values_and_shows_cuda_memory(treadle_caplog, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: 123 * 2**20)

@@ -127,19 +127,30 @@ class CommonMetricPrinter(EventWriter):
                 metrics = True
             elif it > last_iter:
                 fresh[name] = it
+        # Nobody would see the lines (logging is not set up, or INFO is off):
+        # they are not built, but what was shown is tracked as if they were,
+        # so that lines resume where they would be once logging is enabled.
+        shown = self._logger.isEnabledFor(logging.INFO)
         if fresh:
             iteration = max(fresh.values())
-            self._log(self._training_line(storage, iteration, fresh))
+            if shown:
+                self._log(self._training_line(storage, iteration, fresh))
+            else:
+                self._clock_anchor = (_now(), iteration)
             self._last_iter = iteration
         if metrics:
-            self._write_metrics(latest, kinds)
+            self._write_metrics(latest, kinds, shown)
 
-    def _write_metrics(self, latest: Dict[str, Tuple[float, int]], kinds: Dict[str, Optional[str]]) -> None:
+    def _write_metrics(
+        self, latest: Dict[str, Tuple[float, int]], kinds: Dict[str, Optional[str]], shown: bool = True
+    ) -> None:
         by_iter: Dict[int, Dict[str, float]] = defaultdict(dict)
         for name, (value, it) in latest.items():
             if kinds[name] == ScalarKind.METRIC and it > self._last_metric_iter.get(name, self._first_iter - 1):
                 by_iter[it][name] = value
                 self._last_metric_iter[name] = it
+        if not shown:
+            return
         for it in sorted(by_iter):
             fields = [self._field(name, by_iter[it][name], ".6g") for name in sorted(by_iter[it])]
             self._log("  ".join([f"metrics @ iter {it}:"] + fields))
