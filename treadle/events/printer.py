@@ -63,7 +63,9 @@ class CommonMetricPrinter(EventWriter):
     missing producer (no LR hook, no timer) just drops its field, and a
     second write at the same iteration prints nothing new. Evaluation
     results (scalars of kind ``"metric"``) are printed on their own line, ``metrics @ iter 99:  eval/acc: 0.91``, latest value per name,
-    once each; every value is in ``metrics.json``.
+    once each; every value is in ``metrics.json``. While the logger is not
+    enabled for INFO (logging not set up: Python's default level is
+    WARNING), no line is built, and what it would have shown counts as shown.
 
     Args:
         max_iter: the iteration training ends before; ``None`` shows no eta.
