@@ -1,5 +1,6 @@
 """DefaultTrainer from a config, default_setup, and subclassing as in detectron2."""
 
+import json
 import os
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from treadle.hooks import (
     EMA,
     EvalHook,
     IterationTimer,
+    LRMonitor,
     LRScheduler,
     PeriodicCheckpointer,
     PeriodicWriter,
@@ -41,6 +43,16 @@ def test_default_hooks_in_documented_order(tmp_path):
     ]
     decays = sorted({g["weight_decay"] for g in trainer.optimizer.param_groups})
     assert decays == [0.0, 1e-4]  # biases without weight decay
+
+
+def test_a_config_without_lr_multiplier_publishes_the_rate_it_does_not_set(tmp_path):
+    cfg = digits_cfg(tmp_path, "train.max_iter=6", "train.eval_period=0", "train.log_period=3")
+    cfg.lr_multiplier = None
+    trainer = DefaultTrainer(cfg)
+    assert [type(h) for h in trainer.hooks][:2] == [IterationTimer, LRMonitor]
+    trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.json").read_text().splitlines()]
+    assert [(r["iteration"], r["lr"]) for r in rows if "total_loss" in r] == [(2, 0.05), (5, 0.05)]
 
 
 def test_default_setup_logs_and_seeds_but_writes_nothing_until_training_starts(tmp_path, treadle_caplog):

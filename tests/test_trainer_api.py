@@ -237,6 +237,39 @@ def test_callbacks_see_each_epochs_metrics_the_last_one_included():
     assert table["train_loss"] == [e["total_loss"] for e in history.epochs]
 
 
+def _halve_lr(trainer, epoch, metrics):
+    for group in trainer.optimizer.param_groups:
+        group["lr"] *= 0.5
+
+
+def test_without_a_scheduler_a_rate_changed_by_a_callback_stays_changed():
+    # A hand-written loop's "lr *= 0.5 after each epoch": without a scheduler
+    # nothing sets the rate back. The same halving from StepLR every epoch
+    # (8 iterations) trains the same weights.
+    by_hand = make(max_epochs=3, callbacks=[_halve_lr])
+    history = by_hand.train()
+    scheduled = make(max_epochs=3, scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 8, 0.5))
+    scheduled.train()
+    assert [e["lr"] for e in history.epochs] == [0.1, 0.05, 0.025]
+    assert history["lr"] == [0.1] * 8 + [0.05] * 8 + [0.025] * 8
+    assert all(torch.equal(a, b) for a, b in zip(by_hand.model.parameters(), scheduled.model.parameters()))
+
+
+def test_without_a_scheduler_a_resume_goes_on_at_the_rate_a_callback_left(tmp_path, treadle_caplog):
+    straight = make(max_epochs=3, callbacks=[_halve_lr], output_dir=str(tmp_path / "a"))
+    straight.train()
+    resumed = make(max_epochs=3, callbacks=[_halve_lr], output_dir=str(tmp_path / "b"))
+    # Taken at the end of the second epoch, after its callback halved the rate twice.
+    resumed.train(resume=str(tmp_path / "a" / "model_0000015.pth"))
+    assert resumed.start_iter == 16
+    assert resumed.history["lr"] == [0.1] * 8 + [0.05] * 8 + [0.025] * 8  # the restored history, then its own
+    # The checkpoint's rate is where the run was, not a hyperparameter the trainer changed.
+    assert "Resuming with" not in treadle_caplog.text
+    a = torch.load(tmp_path / "a" / "model_final.pth", weights_only=True)["model"]
+    b = torch.load(tmp_path / "b" / "model_final.pth", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_a_callback_may_stop_training():
     trainer = make(max_epochs=10, callbacks=[lambda t, epoch, m: t.request_stop("enough") if epoch == 1 else None])
     history = trainer.train()

@@ -28,6 +28,7 @@ from treadle.hooks import (
     EvalHook,
     HookBase,
     IterationTimer,
+    LRMonitor,
     LRScheduler,
     PeriodicCheckpointer,
     RunSummary,
@@ -222,7 +223,7 @@ class DefaultTrainer(TrainerBase):
     ``build_lr_scheduler``, ``build_step`` or ``build_hooks``.
 
     Default hooks, in order (see ``docs/defaults.md`` for why this order):
-    ``IterationTimer``, ``LRScheduler``, ``EMA`` (``train.ema.enabled``),
+    ``IterationTimer``, ``LRScheduler`` (``LRMonitor`` without ``lr_multiplier``), ``EMA`` (``train.ema.enabled``),
     ``EvalHook`` (``train.eval_period``), ``BestCheckpointer``
     (``train.best_checkpointer.metric``), ``EarlyStopping``
     (``train.early_stopping.metric``), ``PeriodicCheckpointer``,
@@ -428,7 +429,7 @@ class DefaultTrainer(TrainerBase):
 
         return [
             IterationTimer(),
-            LRScheduler(self.optimizer, self.scheduler) if self.scheduler is not None else None,
+            LRScheduler(self.optimizer, self.scheduler) if self.scheduler is not None else LRMonitor(self.optimizer),
             EMA(float(ema_cfg.get("decay", 0.999)), model=unwrap_model(self.model)) if ema_cfg.get("enabled", False) else None,
             EvalHook(eval_period, test_and_save_results) if has_eval else None,
             BestCheckpointer(eval_period, self.checkpointer, best_cfg.metric, best_cfg.get("mode"))

@@ -9,7 +9,8 @@ The names, documented for the users of other trainers (see ``docs/migrating.md``
   ``accuracy``...), each at the iteration it was computed after;
 - per epoch (``history.epochs``, one dict per epoch, and ``history.to_dict()``,
   a list per name): ``epoch`` (0-based), ``iteration`` (the epoch's last),
-  the epoch's mean of each training scalar under its name, ``train_loss``
+  the epoch's mean of each training scalar under its name (its last value
+  for one put with ``smoothing_hint=False``: ``lr``), ``train_loss``
   (the mean ``total_loss``), the evaluation results of the epoch's end under
   their names, and ``eval_loss`` (the evaluation's ``loss``, when computed).
 """
@@ -81,10 +82,12 @@ def _values_between(points: Sequence[Tuple[float, int]], first: int, last: int) 
 
 
 def epoch_row(storage: "EventStorage", epoch: int, first: int, last: int, results_until: int) -> Dict[str, float]:
-    """The epoch's row: means of the training scalars put at ``first..last``,
-    and the latest evaluation results put at ``first..results_until``."""
+    """The epoch's row: means of the training scalars put at ``first..last``
+    (the last of them for a scalar put with ``smoothing_hint=False``, as
+    ``lr``), and the latest evaluation results put at ``first..results_until``."""
     row: Dict[str, float] = {"epoch": epoch, "iteration": last}
     metrics: Dict[str, float] = {}
+    hints = storage.smoothing_hints()
     for name, history in storage.histories().items():  # one read for the epoch
         points = history.values()
         if storage.kind(name) == ScalarKind.METRIC:
@@ -94,7 +97,9 @@ def epoch_row(storage: "EventStorage", epoch: int, first: int, last: int, result
             continue
         found = [v for v in _values_between(points, first, last) if not math.isnan(v)]
         if found:
-            row[name] = sum(found) / len(found)
+            # A value meant to be read as it is, not averaged: the rate the
+            # epoch ended with (a mean of eight 0.1s is 0.09999999999999999).
+            row[name] = found[-1] if not hints.get(name, True) else sum(found) / len(found)
     if "total_loss" in row:
         row["train_loss"] = row["total_loss"]
     row.update(metrics)

@@ -12,7 +12,7 @@ import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 import torch
-from fvcore.common.param_scheduler import ConstantParamScheduler, ParamScheduler
+from fvcore.common.param_scheduler import ParamScheduler
 from torch import nn
 
 from treadle.checkpoint import Checkpointer
@@ -30,6 +30,7 @@ from treadle.hooks import (
     EvalHook,
     HookBase,
     IterationTimer,
+    LRMonitor,
     LRScheduler,
     PeriodicCheckpointer,
     RunSummary,
@@ -113,7 +114,11 @@ class Trainer(TrainerBase):
             ``get_*_schedule_with_warmup``: from 0 to the full rate, then the
             schedule over the remaining iterations (clipped to half the run,
             with a warning, when it is not shorter than the run).
-            ``ReduceLROnPlateau`` is refused (it steps on a metric).
+            ``ReduceLROnPlateau`` is refused (it steps on a metric). Without
+            one (and without ``warmup_iters``) nothing sets the rate: it is
+            the optimizer's, and a callback or hook that changes it (``for g
+            in trainer.optimizer.param_groups: g["lr"] *= 0.5``) changes it
+            for the rest of the run, resumes included (:class:`~treadle.hooks.LRMonitor`).
         scheduler_interval: when a torch scheduler steps: ``"iter"`` or
             ``"epoch"`` (Lightning's ``interval``); logged when training starts.
         batch_size, eval_batch_size, shuffle, collate_fn, num_workers: how
@@ -292,13 +297,14 @@ class Trainer(TrainerBase):
             )
         watched, mode = self._watched_metric(best_metric, best_mode, early_stopping_patience)
 
-        # A constant schedule when none is given: the history always has lr.
-        sched = resolve_scheduler(scheduler, self.optimizer, self.max_iter, warmup_iters=warmup_iters) or ConstantParamScheduler(1.0)
+        sched = resolve_scheduler(scheduler, self.optimizer, self.max_iter, warmup_iters=warmup_iters)
         if eval_period is None:
             eval_period = epoch_length or 0
         if checkpoint_period is None:
             checkpoint_period = epoch_length or 0
-        lr_hook = LRScheduler(
+        # Without a schedule the rate is the optimizer's, which a callback may
+        # change as in a hand-written loop; it is published all the same.
+        lr_hook: HookBase = LRMonitor(self.optimizer) if sched is None else LRScheduler(
             self.optimizer, sched, interval=scheduler_interval if not isinstance(sched, ParamScheduler) else "iter"
         )
         if scheduler_interval == "epoch" and isinstance(sched, ParamScheduler):

@@ -9,7 +9,7 @@ from .checkpointing import BestCheckpointer, PeriodicCheckpointer
 from .early_stopping import EarlyStopping
 from .ema import EMA
 from .evaluation import EvalHook
-from .lr_scheduler import LRMultiplier, LRScheduler
+from .lr_scheduler import LRMonitor, LRMultiplier, LRScheduler
 from .periods import Period
 from .precise_bn import PreciseBN
 from .preemption import PREEMPTED_EXIT_CODE, PreemptionHandler
@@ -24,6 +24,7 @@ __all__ = [
     "CallbackHook",
     "IterationTimer",
     "LRScheduler",
+    "LRMonitor",
     "LRMultiplier",
     "PeriodicWriter",
     "ProgressBar",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from fvcore.common.param_scheduler import (
@@ -19,7 +19,7 @@ from treadle.config.errors import ConfigError
 
 from .base import HookBase
 
-__all__ = ["LRMultiplier", "LRScheduler", "WarmupParamScheduler", "build_lr_multiplier", "SCHEDULE_NAMES"]
+__all__ = ["LRMonitor", "LRMultiplier", "LRScheduler", "WarmupParamScheduler", "build_lr_multiplier", "SCHEDULE_NAMES"]
 
 SCHEDULE_NAMES = ("constant", "cosine", "linear", "step")
 # What a warm-up means (see build_lr_multiplier): detectron2's, or transformers' get_*_schedule_with_warmup.
@@ -332,10 +332,7 @@ class LRScheduler(HookBase):
             # The optimizer's rates must match the restored position before the next iteration.
             for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
                 group["lr"] = lr
-        self._group_index = _largest_group(self.optimizer)
-        self._param_groups = self.optimizer.param_groups
-        storage = getattr(self.trainer, "storage", None)  # None: called outside train()
-        self._lrs = storage.open_series("lr", smoothing_hint=False, tensors=False) if storage is not None else None
+        self._param_groups, self._group_index, self._lrs = _lr_series(self.trainer, self.optimizer)
         self._step_per_iter = self.interval == "iter"
         if not self._step_per_iter and not self.trainer.epoch_length:
             raise ValueError(
@@ -351,11 +348,11 @@ class LRScheduler(HookBase):
             )
 
     def after_step(self) -> None:
+        # LRMonitor.after_step's publishing, inline: this runs every iteration.
         lr = self._param_groups[self._group_index]["lr"]
         if type(lr) is float and self._lrs is not None:
-            # A series rather than put_scalar: this runs every iteration.
             self._lrs.append((lr, self.trainer.iter))
-        else:  # a tensor rate is read at the flush, with the losses
+        else:
             self.trainer.storage.put_scalar("lr", lr, smoothing_hint=False)
         if self._step_per_iter:
             self.scheduler.step()
@@ -419,6 +416,58 @@ class LRScheduler(HookBase):
 _SCHEDULER_PROGRESS = frozenset(
     {"base_lrs", "last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial", "verbose", "_initial_step"}
 )
+
+
+class LRMonitor(HookBase):
+    """Publishes ``lr`` after every iteration, and leaves the rate alone.
+
+    For a run whose learning rate no schedule sets: the plain ``Trainer``
+    given no ``scheduler`` uses it. A rate changed by hand (an epoch
+    callback's ``group["lr"] *= 0.5``, a hook) is used from the next
+    iteration on and stays, as in a hand-written loop; an ``LRScheduler``
+    would set its own rate back at its next step. Lightning's
+    ``LearningRateMonitor`` in a treadle run: ``lr`` is in the history and
+    every writer without asking.
+
+    Runs after_step; ``lr`` is the rate the iteration just run used, of the
+    param group with the most parameters (as :class:`LRScheduler`). Keeps
+    no state: the rate is the optimizer's, saved with it. In
+    ``before_train`` each group's rate is noted as its ``initial_lr`` where
+    none is (as torch's schedulers do): a resume tells by it the rate the
+    run started from, which a new trainer may change, from the rate where
+    the run was, which the checkpoint brings back.
+    """
+
+    def __init__(self, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
+        self._optimizer = optimizer
+        self._lrs: Optional[List[Any]] = None
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        if self._optimizer is None:
+            self._optimizer = self.trainer.step.optimizer
+        return self._optimizer
+
+    def before_train(self) -> None:
+        for group in self.optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        self._param_groups, self._group_index, self._lrs = _lr_series(self.trainer, self.optimizer)
+
+    def after_step(self) -> None:
+        lr = self._param_groups[self._group_index]["lr"]
+        if type(lr) is float and self._lrs is not None:
+            # A series rather than put_scalar: this runs every iteration.
+            self._lrs.append((lr, self.trainer.iter))
+        else:  # a tensor rate is read at the flush, with the losses
+            self.trainer.storage.put_scalar("lr", lr, smoothing_hint=False)
+
+
+def _lr_series(trainer: Any, optimizer: torch.optim.Optimizer) -> Tuple[List[Dict[str, Any]], int, Optional[List[Any]]]:
+    """The param groups, the index of the one whose rate is published, and the
+    storage's ``lr`` series (None outside ``train()``), for ``after_step``."""
+    storage = getattr(trainer, "storage", None)
+    lrs = storage.open_series("lr", smoothing_hint=False, tensors=False) if storage is not None else None
+    return optimizer.param_groups, _largest_group(optimizer), lrs
 
 
 def _largest_group(optimizer: torch.optim.Optimizer) -> int:
