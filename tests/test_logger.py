@@ -1,6 +1,7 @@
 """setup_logger: files per run, closed when replaced, no color codes in files."""
 
 import errno
+import logging
 
 from termcolor import colored
 
@@ -194,6 +195,29 @@ def test_a_line_before_the_log_file_starts_is_kept_as_a_record(tmp_path, capsys)
         assert [line.split(": ", 1)[1] for line in (tmp_path / "log.txt").read_text().splitlines()] == ["early", "late"]
     finally:
         _close(parent)
+
+
+def test_warnings_shown_before_the_log_file_was_set_up_begin_it(tmp_path):
+    # train_net: a console while the job is checked, then the job's own logger.
+    from treadle.utils.logger import start_log_files
+
+    console = setup_logger(None, name="treadle_test_early")
+    console.warning("train.new_key is not a key")
+    console.info("checked")
+    job = setup_logger(str(tmp_path / "run"), name="treadle_test_early", defer_file=True)
+    try:
+        job.info("environment")
+        start_log_files("treadle_test_early")
+        lines = [line.split(": ", 1)[1] for line in (tmp_path / "run" / "log.txt").read_text().splitlines()]
+        assert lines == ["train.new_key is not a key", "environment"]
+        # A later job's file does not begin with the earlier job's warnings.
+        job.warning("in the first run")
+        second = setup_logger(str(tmp_path / "second"), name="treadle_test_early", defer_file=True)
+        second.info("second run")
+        start_log_files("treadle_test_early")
+        assert (tmp_path / "second" / "log.txt").read_text().count(": ") == 1
+    finally:
+        _close(logging.getLogger("treadle_test_early"))
 
 
 def test_a_line_the_log_file_cannot_take_is_one_warning(tmp_path, capfd):

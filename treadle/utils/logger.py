@@ -7,7 +7,7 @@ import os
 import re
 import sys
 import time
-from typing import IO, Any, Callable, List, Optional, Tuple
+from typing import IO, Any, Callable, List, Optional, Sequence, Tuple
 
 from termcolor import colored
 
@@ -143,10 +143,25 @@ class _TextStreamHandler(logging.StreamHandler):
 
 class _ConsoleHandler(_TextStreamHandler):
     """Writes to whatever ``sys.stdout`` is when a record is emitted, so that a
-    replaced stdout (a notebook, a test's capture) is followed."""
+    replaced stdout (a notebook, a test's capture) is followed.
 
-    def __init__(self) -> None:
+    One set up without a log file (``train_net``'s, while it checks the job)
+    keeps the warnings it shows, up to :attr:`MAX_KEPT`: the job's own
+    :func:`setup_logger`, which replaces it, puts them first in its deferred
+    log file, so that ``log.txt`` has what the console said about the config.
+    """
+
+    MAX_KEPT = 1000
+
+    def __init__(self, keep_warnings: bool = False) -> None:
         super().__init__(sys.stdout)
+        self.kept_warnings: Optional[List[logging.LogRecord]] = [] if keep_warnings else None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        kept = self.kept_warnings
+        if kept is not None and record.levelno >= logging.WARNING and len(kept) < self.MAX_KEPT:
+            kept.append(record)
+        super().emit(record)
 
     @property  # type: ignore[override]
     def stream(self):  # noqa: D401
@@ -211,10 +226,11 @@ class _DeferredFileHandler(_GivesUpOnIOError, logging.Handler):
     # starts keeps the last ones and says how many were dropped.
     MAX_PENDING = 50_000
 
-    def __init__(self, filename: str) -> None:
+    def __init__(self, filename: str, earlier: Sequence[logging.LogRecord] = ()) -> None:
         super().__init__(logging.DEBUG)
         self.filename = filename
-        self._pending: List[logging.LogRecord] = []
+        # Records logged before this handler was set up, to begin the file with.
+        self._pending: List[logging.LogRecord] = list(earlier)
         self._dropped = 0
         self._stream: Optional[IO[str]] = None
 
@@ -367,18 +383,23 @@ def setup_logger(
         defer_file: keep the file's records in memory until
             :func:`start_log_files` is called, so that nothing is written
             before the job has checked its inputs and claimed its folder.
+            The file then begins with the warnings shown by a console this
+            call replaces that was set up without a file (``output=None``).
     """
     logger = logging.getLogger(name)
     logger.setLevel(logging.DEBUG)
     logger.propagate = False
+    earlier: List[logging.LogRecord] = []
     for old in [h for h in logger.handlers if getattr(h, "_treadle_handler", False)]:
+        if isinstance(old, _ConsoleHandler) and old.kept_warnings:
+            earlier += old.kept_warnings
         logger.removeHandler(old)
         old.close()
     abbrev_name = abbrev_name or ("tr" if name == "treadle" else name)
     plain = _PlainFormatter("[%(asctime)s] %(name)s %(levelname)s: %(message)s", datefmt="%m/%d %H:%M:%S")
     handlers: list = []
     if distributed_rank == 0:
-        handler = _ConsoleHandler()
+        handler = _ConsoleHandler(keep_warnings=output is None)
         # DEBUG records (the full timing table, ...) go to the file only.
         handler.setLevel(logging.INFO)
         if color and sys.stdout.isatty():
@@ -402,7 +423,7 @@ def setup_logger(
             filename = f"{filename}.rank{distributed_rank}"
         file_handler: logging.Handler
         if defer_file:
-            file_handler = _DeferredFileHandler(filename)
+            file_handler = _DeferredFileHandler(filename, earlier)
         else:
             PathManager.mkdirs(os.path.dirname(filename) or ".")
             file_handler = _FileHandler(PathManager.open(filename, "a"))
