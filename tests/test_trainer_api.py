@@ -255,6 +255,16 @@ def test_without_a_scheduler_a_rate_changed_by_a_callback_stays_changed():
     assert all(torch.equal(a, b) for a, b in zip(by_hand.model.parameters(), scheduled.model.parameters()))
 
 
+def test_without_a_scheduler_a_tensor_rate_changed_in_place_is_published_and_its_start_kept():
+    model = mlp()
+    optimizer = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.01))
+    halve = lambda t, epoch, m: [g["lr"].mul_(0.5) for g in t.optimizer.param_groups]  # noqa: E731
+    history = make(model=model, optimizer=optimizer, lr=None, max_epochs=2, callbacks=[halve]).train()
+    assert history["lr"] == pytest.approx([0.01] * 8 + [0.005] * 8)
+    # The starting rate a resume compares with is a copy, not the tensor halved since.
+    assert optimizer.param_groups[0]["initial_lr"].item() == pytest.approx(0.01)
+
+
 def test_without_a_scheduler_a_resume_goes_on_at_the_rate_a_callback_left(tmp_path, treadle_caplog):
     straight = make(max_epochs=3, callbacks=[_halve_lr], output_dir=str(tmp_path / "a"))
     straight.train()

@@ -450,7 +450,10 @@ class LRMonitor(HookBase):
 
     def before_train(self) -> None:
         for group in self.optimizer.param_groups:
-            group.setdefault("initial_lr", group["lr"])
+            if "initial_lr" not in group:
+                lr = group["lr"]
+                # A tensor rate is changed in place: the note is a copy (as torch's schedulers keep it).
+                group["initial_lr"] = lr.clone() if isinstance(lr, torch.Tensor) else lr
         self._param_groups, self._group_index, self._lrs = _lr_series(self.trainer, self.optimizer)
 
     def after_step(self) -> None:
