@@ -238,7 +238,21 @@ def _refuse_plateau(scheduler: Any) -> None:
         )
 
 
-class LRScheduler(HookBase):
+class _StepsOptimizer:
+    """``optimizer``: the one given, else the trainer's step object's, found
+    when first needed (a hook is built before it has a trainer)."""
+
+    _optimizer: Optional[torch.optim.Optimizer]
+    trainer: Any
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        if self._optimizer is None:
+            self._optimizer = self.trainer.step.optimizer
+        return self._optimizer
+
+
+class LRScheduler(_StepsOptimizer, HookBase):
     """Publishes ``lr`` and steps the learning-rate scheduler after every iteration.
 
     Accepts any ``torch.optim.lr_scheduler.LRScheduler`` stepped per
@@ -293,12 +307,6 @@ class LRScheduler(HookBase):
         self._pending_state: Optional[Dict[str, Any]] = None
         self._group_index = 0
         self._lrs: Optional[List[Any]] = None
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        if self._optimizer is None:
-            self._optimizer = self.trainer.step.optimizer
-        return self._optimizer
 
     def before_train(self) -> None:
         if self._scheduler_arg is None and self.scheduler is None:
@@ -418,7 +426,7 @@ _SCHEDULER_PROGRESS = frozenset(
 )
 
 
-class LRMonitor(HookBase):
+class LRMonitor(_StepsOptimizer, HookBase):
     """Publishes ``lr`` after every iteration, and leaves the rate alone.
 
     For a run whose learning rate no schedule sets: the plain ``Trainer``
@@ -441,12 +449,6 @@ class LRMonitor(HookBase):
     def __init__(self, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
         self._optimizer = optimizer
         self._lrs: Optional[List[Any]] = None
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        if self._optimizer is None:
-            self._optimizer = self.trainer.step.optimizer
-        return self._optimizer
 
     def before_train(self) -> None:
         for group in self.optimizer.param_groups:
