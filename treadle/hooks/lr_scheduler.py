@@ -327,8 +327,7 @@ class LRScheduler(_StepsOptimizer, HookBase):
         if isinstance(self._scheduler_arg, ParamScheduler):
             start = self.trainer.start_iter
             if start > 0:
-                for group in self.optimizer.param_groups:
-                    group.setdefault("initial_lr", group["lr"])
+                _note_initial_lrs(self.optimizer)
             self.scheduler = LRMultiplier(
                 self.optimizer, self._scheduler_arg, self._max_iter or self.trainer.max_iter, last_iter=start - 1
             )
@@ -451,11 +450,7 @@ class LRMonitor(_StepsOptimizer, HookBase):
         self._lrs: Optional[List[Any]] = None
 
     def before_train(self) -> None:
-        for group in self.optimizer.param_groups:
-            if "initial_lr" not in group:
-                lr = group["lr"]
-                # A tensor rate is changed in place: the note is a copy (as torch's schedulers keep it).
-                group["initial_lr"] = lr.clone() if isinstance(lr, torch.Tensor) else lr
+        _note_initial_lrs(self.optimizer)
         self._param_groups, self._group_index, self._lrs = _lr_series(self.trainer, self.optimizer)
 
     def after_step(self) -> None:
@@ -465,6 +460,15 @@ class LRMonitor(_StepsOptimizer, HookBase):
             self._lrs.append((lr, self.trainer.iter))
         else:  # a tensor rate is read at the flush, with the losses
             self.trainer.storage.put_scalar("lr", lr, smoothing_hint=False)
+
+
+def _note_initial_lrs(optimizer: torch.optim.Optimizer) -> None:
+    """Notes each group's rate as its ``initial_lr`` where none is, as torch's schedulers do."""
+    for group in optimizer.param_groups:
+        if "initial_lr" not in group:
+            lr = group["lr"]
+            # A tensor rate is changed in place: the note is a copy (as torch keeps it).
+            group["initial_lr"] = lr.clone() if isinstance(lr, torch.Tensor) else lr
 
 
 def _lr_series(trainer: Any, optimizer: torch.optim.Optimizer) -> Tuple[List[Dict[str, Any]], int, Optional[List[Any]]]:
