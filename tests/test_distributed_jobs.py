@@ -111,7 +111,8 @@ def one_process(runs) -> Path:
 @pytest.fixture(scope="module")
 def two_processes(runs) -> Path:
     out = runs["root"] / "two_processes"
-    runs["two_processes_result"] = _train_net(out, "--num-gpus", "2", *DIGITS)
+    # An unknown key (ignored, with a warning) to see where the warning goes.
+    runs["two_processes_result"] = _train_net(out, "--num-gpus", "2", *DIGITS, "+train.new_key=1")
     return out
 
 
@@ -133,6 +134,13 @@ def test_only_the_main_process_writes(runs, two_processes):
     assert "Rank of current process: 0." in (two_processes / "log.txt").read_text()
     rank1_log = (two_processes / "log.txt.rank1").read_text()
     assert "Rank of current process: 1." in rank1_log and "Rank of current process: 0." not in rank1_log
+    # The config warning: in rank 0's log.txt once, and never printed bare (no
+    # handler in a worker: Python's last-resort stderr) nor by rank 1.
+    warning = "train.new_key is not a key that DefaultTrainer reads"
+    assert (two_processes / "log.txt").read_text().count(warning) == 1 and warning not in rank1_log
+    result = runs["two_processes_result"]
+    printed = [line for line in (result.stdout + result.stderr).splitlines() if warning in line]
+    assert printed and all("WARNING" in line for line in printed), printed
     # Both ranks evaluated (every rank runs its shard, the results are reduced).
     assert rank1_log.count("Evaluation after iteration 40") == 1
 

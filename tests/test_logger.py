@@ -220,6 +220,16 @@ def test_warnings_shown_before_the_log_file_was_set_up_begin_it(tmp_path):
         _close(logging.getLogger("treadle_test_early"))
 
 
+def test_a_rank_without_console_or_file_prints_nothing(capfd):
+    logger = setup_logger(None, distributed_rank=1, name="treadle_test_rank1")
+    try:
+        logger.warning("a warning rank 0 shows")
+        out, err = capfd.readouterr()
+        assert "a warning rank 0 shows" not in out + err  # not Python's last-resort stderr either
+    finally:
+        _close(logger)
+
+
 def test_a_line_the_log_file_cannot_take_is_one_warning(tmp_path, capfd):
     import logging
 

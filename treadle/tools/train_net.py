@@ -48,7 +48,7 @@ from treadle.hooks import PREEMPTED_EXIT_CODE
 from treadle.utils import comm
 from treadle.utils.atomic import atomic_write
 from treadle.utils.file_io import PathManager
-from treadle.utils.logger import one_line_error, setup_logger, start_log_files
+from treadle.utils.logger import is_set_up, one_line_error, setup_logger, start_log_files
 from treadle.utils.run_folder import RunFolderError, check_output_dir
 from treadle.utils.run_start import forget_pending_starts
 
@@ -338,6 +338,11 @@ def _job(args: argparse.Namespace, prog: str, standalone: bool = False) -> Optio
     """
     previous = _JobSignals.install(standalone)
     single = comm.get_world_size() == 1
+    if not is_set_up():
+        # A process the launcher started: a console (rank 0's) before the job
+        # checks its config again, so that its warnings are shown as in the
+        # launching process and reach log.txt (see setup_logger).
+        setup_logger(None, distributed_rank=comm.get_rank())
     try:
         return main(args)
     except KeyboardInterrupt as e:
@@ -382,7 +387,9 @@ def cli(argv: Optional[List[str]] = None, *, standalone: bool = False) -> int:
         return int(e.code or 0)
     # The console before anything logs (an override's parse warning): stdout,
     # so that stderr holds only the job's one error line.
-    setup_logger(None, distributed_rank=0)
+    # Under torchrun every process runs this: rank 0's console only.
+    rank = os.environ.get("RANK", "0")
+    setup_logger(None, distributed_rank=int(rank) if rank.isdigit() else 0)
     try:
         # Checked once here, so that a bad file, override or missing weights
         # fail before any process starts; each process checks again.

@@ -430,10 +430,19 @@ def setup_logger(
         file_handler.setLevel(logging.DEBUG)
         file_handler.setFormatter(plain)
         handlers.append(file_handler)
+    if not handlers:
+        # A rank other than 0 without a file: it shows nothing. Without a
+        # handler, Python's last resort would print its warnings bare on stderr.
+        handlers.append(logging.NullHandler())
     for h in handlers:
         h._treadle_handler = True  # type: ignore[attr-defined]
         logger.addHandler(h)
     return logger
+
+
+def is_set_up(name: str = "treadle") -> bool:
+    """Whether :func:`setup_logger` configured the ``name`` logger in this process."""
+    return any(getattr(h, "_treadle_handler", False) for h in logging.getLogger(name).handlers)
 
 
 def log_once(logger: logging.Logger, level: int, msg: str, *args) -> None:
