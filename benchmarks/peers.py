@@ -611,6 +611,15 @@ L1_MISSES = ("I1mr", "D1mr", "D1mw")
 LL_MISSES = ("ILmr", "DLmr", "DLmw")
 
 
+def child_environment(**extra: str) -> Dict[str, str]:
+    """The environment of every measured process. This is a CPU benchmark:
+    no GPU is visible, since MMEngine's ``Runner`` and pytorch-accelerated's
+    ``Trainer`` move the model to one on their own when they see it (on a
+    GPU machine they trained there, with other numbers, while every other
+    system trained on the CPU)."""
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "", **extra}
+
+
 def events_per_iter(system: str, iters: int, width: int, profiles: Optional[str] = None,
                     cache_sim: bool = False) -> Dict[str, float]:
     """valgrind's counts per iteration over the steady stretch, by event
@@ -626,8 +635,7 @@ def events_per_iter(system: str, iters: int, width: int, profiles: Optional[str]
         # the instructions spent on them, do not change between runs. One
         # BLAS thread: numpy's OpenBLAS threads otherwise spin while idle,
         # instructions that depend on the clock, not on the work.
-        env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-               "MKL_NUM_THREADS": "1"}
+        env = child_environment(PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         proc = subprocess.run(command, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             raise SystemExit(f"{system} failed under valgrind:\n{proc.stderr[-3000:]}")
@@ -682,7 +690,7 @@ def print_instructions(systems: List[str], iters: int, width: int, profiles: Opt
 def _run_child(system: str, iters: int, width: int, *options: str) -> Dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, __file__, "--child", system, "--iters", str(iters), "--width", str(width), *options],
-        capture_output=True, text=True,
+        capture_output=True, text=True, env=child_environment(),
     )
     if proc.returncode != 0:
         raise SystemExit(f"{system} failed:\n{proc.stderr[-3000:]}")

@@ -1,7 +1,9 @@
 """The benchmarks still run: each is started with the smallest settings and
 its report read back (the figures themselves are not asserted)."""
 
+import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -80,6 +82,27 @@ def test_peers_benchmark_paired_times_each_system_against_hand_in_its_own_proces
         hand_ms, ms, added, ratio = float(row[1]), float(row[2]), float(row[3]), float(row[5])
         assert hand_ms > 0 and ms > 0 and ratio > 0 and abs(added) < 1e6 and row[4].count("..") == 1, row
         assert row[6] == "True", row
+
+
+def test_peers_benchmark_measures_every_system_with_no_gpu_visible(monkeypatch):
+    # MMEngine's Runner and pytorch-accelerated's Trainer move the model to a
+    # GPU they can see: on a GPU machine they trained there while the others
+    # trained on the CPU (found on an H200, where their weights differed).
+    spec = importlib.util.spec_from_file_location("peers_benchmark", ROOT / "benchmarks" / "peers.py")
+    peers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peers)
+    environments = []
+
+    def run(command, **kwargs):
+        environments.append(kwargs.get("env") or dict(os.environ))
+        return subprocess.CompletedProcess(command, 0, stdout='{"system": "mmengine"}\n', stderr="")
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setattr(peers.subprocess, "run", run)
+    assert peers._run_child("mmengine", 30, 128, "--paired") == {"system": "mmengine"}
+    assert environments[0]["CUDA_VISIBLE_DEVICES"] == "" and environments[0]["HIP_VISIBLE_DEVICES"] == ""
+    # The rest of the caller's environment is passed on.
+    assert environments[0]["PATH"] == os.environ["PATH"]
 
 
 def test_peers_benchmark_refuses_paired_with_counts_fewer_than_one_pair_or_only_hand():
