@@ -83,12 +83,20 @@ miss alike, where a step's streaming misses are mostly hidden by the
 prefetchers and a loop's pointer-chasing ones are not. ``--profiles DIR`` keeps
 each system's profile of the stretch, for ``callgrind_annotate``.
 
+``--jobs N`` runs N measured processes at once (``--paired`` and the main
+table), each pinned to one logical CPU of a physical core of its own, the
+core's other hardware threads left idle: on a many-core machine (a GPU
+server's 16 cores, say) a table takes a fraction of the time, and a pinned
+process is not moved between cores by the scheduler. The processes still
+share the last-level cache and memory bandwidth; read the figures beside a
+``--jobs 1`` run before trusting a small difference.
+
 Console output of every system goes to ``os.devnull`` through its usual
 path (``logging``, ``print``, progress bars): formatting a line is paid for,
 a terminal is not.
 
 Run: ``python benchmarks/peers.py`` (``--rounds 7``, ``--iters 2000``,
-``--width``, ``--systems``, ``--paired``, ``--pairs``, ``--calls``,
+``--width``, ``--systems``, ``--paired``, ``--pairs``, ``--jobs``, ``--calls``,
 ``--instructions``, ``--cache-sim``).
 """
 
@@ -108,7 +116,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 TREADLE = ["treadle-bare", "treadle-hooks", "treadle-trainer"]
@@ -557,7 +567,13 @@ def child(system: str, iters: int, width: int) -> Dict[str, Any]:
         "end_to_end": min(whole) / reference,
         "digest": _digest(model),
         "peak_rss": peak,
+        "cpus": _cpus(),
     }
+
+
+def _cpus() -> Optional[List[int]]:
+    """The logical CPUs this process may run on (one with ``--jobs``)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
 
 def paired_child(system: str, iters: int, width: int, pairs: int) -> Dict[str, Any]:
@@ -579,7 +595,8 @@ def paired_child(system: str, iters: int, width: int, pairs: int) -> Dict[str, A
                 seconds, _, model = _timed_run(work, RUNNERS[name], os.path.join(workdir, f"{name}{rep}"), devnull)
                 times[name].append(seconds)
                 digests.add(_digest(model))
-    return {"system": system, "hand": times["hand"], "times": times[system], "bit_identical": len(digests) == 1}
+    return {"system": system, "hand": times["hand"], "times": times[system], "bit_identical": len(digests) == 1,
+            "cpus": _cpus()}
 
 
 def run_bounded(system: str, iters: int, width: int) -> Dict[str, Any]:
@@ -661,13 +678,11 @@ def estimated_cycles(events: Dict[str, float]) -> float:
 
 def print_instructions(systems: List[str], iters: int, width: int, profiles: Optional[str] = None,
                        cache_sim: bool = False) -> None:
-    import concurrent.futures
-
     names = ["reference", *systems]
     if profiles:
         os.makedirs(profiles, exist_ok=True)
     # Counts do not depend on what else the machine runs.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
+    with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
         events = dict(zip(names, pool.map(lambda s: events_per_iter(s, iters, width, profiles, cache_sim), names)))
     counts = {name: e["Ir"] for name, e in events.items()}
     reference = counts.pop("reference")
@@ -687,14 +702,55 @@ def print_instructions(systems: List[str], iters: int, width: int, profiles: Opt
               f"{cycles[name] / 1e3:12.1f} {cycles[name] / cycles['reference']:7.3f} {extra:>9}")
 
 
-def _run_child(system: str, iters: int, width: int, *options: str) -> Dict[str, Any]:
+def _run_child(system: str, iters: int, width: int, *options: str, cpu: Optional[int] = None) -> Dict[str, Any]:
+    pin = [] if cpu is None else ["--cpu", str(cpu)]
     proc = subprocess.run(
-        [sys.executable, __file__, "--child", system, "--iters", str(iters), "--width", str(width), *options],
+        [sys.executable, __file__, "--child", system, "--iters", str(iters), "--width", str(width), *options, *pin],
         capture_output=True, text=True, env=child_environment(),
     )
     if proc.returncode != 0:
         raise SystemExit(f"{system} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def physical_cores() -> List[int]:
+    """One logical CPU of each physical core this process may run on, in
+    order: hardware threads that share a core with an earlier one are left
+    out (Linux's ``thread_siblings_list``)."""
+    cores, seen = [], set()
+    for cpu in sorted(os.sched_getaffinity(0)):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+                core = f.read().strip()
+        except OSError:
+            core = str(cpu)
+        if core not in seen:
+            seen.add(core)
+            cores.append(cpu)
+    return cores
+
+
+def run_children(tasks: List[Tuple[str, Tuple[str, ...]]], iters: int, width: int, jobs: int = 1) -> List[Dict[str, Any]]:
+    """Each ``(system, options)`` of ``tasks`` in a process of its own, in
+    order; with ``jobs`` > 1 that many at a time, each pinned to a core of
+    its own (the last ``jobs`` physical cores: the first ones take the
+    machine's interrupts and this process). Results in the order of ``tasks``."""
+    if jobs <= 1:
+        return [_run_child(system, iters, width, *options) for system, options in tasks]
+    free = physical_cores()[-jobs:]
+    lock = threading.Lock()
+
+    def run(task: Tuple[str, Tuple[str, ...]]) -> Dict[str, Any]:
+        with lock:
+            cpu = free.pop(0)
+        try:
+            return _run_child(task[0], iters, width, *task[1], cpu=cpu)
+        finally:
+            with lock:
+                free.append(cpu)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(run, tasks))
 
 
 def print_calls(systems: List[str], iters: int, width: int) -> None:
@@ -715,19 +771,19 @@ def _print_counts(title: str, column: str, counts: Dict[str, float], unit: float
         print(f"{system:<28} {count / unit:11.1f}{ratio} {extra:>9}")
 
 
-def print_paired(systems: List[str], rounds: int, pairs: int, iters: int, width: int) -> None:
+def print_paired(systems: List[str], rounds: int, pairs: int, iters: int, width: int, jobs: int = 1) -> None:
     """``--paired``: per system, ``rounds`` processes (see
     :func:`paired_child`), interleaved across systems. In each process the
     fastest of its runs of the system against the fastest of its runs of
     ``hand`` (the host only ever slows a run down); the table gives the
     median over the processes and the middle half of them."""
     results: Dict[str, List[Dict[str, Any]]] = {s: [] for s in systems}
-    for _ in range(rounds):
-        for system in systems:
-            results[system].append(_run_child(system, iters, width, "--paired", "--pairs", str(pairs)))
+    tasks = [(system, ("--paired", "--pairs", str(pairs))) for _ in range(rounds) for system in systems]
+    for row in run_children(tasks, iters, width, jobs):
+        results[row["system"]].append(row)
     print(f"per-iteration time against the hand-written DataLoader loop trained alternately in the same process, "
           f"width {width}, {iters} iterations, one thread, {rounds} processes x {pairs} pairs per system, "
-          "fastest of each in a process")
+          "fastest of each in a process" + _jobs_note(jobs))
     print(f"{'system':<28} {'hand ms/it':>10} {'ms/it':>7} {'+us over hand':>14} {'IQR':>16} "
           f"{'ratio to hand':>14} {'bit-identical':>14}")
     for system, rows in results.items():
@@ -739,6 +795,10 @@ def print_paired(systems: List[str], rounds: int, pairs: int, iters: int, width:
         ratio = statistics.median(t / h for t, h in zip(times, hand))
         print(f"{system:<28} {statistics.median(hand) * 1e3:10.3f} {statistics.median(times) * 1e3:7.3f} "
               f"{statistics.median(added):+14.1f} {spread:>16} {ratio:14.3f} {str(same):>14}")
+
+
+def _jobs_note(jobs: int) -> str:
+    return f"; {jobs} processes at a time, each pinned to a core of its own" if jobs > 1 else ""
 
 
 def _interquartile(values: List[float], fmt: str = ".3f", sep: str = "-") -> str:
@@ -772,9 +832,14 @@ def main() -> None:
                              "same process, and print what it adds per iteration (fastest of each in a process, "
                              "median over --rounds processes)")
     parser.add_argument("--pairs", type=int, default=4, help="with --paired: pairs per process (default 4)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="measured processes at a time, each pinned to a physical core of its own (default 1)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--bounded", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
     if args.child:
         if args.bounded:
             print(json.dumps(run_bounded(args.child, args.iters, args.width)))
@@ -791,6 +856,17 @@ def main() -> None:
         parser.error("--paired times; it does not go with --calls or --instructions")
     if args.pairs < 1:
         parser.error(f"--pairs must be at least 1, got {args.pairs}")
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    if args.jobs > 1:
+        if args.calls or args.instructions:
+            parser.error("--jobs goes with the timed tables, not with --calls or --instructions "
+                         "(--instructions runs its processes side by side already: counts do not depend on neighbours)")
+        if not hasattr(os, "sched_setaffinity"):
+            parser.error("--jobs pins processes to cores, which this system does not let a process do")
+        if args.jobs > len(physical_cores()):
+            parser.error(f"--jobs {args.jobs}: this process may run on {len(physical_cores())} physical cores; "
+                         "each measured process needs one of its own")
     if args.paired and set(args.systems) <= {"hand"}:
         parser.error("--paired times systems against hand: name at least one other in --systems")
     systems = [s for s in args.systems if available(s)]
@@ -806,18 +882,20 @@ def main() -> None:
             print(f"not installed, skipped: {', '.join(skipped)}")
         return
     if args.paired:
-        print_paired([s for s in systems if s != "hand"], args.rounds, args.pairs, args.iters, args.width)
+        print_paired([s for s in systems if s != "hand"], args.rounds, args.pairs, args.iters, args.width, args.jobs)
         if skipped:
             print(f"not installed, skipped: {', '.join(skipped)}")
         return
     results: Dict[str, List[Dict[str, Any]]] = {s: [] for s in systems}
-    for _ in range(args.rounds):
-        for system in systems:  # interleaved: a drift of the machine hits every system alike
-            results[system].append(_run_child(system, args.iters, args.width))
+    # Interleaved: a drift of the machine hits every system alike.
+    for row in run_children([(system, ()) for _ in range(args.rounds) for system in systems], args.iters, args.width,
+                            args.jobs):
+        results[row["system"]].append(row)
     hand_digest = results["hand"][0]["digest"] if "hand" in results else None
     hand_rss = statistics.median(r["peak_rss"] for r in results["hand"]) if "hand" in results else None
     print(f"per-iteration time, width {args.width}, {args.iters} iterations, one thread, "
-          f"medians of {args.rounds} interleaved rounds; ratio to a hand-written loop over pre-built batches")
+          f"medians of {args.rounds} interleaved rounds; ratio to a hand-written loop over pre-built batches"
+          + _jobs_note(args.jobs))
     print(f"{'system':<28} {'ms/it':>7} {'ratio':>7} {'ratio-IQR':>13} {'+us/it':>9} {'end-to-end':>11} "
           f"{'bit-identical':>14} {'peak-RSS':>9}")
     for system, rows in results.items():

@@ -88,9 +88,7 @@ def test_peers_benchmark_measures_every_system_with_no_gpu_visible(monkeypatch):
     # MMEngine's Runner and pytorch-accelerated's Trainer move the model to a
     # GPU they can see: on a GPU machine they trained there while the others
     # trained on the CPU (found on an H200, where their weights differed).
-    spec = importlib.util.spec_from_file_location("peers_benchmark", ROOT / "benchmarks" / "peers.py")
-    peers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(peers)
+    peers = _peers_module()
     environments = []
 
     def run(command, **kwargs):
@@ -105,6 +103,54 @@ def test_peers_benchmark_measures_every_system_with_no_gpu_visible(monkeypatch):
     assert environments[0]["PATH"] == os.environ["PATH"]
 
 
+def _peers_module():
+    spec = importlib.util.spec_from_file_location("peers_benchmark", ROOT / "benchmarks" / "peers.py")
+    peers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peers)
+    return peers
+
+
+def test_peers_benchmark_runs_processes_side_by_side_each_pinned_to_a_core_of_its_own():
+    script = str(ROOT / "benchmarks" / "peers.py")
+    cores = _peers_module().physical_cores()
+    # A measured process pinned by --cpu runs on that CPU alone.
+    child = subprocess.run([sys.executable, script, "--child", "treadle-bare", "--paired", "--pairs", "1", "--iters", "30",
+                            "--cpu", str(cores[-1])], capture_output=True, text=True, timeout=300, check=True).stdout
+    assert json.loads(child.strip().splitlines()[-1])["cpus"] == [cores[-1]]
+    if len(cores) < 2:
+        pytest.skip("one physical core: --jobs 2 is refused here")
+    out = subprocess.run([sys.executable, script, "--paired", "--jobs", "2", "--rounds", "2", "--pairs", "1", "--iters", "30",
+                          "--systems", "treadle-bare", "treadle-hooks"],
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    assert "2 processes at a time, each pinned to a core of its own" in out, out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("treadle-")}
+    assert sorted(rows) == ["treadle-bare", "treadle-hooks"] and all(row[6] == "True" for row in rows.values()), out
+
+
+def test_peers_benchmark_hands_each_running_process_a_core_no_other_holds(monkeypatch):
+    peers = _peers_module()
+    monkeypatch.setattr(peers, "physical_cores", lambda: [0, 2, 4, 6])
+    held, most = set(), [0]
+    lock = __import__("threading").Lock()
+
+    def child(system, iters, width, *options, cpu=None):
+        with lock:
+            assert cpu not in held, f"core {cpu} handed out twice"
+            held.add(cpu)
+            most[0] = max(most[0], len(held))
+        __import__("time").sleep(0.05)
+        with lock:
+            held.discard(cpu)
+        return {"system": system, "cpu": cpu}
+
+    monkeypatch.setattr(peers, "_run_child", child)
+    tasks = [(f"s{i}", ()) for i in range(7)]
+    rows = peers.run_children(tasks, 30, 128, jobs=3)
+    # In the order of the tasks, on the last three cores, three at a time.
+    assert [row["system"] for row in rows] == [f"s{i}" for i in range(7)]
+    assert {row["cpu"] for row in rows} == {2, 4, 6} and most[0] == 3
+
+
 def test_peers_benchmark_refuses_paired_with_counts_fewer_than_one_pair_or_only_hand():
     script = str(ROOT / "benchmarks" / "peers.py")
     proc = subprocess.run([sys.executable, script, "--paired", "--calls"], capture_output=True, text=True, timeout=120)
@@ -113,6 +159,12 @@ def test_peers_benchmark_refuses_paired_with_counts_fewer_than_one_pair_or_only_
     assert proc.returncode == 2 and "--pairs must be at least 1, got 0" in proc.stderr
     proc = subprocess.run([sys.executable, script, "--paired", "--systems", "hand"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "name at least one other in --systems" in proc.stderr
+    proc = subprocess.run([sys.executable, script, "--jobs", "0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--jobs must be at least 1, got 0" in proc.stderr
+    proc = subprocess.run([sys.executable, script, "--jobs", "100000"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--jobs 100000: this process may run on" in proc.stderr
+    proc = subprocess.run([sys.executable, script, "--jobs", "2", "--calls"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--jobs goes with the timed tables, not with --calls or --instructions" in proc.stderr
 
 
 def test_flush_benchmark_prints_each_part_with_and_without_records():
