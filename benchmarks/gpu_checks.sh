@@ -11,7 +11,10 @@
 # (default /dev/shm: the stall, not the disk, is its figure here);
 # SUITE_SECONDS bounds the whole-suite run (default 150); CHECKS picks
 # what runs (default "tests bench checkpoint suite"; "compiled" adds
-# benchmarks/gpu_compiled.py, CompiledStep's time taken apart).
+# benchmarks/gpu_compiled.py, CompiledStep's time taken apart; "cpu" adds
+# benchmarks/peers.py --paired on the machine's CPU cores, one process per
+# core, at the 0.3 ms and at a ~3 ms step: a GPU server's many cores are a
+# quieter host for issue 16's comparison than a small shared VM).
 set -u -o pipefail
 OUT=${OUT:-/tmp/gpu_checks}
 PYTHON=${PYTHON:-python3}
@@ -36,6 +39,17 @@ fi
 if [[ $CHECKS == *" compiled "* ]]; then
     echo "== benchmarks/gpu_compiled.py"
     "$PYTHON" benchmarks/gpu_compiled.py 2>&1 | tee "$OUT/gpu_compiled.log" || status=1
+fi
+if [[ $CHECKS == *" cpu "* ]]; then
+    # Six processes at a time (fewer on a smaller machine), each pinned to a
+    # core of its own; nothing else runs meanwhile.
+    jobs=$("$PYTHON" -c "import sys; sys.path.insert(0, 'benchmarks'); import peers; print(max(1, min(6, len(peers.physical_cores()) - 2)))")
+    echo "== benchmarks/peers.py --paired on the CPU, $jobs processes at a time"
+    "$PYTHON" benchmarks/peers.py --paired --jobs "$jobs" --rounds 9 \
+        --systems treadle-bare treadle-hooks treadle-trainer 2>&1 | tee "$OUT/cpu_paired.log" || status=1
+    # Width 6144: a ~3 ms step on a server core (4096 gave ~1.9 ms on an H200 machine's Xeon).
+    "$PYTHON" benchmarks/peers.py --paired --jobs "$jobs" --rounds 6 --pairs 2 --iters 1000 --width 6144 \
+        --systems treadle-bare treadle-hooks treadle-trainer 2>&1 | tee -a "$OUT/cpu_paired.log" || status=1
 fi
 if [[ $CHECKS == *" checkpoint "* ]]; then
     echo "== benchmarks/checkpoint.py --device cuda"
