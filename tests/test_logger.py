@@ -2,6 +2,7 @@
 
 import errno
 import logging
+import pickle
 
 from termcolor import colored
 
@@ -218,6 +219,37 @@ def test_warnings_shown_before_the_log_file_was_set_up_begin_it(tmp_path):
         assert (tmp_path / "second" / "log.txt").read_text().count(": ") == 1
     finally:
         _close(logging.getLogger("treadle_test_early"))
+
+
+def test_a_console_without_a_file_shows_a_warning_once_and_a_started_process_not_again(tmp_path, capsys):
+    # train_net's console while it checks a job, which it checks twice.
+    from treadle.utils.logger import note_warnings_shown, shown_warnings, start_log_files
+
+    name = "treadle_test_checks"
+    console = setup_logger(None, name=name)
+    try:
+        for _ in range(2):
+            console.warning("Override value %r does not parse", "[1,")
+        console.info("checked")
+        console.info("checked")
+        out = capsys.readouterr().out
+        assert out.count("Override value '[1,' does not parse") == 1 and out.count("checked") == 2
+        shown = shown_warnings(name)
+        assert [w["msg"] for w in shown] == ["Override value '[1,' does not parse"]
+        # A process the job starts: its console takes them as shown, and its log file begins with them.
+        worker = setup_logger(None, name=name)
+        note_warnings_shown(pickle.loads(pickle.dumps(shown)), name)  # as the launcher sends them
+        worker.warning("Override value %r does not parse", "[1,")
+        worker.warning("a warning of the started process")
+        out = capsys.readouterr().out
+        assert "does not parse" not in out and out.count("a warning of the started process") == 1
+        job = setup_logger(str(tmp_path), name=name, defer_file=True)
+        job.info("environment")
+        start_log_files(name)
+        lines = [line.split(": ", 1)[1] for line in (tmp_path / "log.txt").read_text().splitlines()]
+        assert lines == ["Override value '[1,' does not parse", "a warning of the started process", "environment"]
+    finally:
+        _close(logging.getLogger(name))
 
 
 def test_a_rank_without_console_or_file_prints_nothing(capfd):

@@ -215,3 +215,27 @@ def test_an_unknown_train_key_is_warned_about_once(tmp_path):
     assert result.stdout.count("train.new_key is not a key that DefaultTrainer reads") == 1
     # In log.txt once: the check that printed it ran before the job set up its log file.
     assert (out / "log.txt").read_text().count("train.new_key is not a key that DefaultTrainer reads") == 1
+
+
+def test_an_override_that_does_not_parse_is_warned_about_once(tmp_path):
+    # The override is parsed by both checks of the job; the console and
+    # log.txt said it twice.
+    out = tmp_path / "run"
+    result = run_job("--config-file", str(DIGITS), "+train.new_key=[1,", "train.max_iter=2", "train.eval_period=0",
+                     f"train.output_dir={out}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    warning = "Override value '[1,' does not parse"
+    assert result.stdout.count(warning) == 1, result.stdout
+    log = (out / "log.txt").read_text().splitlines()
+    assert [line for line in log if warning in line] == log[:1]
+
+
+def test_a_second_job_in_one_process_warns_about_its_config_again(tmp_path, capsys):
+    # A notebook that runs two jobs with the same unknown key: the second was
+    # silent (the key had been warned about once per process).
+    for run in ("first", "second"):
+        code = cli(["--config-file", str(DIGITS), "+train.new_key=1", "train.max_iter=2", "train.eval_period=0",
+                    f"train.output_dir={tmp_path / run}"])
+        assert code == 0
+        assert capsys.readouterr().out.count("train.new_key is not a key that DefaultTrainer reads") == 1, run
+        assert (tmp_path / run / "log.txt").read_text().count("train.new_key is not a key that DefaultTrainer reads") == 1

@@ -21,7 +21,7 @@ from __future__ import annotations
 import difflib
 import logging
 import math
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import torch
 from omegaconf import DictConfig, ListConfig
@@ -255,10 +255,6 @@ def _check_readable(node: Any, path: str = "") -> None:
             _check_readable(_read(node, i, f"{path}.{i}"), f"{path}.{i}")
 
 
-# The warnings about unknown keys given so far in this process (see _check_schema).
-_WARNED: Set[str] = set()
-
-
 def _check_schema(node: Any, schema: Dict[str, Any], path: str) -> None:
     if not isinstance(node, DictConfig):
         raise ConfigError(f"{path} must be a config node with keys, got {_shown(node)}")
@@ -271,12 +267,9 @@ def _check_schema(node: Any, schema: Dict[str, Any], path: str) -> None:
         if rule is _MISSING:
             close = difflib.get_close_matches(str(key), list(schema), n=1, cutoff=0.75)
             hint = f"; did you mean '{path}.{close[0]}'?" if close else ""
-            message = f"{key_path} is not a key that DefaultTrainer reads{hint}"
             # train_net checks a job before it starts its processes and again
-            # in each: on one process that is twice, and the console showed it twice.
-            if message not in _WARNED:
-                _WARNED.add(message)
-                logger.warning("%s", message)
+            # in each; its console shows a warning of those checks once.
+            logger.warning("%s is not a key that DefaultTrainer reads%s", key_path, hint)
             continue
         if isinstance(rule, dict):
             if value is None:

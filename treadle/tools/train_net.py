@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 import traceback
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import DictConfig
 from torch import nn
@@ -48,7 +48,14 @@ from treadle.hooks import PREEMPTED_EXIT_CODE
 from treadle.utils import comm
 from treadle.utils.atomic import atomic_write
 from treadle.utils.file_io import PathManager
-from treadle.utils.logger import is_set_up, one_line_error, setup_logger, start_log_files
+from treadle.utils.logger import (
+    is_set_up,
+    note_warnings_shown,
+    one_line_error,
+    setup_logger,
+    shown_warnings,
+    start_log_files,
+)
 from treadle.utils.run_folder import RunFolderError, check_output_dir
 from treadle.utils.run_start import forget_pending_starts
 
@@ -328,13 +335,17 @@ class _JobSignals:
         raise SystemExit(PREEMPTED_EXIT_CODE)
 
 
-def _job(args: argparse.Namespace, prog: str, standalone: bool = False) -> Optional[Dict[str, Any]]:
+def _job(
+    args: argparse.Namespace, prog: str, standalone: bool = False, shown: Sequence[Dict[str, Any]] = ()
+) -> Optional[Dict[str, Any]]:
     """:func:`main` in one process of the job, its failures as one line.
 
     A user error is the same on every rank and printed once, by rank 0. A
     failure while training is printed by each rank that has it (with its
     rank), since a rank failing alone leaves the others waiting. The exit
     status is raised as ``SystemExit`` (the launcher passes it on).
+    ``shown``: the warnings the launching process showed while it checked
+    the job (a process it started does not show them again).
     """
     previous = _JobSignals.install(standalone)
     single = comm.get_world_size() == 1
@@ -343,6 +354,7 @@ def _job(args: argparse.Namespace, prog: str, standalone: bool = False) -> Optio
         # checks its config again, so that its warnings are shown as in the
         # launching process and reach log.txt (see setup_logger).
         setup_logger(None, distributed_rank=comm.get_rank())
+        note_warnings_shown(shown)
     try:
         return main(args)
     except KeyboardInterrupt as e:
@@ -400,7 +412,7 @@ def cli(argv: Optional[List[str]] = None, *, standalone: bool = False) -> int:
             num_machines=args.num_machines,
             machine_rank=args.machine_rank,
             dist_url=args.dist_url,
-            args=(args, parser.prog, standalone),
+            args=(args, parser.prog, standalone, shown_warnings()),
         )
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

@@ -7,7 +7,7 @@ import os
 import re
 import sys
 import time
-from typing import IO, Any, Callable, List, Optional, Sequence, Tuple
+from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from termcolor import colored
 
@@ -149,6 +149,9 @@ class _ConsoleHandler(_TextStreamHandler):
     keeps the warnings it shows, up to :attr:`MAX_KEPT`: the job's own
     :func:`setup_logger`, which replaces it, puts them first in its deferred
     log file, so that ``log.txt`` has what the console said about the config.
+    It shows each of those warnings once: the job looks at its inputs twice
+    (before it starts its processes, and again in each), and the second
+    look says nothing new.
     """
 
     MAX_KEPT = 1000
@@ -156,12 +159,30 @@ class _ConsoleHandler(_TextStreamHandler):
     def __init__(self, keep_warnings: bool = False) -> None:
         super().__init__(sys.stdout)
         self.kept_warnings: Optional[List[logging.LogRecord]] = [] if keep_warnings else None
+        self._shown: Set[Tuple[str, int, str]] = set()
 
     def emit(self, record: logging.LogRecord) -> None:
         kept = self.kept_warnings
-        if kept is not None and record.levelno >= logging.WARNING and len(kept) < self.MAX_KEPT:
-            kept.append(record)
+        if kept is not None and record.levelno >= logging.WARNING:
+            key = (record.name, record.levelno, record.getMessage())
+            if key in self._shown:
+                return
+            self._shown.add(key)
+            if len(kept) < self.MAX_KEPT:
+                kept.append(record)
         super().emit(record)
+
+    def note_shown(self, records: Sequence[logging.LogRecord]) -> None:
+        """Takes ``records`` as shown already (by the process that started
+        this one): kept for the log file, not shown again."""
+        if self.kept_warnings is None:
+            return
+        for record in records:
+            key = (record.name, record.levelno, record.getMessage())
+            if key not in self._shown:
+                self._shown.add(key)
+                if len(self.kept_warnings) < self.MAX_KEPT:
+                    self.kept_warnings.append(record)
 
     @property  # type: ignore[override]
     def stream(self):  # noqa: D401
@@ -438,6 +459,30 @@ def setup_logger(
         h._treadle_handler = True  # type: ignore[attr-defined]
         logger.addHandler(h)
     return logger
+
+
+def shown_warnings(name: str = "treadle") -> List[Dict[str, Any]]:
+    """The warnings the ``name`` logger's console showed while no log file
+    was set up (a job's checks), as picklable attributes: for the processes
+    the job then starts (see :func:`note_warnings_shown`)."""
+    fields = ("name", "levelno", "levelname", "pathname", "lineno", "created", "msecs", "relativeCreated")
+    return [
+        {**{key: getattr(record, key) for key in fields}, "msg": record.getMessage(), "args": None}
+        for handler in logging.getLogger(name).handlers
+        if isinstance(handler, _ConsoleHandler) and handler.kept_warnings
+        for record in handler.kept_warnings
+    ]
+
+
+def note_warnings_shown(shown: Sequence[Dict[str, Any]], name: str = "treadle") -> None:
+    """In a process a job started: takes the warnings that the starting
+    process showed (:func:`shown_warnings`) as shown by this one's console,
+    which does not print them again when this process checks the job, and
+    keeps them for the beginning of ``log.txt``."""
+    records = [logging.makeLogRecord(dict(attributes)) for attributes in shown]
+    for handler in logging.getLogger(name).handlers:
+        if isinstance(handler, _ConsoleHandler):
+            handler.note_shown(records)
 
 
 def is_set_up(name: str = "treadle") -> bool:
