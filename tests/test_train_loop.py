@@ -285,6 +285,30 @@ def test_iteration_timer_times_before_step_hooks_and_step_only(monkeypatch, time
     assert trainer.storage.history("time").values() == [(11.0, 0), (11.0, 1), (11.0, 2)]
 
 
+def test_iteration_timer_counts_slow_first_steps_as_the_steps_not_the_hooks(monkeypatch, treadle_caplog):
+    """A compilation in the first iterations is left out of ``time`` and of
+    the speed, and is still the step's time in the summary: it said 2:10 on
+    hooks where the hooks took 20 s."""
+    now = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+
+    class Step(StepBase):
+        def run_step(self):
+            now[0] += 100 if self.trainer.iter == 0 else 10
+
+    class Costly(HookBase):
+        def after_step(self):
+            now[0] += 5
+
+    trainer = TrainerBase(Step())
+    trainer.register_hooks([IterationTimer(), Costly()])
+    with treadle_caplog.at_level(logging.INFO):
+        trainer.train(0, 4)
+    messages = [r.getMessage() for r in treadle_caplog.records]
+    assert "Overall training speed: 2 iterations in 0:00:20 (10.0000 s / it)" in messages
+    assert "Total training time: 0:02:30 (0:00:20 on hooks, outside the step)" in messages
+
+
 def test_callback_hook_is_reusable_across_train_calls():
     calls = []
     hook = CallbackHook(before_train=lambda t: calls.append("bt"), after_step=lambda t: calls.append(t.iter))

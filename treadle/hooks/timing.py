@@ -60,7 +60,10 @@ class IterationTimer(HookBase):
             return
         total = time.perf_counter() - self._start_time
         in_iterations = self.trainer.timed_iteration_seconds
-        outside = total - in_iterations
+        # Outside the step: every iteration's step counts as the step's, the
+        # first ones too (a compilation is the step's time, not the hooks').
+        step_seconds = self.trainer.timings().get("step", in_iterations)
+        outside = total - step_seconds
         timed = self.trainer.iter - self._first_timed_iter
         if timed > 0 and in_iterations > 0:
             logger.info(
@@ -70,7 +73,7 @@ class IterationTimer(HookBase):
                 in_iterations / timed,
             )
         logger.info(
-            "Total training time: %s (%s on hooks outside iterations)",
+            "Total training time: %s (%s on hooks, outside the step)",
             str(datetime.timedelta(seconds=int(total))),
             str(datetime.timedelta(seconds=int(max(outside, 0)))),
         )
