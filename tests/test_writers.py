@@ -502,6 +502,30 @@ def test_printer_prints_evaluation_metrics_once_on_their_own_line(treadle_caplog
     ]
 
 
+def test_printer_does_not_print_a_resumed_runs_earlier_evaluation_again(treadle_caplog):
+    # The first run of 60 iterations ended with an evaluation at 60 (its
+    # max_iter); a resume at 60 restores it, and the console printed it as
+    # this run's, after the first training line.
+    printer = CommonMetricPrinter(window_size=1, color=False)
+    with EventStorage(60) as s:
+        s.restore_recent({"accuracy": {"points": [[0.25, 19], [0.5, 60]], "hint": False, "kind": ScalarKind.METRIC}})
+        printer.set_start_iter(60)
+        s.iter = 79
+        s.put_scalar("total_loss", 1.0, kind=ScalarKind.LOSS)
+        printer.write()
+        s.put_scalar("accuracy", 0.75, smoothing_hint=False, kind=ScalarKind.METRIC)
+        printer.write()
+        # Evaluated again at an iteration already printed, with another value: news.
+        s.put_scalar("accuracy", float("nan"), smoothing_hint=False, kind=ScalarKind.METRIC)
+        printer.write()
+        printer.write()  # and a NaN is not news twice
+    assert printed(treadle_caplog) == [
+        "iter: 79  total_loss: 1",
+        "metrics @ iter 79:  accuracy: 0.75",
+        "metrics @ iter 79:  accuracy: nan",
+    ]
+
+
 def test_printer_drops_a_loss_that_is_no_longer_put(treadle_caplog):
     printer = CommonMetricPrinter(window_size=1, color=False)
     with EventStorage(0) as s:

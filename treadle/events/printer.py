@@ -14,7 +14,7 @@ import torch
 from termcolor import colored
 
 from treadle.utils.logger import write_info_line
-from .storage import EventStorage, ScalarKind, get_event_storage
+from .storage import EventStorage, ScalarKind, get_event_storage, has_event_storage
 from .writer import EventWriter, _check_start_iter, _check_window_size
 
 __all__ = ["CommonMetricPrinter"]
@@ -105,8 +105,8 @@ class CommonMetricPrinter(EventWriter):
         self._first_iter = 0
         # The iteration of the last training line.
         self._last_iter = -1
-        # Per evaluation scalar, the iteration of the value printed last.
-        self._last_metric_iter: Dict[str, int] = {}
+        # Per evaluation scalar, the (iteration, value) printed last.
+        self._last_metric: Dict[str, Tuple[int, float]] = {}
         # (clock, iteration) of the last training line: the ETA's fallback clock.
         self._clock_anchor: Optional[Tuple[float, int]] = None
 
@@ -114,7 +114,16 @@ class CommonMetricPrinter(EventWriter):
         start_iter = _check_start_iter(start_iter)
         self._first_iter = start_iter
         self._last_iter = start_iter - 1
-        self._last_metric_iter = {}
+        # A resumed run's storage holds the evaluations of the run before
+        # (restored with the checkpoint): history, printed then, not news.
+        # The final one is at that run's max_iter, this run's start_iter.
+        self._last_metric = {}
+        if has_event_storage():
+            storage = get_event_storage()
+            kinds = storage.kinds()
+            self._last_metric = {
+                name: (it, value) for name, (value, it) in storage.latest().items() if kinds[name] == ScalarKind.METRIC
+            }
         self._clock_anchor = (_now(), start_iter - 1)
 
     def write(self) -> None:
@@ -148,14 +157,25 @@ class CommonMetricPrinter(EventWriter):
     ) -> None:
         by_iter: Dict[int, Dict[str, float]] = defaultdict(dict)
         for name, (value, it) in latest.items():
-            if kinds[name] == ScalarKind.METRIC and it > self._last_metric_iter.get(name, self._first_iter - 1):
+            if kinds[name] == ScalarKind.METRIC and self._is_new_metric(name, value, it):
                 by_iter[it][name] = value
-                self._last_metric_iter[name] = it
+                self._last_metric[name] = (it, value)
         if not shown:
             return
         for it in sorted(by_iter):
             fields = [self._field(name, by_iter[it][name], ".6g") for name in sorted(by_iter[it])]
             self._log("  ".join([f"metrics @ iter {it}:"] + fields))
+
+    def _is_new_metric(self, name: str, value: float, it: int) -> bool:
+        """Not printed yet: from this run, and later than the last printed, or
+        at its iteration with another value (an evaluation run again there)."""
+        last = self._last_metric.get(name)
+        if last is None:
+            return it >= self._first_iter
+        last_it, last_value = last
+        if it != last_it:
+            return it > last_it
+        return not (value == last_value or (math.isnan(value) and math.isnan(last_value)))
 
     def _log(self, line: str) -> None:
         """Logs ``line`` at INFO, as ``logger.info(line)`` from here would.
