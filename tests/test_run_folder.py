@@ -95,6 +95,43 @@ def test_fresh_start_in_a_used_folder_is_refused_and_changes_nothing(tmp_path):
     resumed.release()
 
 
+def test_a_fresh_start_is_checked_without_the_lock_and_names_checkpoints_first(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for name in ("events.out.tfevents.1.vm.2.0", "metrics.json", "model_final.pth", "last_checkpoint"):
+        (folder / name).write_text("x")
+    before = snapshot(folder)
+    with pytest.raises(RunFolderUsedError, match=r"\(last_checkpoint, model_final.pth, metrics.json, events\.out"):
+        RunFolder(str(folder)).check_fresh_start(resume=False)
+    RunFolder(str(folder)).check_fresh_start(resume=True)
+    RunFolder(str(folder)).check_fresh_start(resume=False, move_aside=True)
+    assert snapshot(folder) == before  # no lock file, nothing written
+    # A job of this host that holds the folder is named, whatever the flags.
+    held = RunFolder(str(folder))
+    held.acquire()
+    try:
+        with pytest.raises(RunFolderBusyError, match=f"in use by another job: PID {os.getpid()}"):
+            RunFolder(str(folder)).check_fresh_start(resume=True)
+    finally:
+        held.release()
+    # A lock file left by a process that no longer runs is not a holder.
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (folder / LOCK_FILE).write_text(json.dumps({"pid": int(dead.stdout), "host": __import__("socket").gethostname()}))
+    RunFolder(str(folder)).check_fresh_start(resume=True)
+
+
+def test_a_fresh_start_over_a_finished_run_fails_before_the_job_is_set_up(tmp_path):
+    # It printed the environment, the model and its parameters, then failed.
+    out = tmp_path / "run"
+    assert cli([f"train.output_dir={out}", *SHORT]) == 0
+    before = snapshot(out)
+    second = subprocess.run([sys.executable, str(TRAIN_NET), f"train.output_dir={out}", *SHORT],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2 and second.stderr.count("holds an earlier run (last_checkpoint,") == 1, second.stderr
+    assert "Rank of current process" not in second.stdout and "Command line arguments" not in second.stdout, second.stdout
+    assert snapshot(out) == before
+
+
 def test_config_and_log_alone_do_not_make_a_used_folder(tmp_path):
     (tmp_path / "config.yaml").write_text("a job that failed before training\n")
     (tmp_path / "log.txt").write_text("...\n")

@@ -56,7 +56,7 @@ from treadle.utils.logger import (
     shown_warnings,
     start_log_files,
 )
-from treadle.utils.run_folder import RunFolderError, check_output_dir
+from treadle.utils.run_folder import RunFolder, RunFolderError, check_output_dir
 from treadle.utils.run_start import forget_pending_starts
 
 __all__ = ["JobError", "config_path", "load_config", "check_job", "main", "cli"]
@@ -129,6 +129,9 @@ def check_job(cfg: DictConfig, args: argparse.Namespace) -> Optional[str]:
     world_size = check_world_size(args.num_gpus, args.num_machines, args.machine_rank)
     check_run_config(cfg, world_size=world_size, eval_only=args.eval_only)
     check_output_dir(cfg.train.output_dir)
+    if not args.eval_only:
+        # Before anything is built or printed; the claim checks again under the folder's lock.
+        RunFolder(cfg.train.output_dir).check_fresh_start(resume=args.resume, move_aside=args.move_aside)
     if args.eval_only:
         weights = _eval_weights(cfg, args.resume)
         check_checkpoint_file(weights)

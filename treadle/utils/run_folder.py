@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import socket
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import comm
 from .atomic import is_local_path
@@ -173,10 +173,7 @@ class RunFolder:
                 os.close(fd)
                 if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise RunFolderError(f"Cannot lock '{self.lock_path}': {e.strerror or e}") from None
-                raise RunFolderBusyError(
-                    f"The output directory '{self.path}' is in use by another job: {_holder_text(holder)}. "
-                    f"Wait for it to end, or choose another {self._names['output_dir']}."
-                ) from None
+                raise self._busy(holder) from None
             # The file may have been removed (a release) between our open and
             # our lock: then we hold a lock on a name nobody sees. Start over.
             if self._same_file(fd):
@@ -206,6 +203,38 @@ class RunFolder:
             os.close(fd)
             raise RunFolderError(f"Cannot write the lock file '{self.lock_path}': {e.strerror or e}") from None
         self._fd = fd
+
+    def _busy(self, holder: Dict[str, object]) -> RunFolderBusyError:
+        return RunFolderBusyError(
+            f"The output directory '{self.path}' is in use by another job: {_holder_text(holder)}. "
+            f"Wait for it to end, or choose another {self._names['output_dir']}."
+        )
+
+    def _live_holder(self) -> Optional[Dict[str, object]]:
+        """Who holds the lock, read without taking it (a lock taken even
+        briefly could make a starting job's claim fail): a process of this
+        host that is still running. Elsewhere, or on another host, ``None``:
+        the claim, which takes the lock, is what decides."""
+        if fcntl is None or not is_local_path(self.path):
+            return None
+        try:
+            fd = os.open(self.lock_path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            info = _read_info(fd)
+        finally:
+            os.close(fd)
+        pid = info.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or info.get("host") != socket.gethostname():
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None  # left by a process that did not end cleanly
+        except PermissionError:
+            pass  # running, as another user
+        return info
 
     def _same_file(self, fd: int) -> bool:
         try:
@@ -238,7 +267,8 @@ class RunFolder:
     # ------------------------------------------------------------------ contents
     def earlier_run_files(self) -> List[str]:
         """Names in the folder (and its :attr:`subdirs`) that show a run trained
-        there (see :data:`RUN_FILE_PATTERNS`), sorted."""
+        there (see :data:`RUN_FILE_PATTERNS`), in the order of those patterns
+        (checkpoints first), sorted within each."""
         found: List[str] = []
         for sub in ["", *self.subdirs]:
             directory = os.path.join(self.path, sub) if sub else self.path
@@ -251,7 +281,39 @@ class RunFolder:
             found += [
                 os.path.join(sub, n) if sub else n for n in names if any(fnmatch.fnmatch(n, p) for p in RUN_FILE_PATTERNS)
             ]
-        return sorted(found)
+
+        def rank(name: str) -> Tuple[int, str]:
+            base = os.path.basename(name)
+            return next(i for i, p in enumerate(RUN_FILE_PATTERNS) if fnmatch.fnmatch(base, p)), name
+
+        return sorted(found, key=rank)
+
+    def check_fresh_start(self, *, resume: bool, move_aside: bool = False) -> None:
+        """What :meth:`claim` refuses about the folder's contents, checked
+        without locking or writing anything: for a job that checks its inputs
+        before it builds anything (``train_net``).
+
+        Raises:
+            RunFolderBusyError: a running process of this host holds the folder.
+            RunFolderUsedError: a fresh start in a used folder, without ``move_aside``.
+        """
+        holder = self._live_holder()
+        if holder is not None:
+            raise self._busy(holder)
+        self._check_contents(resume=resume, move_aside=move_aside)
+
+    def _check_contents(self, *, resume: bool, move_aside: bool) -> None:
+        if resume or move_aside:
+            return
+        found = self.earlier_run_files()
+        if found:
+            shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+            raise RunFolderUsedError(
+                f"The output directory '{self.path}' holds an earlier run ({shown}); a fresh start would "
+                f"overwrite it. {self._names['resume'][:1].upper()}{self._names['resume'][1:]} to continue it, choose another "
+                f"{self._names['output_dir']}, or {self._names['move_aside']} to rename the earlier run's "
+                "folder and start fresh."
+            )
 
     def claim(self, *, resume: bool, move_aside: bool = False) -> None:
         """Locks the folder for this job and checks that it may write there.
@@ -269,19 +331,11 @@ class RunFolder:
         try:
             if resume:
                 return
-            found = self.earlier_run_files()
-            if not found:
-                return
             if move_aside:
-                self.move_aside()
+                if self.earlier_run_files():
+                    self.move_aside()
                 return
-            shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
-            raise RunFolderUsedError(
-                f"The output directory '{self.path}' holds an earlier run ({shown}); a fresh start would "
-                f"overwrite it. {self._names['resume'][:1].upper()}{self._names['resume'][1:]} to continue it, choose another "
-                f"{self._names['output_dir']}, or {self._names['move_aside']} to rename the earlier run's "
-                "folder and start fresh."
-            )
+            self._check_contents(resume=False, move_aside=False)
         except BaseException:
             self.release()
             raise
