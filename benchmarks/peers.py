@@ -782,7 +782,8 @@ def print_paired(systems: List[str], rounds: int, pairs: int, iters: int, width:
     for row in run_children(tasks, iters, width, jobs):
         results[row["system"]].append(row)
     print(f"per-iteration time against the hand-written DataLoader loop trained alternately in the same process, "
-          f"width {width}, {iters} iterations, one thread, {rounds} processes x {pairs} pairs per system, "
+          f"width {width}, {iters} iterations, one thread, {_plural(rounds, 'process', 'processes')} x "
+          f"{_plural(pairs, 'pair')} per system, "
           "fastest of each in a process" + _jobs_note(jobs))
     print(f"{'system':<28} {'hand ms/it':>10} {'ms/it':>7} {'+us over hand':>14} {'IQR':>16} "
           f"{'ratio to hand':>14} {'bit-identical':>14}")
@@ -795,6 +796,10 @@ def print_paired(systems: List[str], rounds: int, pairs: int, iters: int, width:
         ratio = statistics.median(t / h for t, h in zip(times, hand))
         print(f"{system:<28} {statistics.median(hand) * 1e3:10.3f} {statistics.median(times) * 1e3:7.3f} "
               f"{statistics.median(added):+14.1f} {spread:>16} {ratio:14.3f} {str(same):>14}")
+
+
+def _plural(count: int, one: str, many: str = "") -> str:
+    return f"{count} {one if count == 1 else many or one + 's'}"
 
 
 def _jobs_note(jobs: int) -> str:

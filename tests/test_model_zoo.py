@@ -37,6 +37,12 @@ def test_get_config_returns_the_config_a_file_defines():
 def test_unknown_config_suggests_the_closest_shipped_name():
     with pytest.raises(ConfigError, match=r"No shipped config named 'digit_mlp.py'; did you mean 'digits_mlp.py'"):
         get_config("digit_mlp.py")
+    with pytest.raises(ConfigError, match=r"No shipped config named 'charlm.py'; did you mean 'common/data/charlm.py'\?"):
+        get_config("charlm.py")
+    # A name close to none: the list, and no unrelated guess (every name
+    # ending in ".py" made 'nope.py' look like 'common/optim.py').
+    with pytest.raises(ConfigError, match=r"No shipped config named 'nope.py'; shipped configs: "):
+        get_config("nope.py")
 
 
 def test_trained_weights_are_refused_with_a_reason():

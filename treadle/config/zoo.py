@@ -41,7 +41,13 @@ def get_config_file(config_path: str) -> str:
     path = CONFIG_ROOT / name
     if not path.is_file():
         known = shipped_configs()
-        close = difflib.get_close_matches(name, known, n=2, cutoff=0.5)
+        # Compared without ".py", which every name shares (it made 'nope.py'
+        # look like 'common/optim.py').
+        stems = {c[:-3] if c.endswith(".py") else c: c for c in known}
+        wanted = name[:-3] if name.endswith(".py") else name
+        close = [c for stem, c in stems.items() if stem.rsplit("/", 1)[-1] == wanted.rsplit("/", 1)[-1]]
+        close += [stems[c] for c in difflib.get_close_matches(wanted, list(stems), n=2, cutoff=0.6) if stems[c] not in close]
+        close = close[:2]
         hint = "did you mean " + " or ".join(repr(c) for c in close) + "? " if close else ""
         raise ConfigError(f"No shipped config named {config_path!r}; {hint}shipped configs: {', '.join(known)}")
     return str(path)
