@@ -41,8 +41,10 @@ if [[ $CHECKS == *" compiled "* ]]; then
     "$PYTHON" benchmarks/gpu_compiled.py 2>&1 | tee "$OUT/gpu_compiled.log" || status=1
 fi
 if [[ $CHECKS == *" cpu "* ]]; then
-    # Six processes at a time (fewer on a smaller machine), each pinned to a
-    # core of its own; nothing else runs meanwhile.
+    # Several processes at once, so that the comparison fits a short lease;
+    # each pinned to a core of its own so that none shares a core or
+    # migrates; two cores left for the machine's own work. Nothing else of
+    # this script runs meanwhile.
     jobs=$("$PYTHON" -c "import sys; sys.path.insert(0, 'benchmarks'); import peers; print(max(1, min(6, len(peers.physical_cores()) - 2)))")
     echo "== benchmarks/peers.py --paired on the CPU, $jobs processes at a time"
     "$PYTHON" benchmarks/peers.py --paired --jobs "$jobs" --rounds 9 \

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -131,14 +132,17 @@ def test_peers_benchmark_hands_each_running_process_a_core_no_other_holds(monkey
     peers = _peers_module()
     monkeypatch.setattr(peers, "physical_cores", lambda: [0, 2, 4, 6])
     held, most = set(), [0]
-    lock = __import__("threading").Lock()
+    lock = threading.Lock()
+    # The first three wait for each other: they can only pass if three run at once.
+    together = threading.Barrier(3, timeout=60)
 
     def child(system, iters, width, *options, cpu=None):
         with lock:
             assert cpu not in held, f"core {cpu} handed out twice"
             held.add(cpu)
             most[0] = max(most[0], len(held))
-        __import__("time").sleep(0.05)
+        if system in ("s0", "s1", "s2"):
+            together.wait()
         with lock:
             held.discard(cpu)
         return {"system": system, "cpu": cpu}

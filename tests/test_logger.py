@@ -223,15 +223,24 @@ def test_warnings_shown_before_the_log_file_was_set_up_begin_it(tmp_path):
 
 def test_a_console_without_a_file_shows_a_warning_once_and_a_started_process_not_again(tmp_path, capsys):
     # train_net's console while it checks a job, which it checks twice.
-    from treadle.utils.logger import note_warnings_shown, shown_warnings, start_log_files
+    from treadle.utils.logger import note_warnings_shown, show_warnings_once, shown_warnings, start_log_files
 
     name = "treadle_test_checks"
     console = setup_logger(None, name=name)
     try:
+        # A console of one's own (no log file) shows every warning...
+        console.warning("repeated")
+        console.warning("repeated")
+        console.warning("bad %d", "x")  # ... a malformed call goes to logging's error report, as before
+        assert capsys.readouterr().out.count("repeated") == 2
+        # ... while a job is checked, each once.
+        console = setup_logger(None, name=name)
+        show_warnings_once(name)
         for _ in range(2):
             console.warning("Override value %r does not parse", "[1,")
         console.info("checked")
         console.info("checked")
+        console.warning("bad %d", "x")  # reported by logging, not raised into the caller
         out = capsys.readouterr().out
         assert out.count("Override value '[1,' does not parse") == 1 and out.count("checked") == 2
         shown = shown_warnings(name)

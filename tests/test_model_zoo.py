@@ -43,6 +43,8 @@ def test_unknown_config_suggests_the_closest_shipped_name():
     # ending in ".py" made 'nope.py' look like 'common/optim.py').
     with pytest.raises(ConfigError, match=r"No shipped config named 'nope.py'; shipped configs: "):
         get_config("nope.py")
+    with pytest.raises(ConfigError, match=r"'Digits_MLP.py'; did you mean 'digits_mlp.py'"):
+        get_config("Digits_MLP.py")
 
 
 def test_trained_weights_are_refused_with_a_reason():

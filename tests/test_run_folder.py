@@ -114,10 +114,13 @@ def test_a_fresh_start_is_checked_without_the_lock_and_names_checkpoints_first(t
             RunFolder(str(folder)).check_fresh_start(resume=True)
     finally:
         held.release()
-    # A lock file left by a process that no longer runs is not a holder.
+    # A lock file left by a killed job is not a holder, whatever PID it
+    # names: one that no longer runs, or one that runs again (a restarted
+    # container reuses PIDs; this process stands for it).
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (folder / LOCK_FILE).write_text(json.dumps({"pid": int(dead.stdout), "host": __import__("socket").gethostname()}))
-    RunFolder(str(folder)).check_fresh_start(resume=True)
+    for pid in (int(dead.stdout), os.getpid()):
+        (folder / LOCK_FILE).write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
+        RunFolder(str(folder)).check_fresh_start(resume=True)
 
 
 def test_a_fresh_start_over_a_finished_run_fails_before_the_job_is_set_up(tmp_path):

@@ -309,6 +309,30 @@ def test_iteration_timer_counts_slow_first_steps_as_the_steps_not_the_hooks(monk
     assert "Total training time: 0:02:30 (0:00:20 on hooks, outside the step)" in messages
 
 
+def test_the_last_epochs_end_is_hook_time_not_taken_off_the_step(monkeypatch, treadle_caplog):
+    """The run's last after_epoch runs in after_train, outside the loop: it
+    was subtracted from the loop's time too (the step read 0 s, the hooks
+    2:40 of a 2:40 run)."""
+    now = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+
+    class Step(StepBase):
+        def run_step(self):
+            now[0] += 10
+
+    class EpochEval(HookBase):
+        def after_epoch(self):
+            now[0] += 60
+
+    trainer = TrainerBase(Step())
+    trainer.epoch_length = 2
+    trainer.register_hooks([EpochEval(), IterationTimer(warmup_iter=0)])
+    with treadle_caplog.at_level(logging.INFO):
+        trainer.train(0, 4)
+    assert trainer.timings()["step"] == 40.0 and trainer.timings()["EpochEval.after_epoch"] == 120.0
+    assert "Total training time: 0:02:40 (0:02:00 on hooks, outside the step)" in [r.getMessage() for r in treadle_caplog.records]
+
+
 def test_callback_hook_is_reusable_across_train_calls():
     calls = []
     hook = CallbackHook(before_train=lambda t: calls.append("bt"), after_step=lambda t: calls.append(t.iter))

@@ -41,16 +41,30 @@ def get_config_file(config_path: str) -> str:
     path = CONFIG_ROOT / name
     if not path.is_file():
         known = shipped_configs()
-        # Compared without ".py", which every name shares (it made 'nope.py'
-        # look like 'common/optim.py').
-        stems = {c[:-3] if c.endswith(".py") else c: c for c in known}
-        wanted = name[:-3] if name.endswith(".py") else name
-        close = [c for stem, c in stems.items() if stem.rsplit("/", 1)[-1] == wanted.rsplit("/", 1)[-1]]
-        close += [stems[c] for c in difflib.get_close_matches(wanted, list(stems), n=2, cutoff=0.6) if stems[c] not in close]
-        close = close[:2]
+        close = _closest(name, known)
         hint = "did you mean " + " or ".join(repr(c) for c in close) + "? " if close else ""
         raise ConfigError(f"No shipped config named {config_path!r}; {hint}shipped configs: {', '.join(known)}")
     return str(path)
+
+
+def _closest(name: str, known: List[str]) -> List[str]:
+    """Up to two shipped names close to ``name``: compared in lower case and
+    without ".py", which every name shares (it made 'nope.py' look like
+    'common/optim.py'); the same file name in another folder first, then
+    close file names, then close whole paths."""
+
+    def stem(path: str) -> str:
+        path = path.lower()
+        return path[:-3] if path.endswith(".py") else path
+
+    wanted = stem(name)
+    by_stem = {stem(c): c for c in known}
+    by_base = {s.rsplit("/", 1)[-1]: c for s, c in by_stem.items()}
+    base = wanted.rsplit("/", 1)[-1]
+    close = [c for s, c in by_stem.items() if s.rsplit("/", 1)[-1] == base]
+    close += [by_base[s] for s in difflib.get_close_matches(base, list(by_base), n=2, cutoff=0.6)]
+    close += [by_stem[s] for s in difflib.get_close_matches(wanted, list(by_stem), n=2, cutoff=0.6)]
+    return list(dict.fromkeys(close))[:2]
 
 
 def get_config(config_path: str, trained: bool = False) -> Any:

@@ -176,6 +176,7 @@ class TrainerBase:
         self._boundary: List[Any] = []
         self._loop_started: Optional[float] = None
         self._loop_seconds: Optional[float] = None
+        self._loop_hook_seconds = 0.0
         if step is not None:
             self.step = step
 
@@ -340,6 +341,7 @@ class TrainerBase:
         self.timed_iteration_seconds = 0.0
         self._timings = defaultdict(float)
         self._loop_seconds = None
+        self._loop_hook_seconds = 0.0
         with EventStorage(
             start_iter, nonfinite_check=self.nonfinite_check, history_length=self.history_length
         ) as self.storage:
@@ -445,6 +447,9 @@ class TrainerBase:
         finally:
             self._loop_seconds = clock() - self._loop_started
             self._loop_started = None
+            # The hooks the loop ran: the last epoch's after_epoch, which
+            # after_train runs, is not in the loop's time.
+            self._loop_hook_seconds = self._iteration_hook_seconds()
             self._after_step_now = self._hooks_by_stage["after_step"]
             self.timed_iteration_seconds = timed
 
@@ -609,13 +614,16 @@ class TrainerBase:
         separately would cost more than that.
         """
         timings = dict(self._timings)
-        loop_seconds = self._loop_seconds
+        loop_seconds, in_hooks = self._loop_seconds, self._loop_hook_seconds
         if self._loop_started is not None:  # asked during training
             loop_seconds = time.perf_counter() - self._loop_started
+            in_hooks = self._iteration_hook_seconds()
         if loop_seconds is not None:
-            in_hooks = sum(t for key, t in timings.items() if key.rpartition(".")[2] in _ITERATION_STAGES)
             timings["step"] = max(loop_seconds - in_hooks, 0.0)
         return timings
+
+    def _iteration_hook_seconds(self) -> float:
+        return sum(t for key, t in self._timings.items() if key.rpartition(".")[2] in _ITERATION_STAGES)
 
     # ------------------------------------------------------------------ state
     def hook_state_keys(self) -> Dict[str, HookBase]:

@@ -149,9 +149,10 @@ class _ConsoleHandler(_TextStreamHandler):
     keeps the warnings it shows, up to :attr:`MAX_KEPT`: the job's own
     :func:`setup_logger`, which replaces it, puts them first in its deferred
     log file, so that ``log.txt`` has what the console said about the config.
-    It shows each of those warnings once: the job looks at its inputs twice
-    (before it starts its processes, and again in each), and the second
-    look says nothing new.
+    While a job is checked (:func:`show_warnings_once`) it shows each
+    warning once: ``train_net`` looks at a job's inputs twice (before it
+    starts its processes, and again in each), and the second look says
+    nothing new.
     """
 
     MAX_KEPT = 1000
@@ -159,15 +160,22 @@ class _ConsoleHandler(_TextStreamHandler):
     def __init__(self, keep_warnings: bool = False) -> None:
         super().__init__(sys.stdout)
         self.kept_warnings: Optional[List[logging.LogRecord]] = [] if keep_warnings else None
-        self._shown: Set[Tuple[str, int, str]] = set()
+        # The warnings shown, by (logger, level, text), once show_warnings_once was called.
+        self.shown: Optional[Set[Tuple[str, int, str]]] = None
 
     def emit(self, record: logging.LogRecord) -> None:
         kept = self.kept_warnings
         if kept is not None and record.levelno >= logging.WARNING:
-            key = (record.name, record.levelno, record.getMessage())
-            if key in self._shown:
-                return
-            self._shown.add(key)
+            shown = self.shown
+            if shown is not None:
+                try:
+                    key = (record.name, record.levelno, record.getMessage())
+                except Exception:  # a malformed call: logging's own handling reports it
+                    return super().emit(record)
+                if key in shown:
+                    return
+                if len(shown) < self.MAX_KEPT:
+                    shown.add(key)
             if len(kept) < self.MAX_KEPT:
                 kept.append(record)
         super().emit(record)
@@ -177,10 +185,12 @@ class _ConsoleHandler(_TextStreamHandler):
         this one): kept for the log file, not shown again."""
         if self.kept_warnings is None:
             return
+        if self.shown is None:
+            self.shown = set()
         for record in records:
             key = (record.name, record.levelno, record.getMessage())
-            if key not in self._shown:
-                self._shown.add(key)
+            if key not in self.shown:
+                self.shown.add(key)
                 if len(self.kept_warnings) < self.MAX_KEPT:
                     self.kept_warnings.append(record)
 
@@ -472,6 +482,16 @@ def shown_warnings(name: str = "treadle") -> List[Dict[str, Any]]:
         if isinstance(handler, _ConsoleHandler) and handler.kept_warnings
         for record in handler.kept_warnings
     ]
+
+
+def show_warnings_once(name: str = "treadle") -> None:
+    """From now until the ``name`` logger's console is replaced (the job's
+    own :func:`setup_logger`), the console set up without a log file shows a
+    warning it has shown already no more: for a job's checks, which
+    ``train_net`` runs twice."""
+    for handler in logging.getLogger(name).handlers:
+        if isinstance(handler, _ConsoleHandler) and handler.kept_warnings is not None and handler.shown is None:
+            handler.shown = set()
 
 
 def note_warnings_shown(shown: Sequence[Dict[str, Any]], name: str = "treadle") -> None:

@@ -211,30 +211,37 @@ class RunFolder:
         )
 
     def _live_holder(self) -> Optional[Dict[str, object]]:
-        """Who holds the lock, read without taking it (a lock taken even
-        briefly could make a starting job's claim fail): a process of this
-        host that is still running. Elsewhere, or on another host, ``None``:
-        the claim, which takes the lock, is what decides."""
+        """What the lock file says of its holder, when a process holds the
+        lock now; read without taking it (a lock taken even briefly could
+        make a starting job's claim fail). Held means an ``flock`` on the
+        file in the kernel's table (``/proc/locks``): a file left by a
+        killed job is not held, whatever its PID (a restarted container
+        reuses PIDs). Where that table cannot be read, ``None``: the claim,
+        which takes the lock, decides."""
         if fcntl is None or not is_local_path(self.path):
+            return None
+        try:
+            held = os.stat(self.lock_path)
+            with open("/proc/locks", encoding="ascii", errors="replace") as table:
+                locks = table.read().splitlines()
+        except OSError:
+            return None
+        # "1: FLOCK  ADVISORY  WRITE 4242 fe:00:2163557 0 EOF": device as hex major:minor, then the inode.
+        device = f"{os.major(held.st_dev):02x}:{os.minor(held.st_dev):02x}:{held.st_ino}"
+        if not any(
+            fields[1] == "FLOCK" and fields[5] == device
+            for fields in (line.split() for line in locks)
+            if len(fields) > 5
+        ):
             return None
         try:
             fd = os.open(self.lock_path, os.O_RDONLY)
         except OSError:
             return None
         try:
-            info = _read_info(fd)
+            return _read_info(fd)
         finally:
             os.close(fd)
-        pid = info.get("pid")
-        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or info.get("host") != socket.gethostname():
-            return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None  # left by a process that did not end cleanly
-        except PermissionError:
-            pass  # running, as another user
-        return info
 
     def _same_file(self, fd: int) -> bool:
         try:
@@ -294,7 +301,7 @@ class RunFolder:
         before it builds anything (``train_net``).
 
         Raises:
-            RunFolderBusyError: a running process of this host holds the folder.
+            RunFolderBusyError: a process of this host holds the folder's lock.
             RunFolderUsedError: a fresh start in a used folder, without ``move_aside``.
         """
         holder = self._live_holder()
