@@ -95,44 +95,16 @@ def test_fresh_start_in_a_used_folder_is_refused_and_changes_nothing(tmp_path):
     resumed.release()
 
 
-def test_a_fresh_start_is_checked_without_the_lock_and_names_checkpoints_first(tmp_path):
+def test_a_refused_fresh_start_names_the_checkpoints_first(tmp_path):
+    # The files came in alphabetical order: TensorBoard's events first.
     folder = tmp_path / "run"
     folder.mkdir()
     for name in ("events.out.tfevents.1.vm.2.0", "metrics.json", "model_final.pth", "last_checkpoint"):
         (folder / name).write_text("x")
     before = snapshot(folder)
     with pytest.raises(RunFolderUsedError, match=r"\(last_checkpoint, model_final.pth, metrics.json, events\.out"):
-        RunFolder(str(folder)).check_fresh_start(resume=False)
-    RunFolder(str(folder)).check_fresh_start(resume=True)
-    RunFolder(str(folder)).check_fresh_start(resume=False, move_aside=True)
-    assert snapshot(folder) == before  # no lock file, nothing written
-    # A job of this host that holds the folder is named, whatever the flags.
-    held = RunFolder(str(folder))
-    held.acquire()
-    try:
-        with pytest.raises(RunFolderBusyError, match=f"in use by another job: PID {os.getpid()}"):
-            RunFolder(str(folder)).check_fresh_start(resume=True)
-    finally:
-        held.release()
-    # A lock file left by a killed job is not a holder, whatever PID it
-    # names: one that no longer runs, or one that runs again (a restarted
-    # container reuses PIDs; this process stands for it).
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    for pid in (int(dead.stdout), os.getpid()):
-        (folder / LOCK_FILE).write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
-        RunFolder(str(folder)).check_fresh_start(resume=True)
-
-
-def test_a_fresh_start_over_a_finished_run_fails_before_the_job_is_set_up(tmp_path):
-    # It printed the environment, the model and its parameters, then failed.
-    out = tmp_path / "run"
-    assert cli([f"train.output_dir={out}", *SHORT]) == 0
-    before = snapshot(out)
-    second = subprocess.run([sys.executable, str(TRAIN_NET), f"train.output_dir={out}", *SHORT],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert second.returncode == 2 and second.stderr.count("holds an earlier run (last_checkpoint,") == 1, second.stderr
-    assert "Rank of current process" not in second.stdout and "Command line arguments" not in second.stdout, second.stdout
-    assert snapshot(out) == before
+        RunFolder(str(folder)).claim(resume=False)
+    assert snapshot(folder) == before and not (folder / LOCK_FILE).exists()
 
 
 def test_config_and_log_alone_do_not_make_a_used_folder(tmp_path):

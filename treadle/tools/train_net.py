@@ -57,7 +57,7 @@ from treadle.utils.logger import (
     shown_warnings,
     start_log_files,
 )
-from treadle.utils.run_folder import RunFolder, RunFolderError, check_output_dir
+from treadle.utils.run_folder import RunFolderError, check_output_dir
 from treadle.utils.run_start import forget_pending_starts
 
 __all__ = ["JobError", "config_path", "load_config", "check_job", "main", "cli"]
@@ -130,11 +130,6 @@ def check_job(cfg: DictConfig, args: argparse.Namespace) -> Optional[str]:
     world_size = check_world_size(args.num_gpus, args.num_machines, args.machine_rank)
     check_run_config(cfg, world_size=world_size, eval_only=args.eval_only)
     check_output_dir(cfg.train.output_dir)
-    if not args.eval_only and _first_process():
-        # Before anything is built or printed; rank 0's claim checks again
-        # under the folder's lock. Only the process that claims looks: another
-        # rank could find the folder claimed by rank 0 already.
-        RunFolder(cfg.train.output_dir).check_fresh_start(resume=args.resume, move_aside=args.move_aside)
     if args.eval_only:
         weights = _eval_weights(cfg, args.resume)
         check_checkpoint_file(weights)
@@ -143,14 +138,6 @@ def check_job(cfg: DictConfig, args: argparse.Namespace) -> Optional[str]:
     if init and not (args.resume and Checkpointer(nn.Module(), cfg.train.output_dir).has_checkpoint()):
         check_checkpoint_file(init)  # the weights a fresh start loads
     return None
-
-
-def _first_process() -> bool:
-    """Rank 0 of the job, or the process that launches it (torchrun's
-    processes know their rank from ``RANK`` before they join the group)."""
-    if comm.get_world_size() > 1:
-        return comm.get_rank() == 0
-    return os.environ.get("RANK", "0") == "0"
 
 
 def _eval_weights(cfg: DictConfig, resume: bool) -> str:

@@ -210,39 +210,6 @@ class RunFolder:
             f"Wait for it to end, or choose another {self._names['output_dir']}."
         )
 
-    def _live_holder(self) -> Optional[Dict[str, object]]:
-        """What the lock file says of its holder, when a process holds the
-        lock now; read without taking it (a lock taken even briefly could
-        make a starting job's claim fail). Held means an ``flock`` on the
-        file in the kernel's table (``/proc/locks``): a file left by a
-        killed job is not held, whatever its PID (a restarted container
-        reuses PIDs). Where that table cannot be read, ``None``: the claim,
-        which takes the lock, decides."""
-        if fcntl is None or not is_local_path(self.path):
-            return None
-        try:
-            held = os.stat(self.lock_path)
-            with open("/proc/locks", encoding="ascii", errors="replace") as table:
-                locks = table.read().splitlines()
-        except OSError:
-            return None
-        # "1: FLOCK  ADVISORY  WRITE 4242 fe:00:2163557 0 EOF": device as hex major:minor, then the inode.
-        device = f"{os.major(held.st_dev):02x}:{os.minor(held.st_dev):02x}:{held.st_ino}"
-        if not any(
-            fields[1] == "FLOCK" and fields[5] == device
-            for fields in (line.split() for line in locks)
-            if len(fields) > 5
-        ):
-            return None
-        try:
-            fd = os.open(self.lock_path, os.O_RDONLY)
-        except OSError:
-            return None
-        try:
-            return _read_info(fd)
-        finally:
-            os.close(fd)
-
     def _same_file(self, fd: int) -> bool:
         try:
             on_disk = os.stat(self.lock_path)
@@ -294,20 +261,6 @@ class RunFolder:
             return next(i for i, p in enumerate(RUN_FILE_PATTERNS) if fnmatch.fnmatch(base, p)), name
 
         return sorted(found, key=rank)
-
-    def check_fresh_start(self, *, resume: bool, move_aside: bool = False) -> None:
-        """What :meth:`claim` refuses about the folder's contents, checked
-        without locking or writing anything: for a job that checks its inputs
-        before it builds anything (``train_net``).
-
-        Raises:
-            RunFolderBusyError: a process of this host holds the folder's lock.
-            RunFolderUsedError: a fresh start in a used folder, without ``move_aside``.
-        """
-        holder = self._live_holder()
-        if holder is not None:
-            raise self._busy(holder)
-        self._check_contents(resume=resume, move_aside=move_aside)
 
     def _check_contents(self, *, resume: bool, move_aside: bool) -> None:
         if resume or move_aside:
