@@ -476,12 +476,15 @@ def shown_warnings(name: str = "treadle") -> List[Dict[str, Any]]:
     was set up (a job's checks), as picklable attributes: for the processes
     the job then starts (see :func:`note_warnings_shown`)."""
     fields = ("name", "levelno", "levelname", "pathname", "lineno", "created", "msecs", "relativeCreated")
-    return [
-        {**{key: getattr(record, key) for key in fields}, "msg": record.getMessage(), "args": None}
-        for handler in logging.getLogger(name).handlers
-        if isinstance(handler, _ConsoleHandler) and handler.kept_warnings
-        for record in handler.kept_warnings
-    ]
+    shown = []
+    for handler in logging.getLogger(name).handlers:
+        for record in getattr(handler, "kept_warnings", None) or ():
+            try:
+                text = record.getMessage()
+            except Exception:  # a malformed call, reported by logging where it was made
+                continue
+            shown.append({**{key: getattr(record, key) for key in fields}, "msg": text, "args": None})
+    return shown
 
 
 def show_warnings_once(name: str = "treadle") -> None:

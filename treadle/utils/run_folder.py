@@ -173,7 +173,10 @@ class RunFolder:
                 os.close(fd)
                 if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise RunFolderError(f"Cannot lock '{self.lock_path}': {e.strerror or e}") from None
-                raise self._busy(holder) from None
+                raise RunFolderBusyError(
+                    f"The output directory '{self.path}' is in use by another job: {_holder_text(holder)}. "
+                    f"Wait for it to end, or choose another {self._names['output_dir']}."
+                ) from None
             # The file may have been removed (a release) between our open and
             # our lock: then we hold a lock on a name nobody sees. Start over.
             if self._same_file(fd):
@@ -203,12 +206,6 @@ class RunFolder:
             os.close(fd)
             raise RunFolderError(f"Cannot write the lock file '{self.lock_path}': {e.strerror or e}") from None
         self._fd = fd
-
-    def _busy(self, holder: Dict[str, object]) -> RunFolderBusyError:
-        return RunFolderBusyError(
-            f"The output directory '{self.path}' is in use by another job: {_holder_text(holder)}. "
-            f"Wait for it to end, or choose another {self._names['output_dir']}."
-        )
 
     def _same_file(self, fd: int) -> bool:
         try:
@@ -262,19 +259,6 @@ class RunFolder:
 
         return sorted(found, key=rank)
 
-    def _check_contents(self, *, resume: bool, move_aside: bool) -> None:
-        if resume or move_aside:
-            return
-        found = self.earlier_run_files()
-        if found:
-            shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
-            raise RunFolderUsedError(
-                f"The output directory '{self.path}' holds an earlier run ({shown}); a fresh start would "
-                f"overwrite it. {self._names['resume'][:1].upper()}{self._names['resume'][1:]} to continue it, choose another "
-                f"{self._names['output_dir']}, or {self._names['move_aside']} to rename the earlier run's "
-                "folder and start fresh."
-            )
-
     def claim(self, *, resume: bool, move_aside: bool = False) -> None:
         """Locks the folder for this job and checks that it may write there.
 
@@ -291,11 +275,19 @@ class RunFolder:
         try:
             if resume:
                 return
-            if move_aside:
-                if self.earlier_run_files():
-                    self.move_aside()
+            found = self.earlier_run_files()
+            if not found:
                 return
-            self._check_contents(resume=False, move_aside=False)
+            if move_aside:
+                self.move_aside()
+                return
+            shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+            raise RunFolderUsedError(
+                f"The output directory '{self.path}' holds an earlier run ({shown}); a fresh start would "
+                f"overwrite it. {self._names['resume'][:1].upper()}{self._names['resume'][1:]} to continue it, choose another "
+                f"{self._names['output_dir']}, or {self._names['move_aside']} to rename the earlier run's "
+                "folder and start fresh."
+            )
         except BaseException:
             self.release()
             raise
