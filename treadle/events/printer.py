@@ -63,7 +63,8 @@ class CommonMetricPrinter(EventWriter):
     missing producer (no LR hook, no timer) just drops its field, and a
     second write at the same iteration prints nothing new. Evaluation
     results (scalars of kind ``"metric"``) are printed on their own line, ``metrics @ iter 99:  eval/acc: 0.91``, latest value per name,
-    once each; every value is in ``metrics.json``. While the logger is not
+    once each (after a resume, those restored with the checkpoint count as
+    printed); every value is in ``metrics.json``. While the logger is not
     enabled for INFO (logging not set up: Python's default level is
     WARNING), no line is built, and what it would have shown counts as shown.
 
