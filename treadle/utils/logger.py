@@ -164,20 +164,13 @@ class _ConsoleHandler(_TextStreamHandler):
         self.shown: Optional[Set[Tuple[str, int, str]]] = None
 
     def emit(self, record: logging.LogRecord) -> None:
-        kept = self.kept_warnings
-        if kept is not None and record.levelno >= logging.WARNING:
-            shown = self.shown
-            if shown is not None:
-                try:
-                    key = (record.name, record.levelno, record.getMessage())
-                except Exception:  # a malformed call: logging's own handling reports it
-                    return super().emit(record)
-                if key in shown:
-                    return
-                if len(shown) < self.MAX_KEPT:
-                    shown.add(key)
-            if len(kept) < self.MAX_KEPT:
-                kept.append(record)
+        if self.kept_warnings is not None and record.levelno >= logging.WARNING:
+            try:
+                new = self._keep(record)
+            except Exception:  # a malformed call: logging's own handling reports it
+                new = True
+            if not new:
+                return
         super().emit(record)
 
     def note_shown(self, records: Sequence[logging.LogRecord]) -> None:
@@ -188,11 +181,21 @@ class _ConsoleHandler(_TextStreamHandler):
         if self.shown is None:
             self.shown = set()
         for record in records:
+            self._keep(record)
+
+    def _keep(self, record: logging.LogRecord) -> bool:
+        """Keeps a warning for the log file; False if it was shown already
+        (once :func:`show_warnings_once` asked for each to be shown once)."""
+        shown = self.shown
+        if shown is not None:
             key = (record.name, record.levelno, record.getMessage())
-            if key not in self.shown:
-                self.shown.add(key)
-                if len(self.kept_warnings) < self.MAX_KEPT:
-                    self.kept_warnings.append(record)
+            if key in shown:
+                return False
+            if len(shown) < self.MAX_KEPT:
+                shown.add(key)
+        if len(self.kept_warnings) < self.MAX_KEPT:  # type: ignore[arg-type]
+            self.kept_warnings.append(record)  # type: ignore[union-attr]
+        return True
 
     @property  # type: ignore[override]
     def stream(self):  # noqa: D401
