@@ -161,6 +161,37 @@ def test_grad_accumulation_equals_one_big_batch():
     assert h1["total_loss"] == pytest.approx(h2["total_loss"], rel=1e-5)
 
 
+@pytest.mark.parametrize("losses", ["loss_fn", "dict", "accumulated"])
+def test_a_parameters_gradient_accumulator_lives_from_one_step_to_the_next(losses):
+    # As in a hand-written loop, which keeps `loss` until it assigns the next
+    # one: torch reuses each parameter's accumulator instead of building it
+    # again every step. A hook put on the accumulator after the first step
+    # runs in the later steps' backward only if that accumulator is reused.
+    if losses == "dict":
+        model = DictLossModel()
+        step_options = {}
+    else:
+        model = make_model()
+        step_options = {"loss_fn": nn.functional.mse_loss, "grad_accum_steps": 3 if losses == "accumulated" else 1}
+    weight = next(model.parameters())
+    step = EagerStep(model, regression_data(), torch.optim.SGD(model.parameters(), lr=0.05), **step_options)
+    used_in = []
+
+    class WatchAccumulator(HookBase):
+        def after_step(self):
+            if self.trainer.iter == 0:
+                accumulator = torch.autograd.graph.get_gradient_edge(weight).node
+                accumulator.register_prehook(lambda grad: used_in.append(self.trainer.iter))
+
+    trainer = TrainerBase(step)
+    trainer.register_hooks([WatchAccumulator()])
+    trainer.train(0, 4)
+    assert used_in == [it for it in (1, 2, 3) for _ in range(step_options.get("grad_accum_steps", 1))]
+    # What is kept holds no activations: backward has freed them.
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        step._last_loss.backward()
+
+
 def _fake_fsdp2(module, calls):
     """``module`` recognised as FSDP2-sharded (as ``fully_shard`` does, by a class
     swap), recording its ``set_requires_gradient_sync`` calls; no process group."""
