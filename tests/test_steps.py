@@ -161,35 +161,63 @@ def test_grad_accumulation_equals_one_big_batch():
     assert h1["total_loss"] == pytest.approx(h2["total_loss"], rel=1e-5)
 
 
-@pytest.mark.parametrize("losses", ["loss_fn", "dict", "accumulated"])
-def test_a_parameters_gradient_accumulator_lives_from_one_step_to_the_next(losses):
-    # As in a hand-written loop, which keeps `loss` until it assigns the next
-    # one: torch reuses each parameter's accumulator instead of building it
-    # again every step. A hook put on the accumulator after the first step
-    # runs in the later steps' backward only if that accumulator is reused.
-    if losses == "dict":
-        model = DictLossModel()
-        step_options = {}
-    else:
-        model = make_model()
-        step_options = {"loss_fn": nn.functional.mse_loss, "grad_accum_steps": 3 if losses == "accumulated" else 1}
-    weight = next(model.parameters())
-    step = EagerStep(model, regression_data(), torch.optim.SGD(model.parameters(), lr=0.05), **step_options)
-    used_in = []
+class _Resizable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.hidden, self.head = nn.Linear(4, 8), nn.Linear(8, 1)
 
-    class WatchAccumulator(HookBase):
+    def forward(self, x):
+        return self.head(torch.relu(self.hidden(x))).mean(-1, keepdim=True)  # whatever the head's width
+
+
+def _resize(model, surgery):
+    with torch.no_grad():
+        if surgery == "grow":  # the head from 1 to 3 outputs
+            model.head.weight.data = torch.cat([model.head.weight, torch.full((2, 8), 0.1)])
+            model.head.bias.data = torch.cat([model.head.bias, torch.zeros(2)])
+        else:  # the hidden layer from 8 units to 5
+            model.hidden.weight.data = model.hidden.weight[:5].clone()
+            model.hidden.bias.data = model.hidden.bias[:5].clone()
+            model.head.weight.data = model.head.weight[:, :5].clone()
+
+
+@pytest.mark.parametrize("surgery", ["grow", "prune"])
+def test_a_parameter_resized_through_data_between_steps_trains_as_in_a_hand_written_step(surgery):
+    # The step's autograd graph is freed when it returns, as in detectron2's
+    # run_step. A graph kept into the next step (as a loop that keeps `loss`
+    # does) keeps each parameter's gradient accumulator with the shape it had:
+    # torch does not renew it when .data changes shape, so a grown head's
+    # gradient came out summed to the old shape, silently, and a pruned layer
+    # raised.
+    data = regression_data(n_batches=6)
+    model = _Resizable()
+    step = EagerStep(model, data, torch.optim.SGD(model.parameters(), lr=0.05), loss_fn=nn.functional.mse_loss)
+    grad_shapes = []
+
+    class Surgery(HookBase):
+        def after_backward(self):
+            grad_shapes.append(tuple(model.head.weight.grad.shape))
+
         def after_step(self):
-            if self.trainer.iter == 0:
-                accumulator = torch.autograd.graph.get_gradient_edge(weight).node
-                accumulator.register_prehook(lambda grad: used_in.append(self.trainer.iter))
+            if self.trainer.iter == 1:
+                _resize(model, surgery)
 
     trainer = TrainerBase(step)
-    trainer.register_hooks([WatchAccumulator()])
+    trainer.register_hooks([Surgery()])
     trainer.train(0, 4)
-    assert used_in == [it for it in (1, 2, 3) for _ in range(step_options.get("grad_accum_steps", 1))]
-    # What is kept holds no activations: backward has freed them.
-    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
-        step._last_loss.backward()
+
+    expected = _Resizable()
+    optimizer = torch.optim.SGD(expected.parameters(), lr=0.05)
+    for it, (x, y) in enumerate(data[:4]):
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(expected(x), y).backward()
+        optimizer.step()
+        if it == 1:
+            _resize(expected, surgery)
+    assert grad_shapes[2:] == [tuple(model.head.weight.shape)] * 2
+    for name, value in expected.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value), name
 
 
 def _fake_fsdp2(module, calls):

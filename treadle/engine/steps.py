@@ -321,8 +321,6 @@ class EagerStep(StepBase):
                 if total.numel() != 1:
                     _raise_not_scalar(total, "loss_fn" if self.loss_fn is not None else "the model", "total_loss")
                 raise
-            if self._keeps_last_loss:
-                self._last_loss = total
         else:
             losses, data_time = self._accumulate()
         if scaler is not None:
@@ -342,7 +340,12 @@ class EagerStep(StepBase):
         else:
             scaler.step(optimizer)
             scaler.update()
-        # Detached copies: no autograd graph outlives the step.
+        # Detached copies: no autograd graph outlives the step. Keeping the
+        # loss into the next step, as a hand-written loop keeps `loss`, would
+        # spare torch rebuilding each parameter's gradient accumulator (~6k
+        # instructions of a 0.3 ms step), but a kept accumulator keeps its
+        # parameter's old shape when a hook resizes it through .data: the
+        # gradient then comes out wrong (tests/test_steps.py).
         it = storage.iter
         if loss is not None:
             value = loss.detach()
@@ -478,8 +481,6 @@ class EagerStep(StepBase):
                 for name, value in losses.items():
                     value = self._published(value)
                     totals[name] = value if micro == 0 else totals[name] + value
-            if self._keeps_last_loss:
-                self._last_loss = loss
         except BaseException:
             if fsdp2:
                 # An error mid-accumulation must not leave gradient sync off
@@ -524,16 +525,6 @@ class EagerStep(StepBase):
     # Whether published losses are copies (see CompiledStep) rather than
     # detached views of the step's own tensors.
     _copies_published = False
-
-    # The loss of the last step is kept until the next step's backward, as
-    # a hand-written loop keeps ``loss`` until it assigns the next one.
-    # backward has freed what its graph saved; what stays are the graph's
-    # nodes, and with them each parameter's gradient accumulator, which
-    # torch reuses at the next forward instead of building it again (its
-    # graph freed at the end of every step, a 0.3 ms step ran ~8k
-    # instructions more: benchmarks/peers.py --instructions).
-    _keeps_last_loss = True
-    _last_loss: Optional[torch.Tensor] = None
 
     def _published(self, value: torch.Tensor) -> torch.Tensor:
         return value.detach()
@@ -667,9 +658,6 @@ class CompiledStep(EagerStep):
     # Copies: CUDA-graph outputs are overwritten by the next replay, and the
     # storage reads published tensors only at flush.
     _copies_published = True
-    # The last loss is not kept (see EagerStep): a CUDA graph's outputs
-    # live in its memory pool, which the next replay reuses.
-    _keeps_last_loss = False
 
     def _published(self, value: torch.Tensor) -> torch.Tensor:
         return value.detach().clone()
