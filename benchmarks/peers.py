@@ -67,6 +67,25 @@ processes (the main table's ``+us/it`` rows) carries the noise of both
 processes and of the reference loop each is divided by; this one, the
 seconds between runs in one process only.
 
+``--interleaved`` times what a system adds at a step long enough that
+runs minutes or seconds apart differ by more than the overhead (a ~3 ms
+step on a shared host): in each process ``hand`` and the system train at
+once, in two threads pinned to one CPU, an iteration each in turn (a
+loop's batch fetch hands the turn over), so that the two iterations
+compared are taken milliseconds apart. Each iteration is timed from its
+batch's return to its next fetch. Per phase of the writers' period
+(iteration ``i % 20``; a flush falls in one phase, and what it costs the
+iterations after it falls in the next), the median difference over the
+process's steady stretch; their mean is the process's figure, flushes
+included. Which loop runs in the second thread and takes the first turn
+alternates between processes, and the table gives the mean over
+``--rounds`` processes with its standard error: a process's layout in
+memory moves its figure by tens of microseconds, which only more
+processes average out. ``hand`` in ``--systems`` is the control (the loop
+against itself: zero, within its standard error), and ``hand-plus-30us``
+(the loop with 30 us of busy waiting per iteration, run only when named)
+the check that the method finds a difference of that size.
+
 ``--calls`` counts instead the Python and C functions each system calls per
 iteration over the same stretch (``sys.setprofile``, one process each): a
 figure a busy machine does not move. ``--instructions`` counts the machine
@@ -83,7 +102,7 @@ miss alike, where a step's streaming misses are mostly hidden by the
 prefetchers and a loop's pointer-chasing ones are not. ``--profiles DIR`` keeps
 each system's profile of the stretch, for ``callgrind_annotate``.
 
-``--jobs N`` runs N measured processes at once (``--paired`` and the main
+``--jobs N`` runs N measured processes at once (``--paired``, ``--interleaved`` and the main
 table), each pinned to one logical CPU of a physical core of its own, the
 core's other hardware threads left idle: on a many-core machine (a GPU
 server's 16 cores, say) a table takes a fraction of the time, and a pinned
@@ -96,7 +115,7 @@ path (``logging``, ``print``, progress bars): formatting a line is paid for,
 a terminal is not.
 
 Run: ``python benchmarks/peers.py`` (``--rounds 7``, ``--iters 2000``,
-``--width``, ``--systems``, ``--paired``, ``--pairs``, ``--jobs``, ``--calls``,
+``--width``, ``--systems``, ``--paired``, ``--pairs``, ``--interleaved``, ``--jobs``, ``--calls``,
 ``--instructions``, ``--cache-sim``).
 """
 
@@ -125,6 +144,10 @@ TREADLE = ["treadle-bare", "treadle-hooks", "treadle-trainer"]
 PEERS = ["ignite", "accelerate", "mmengine", "mmengine-log", "pytorch-accelerated", "pytorch-accelerated-default",
          "lightning", "lightning-log"]
 SYSTEMS = ["hand", "hand-recorded", *TREADLE, *PEERS]
+# Not run unless named: the hand-written loop made 30 us per iteration
+# slower, to check that a timing method finds a difference of that size.
+CALIBRATION = ["hand-plus-30us"]
+CALIBRATION_SECONDS = 30e-6
 # The module each peer needs.
 REQUIRES = {
     "ignite": "ignite",
@@ -273,6 +296,24 @@ def run_hand(work: Workload, workdir: str) -> Run:
             optimizer.zero_grad(set_to_none=True)
             F.cross_entropy(model(x), y).backward()
             optimizer.step()
+
+    return model, train
+
+
+def run_hand_plus_30us(work: Workload, workdir: str) -> Run:
+    import torch.nn.functional as F
+
+    model, optimizer, loader = work.fresh()
+    clock = time.perf_counter
+
+    def train() -> None:
+        for x, y in loader:
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            until = clock() + CALIBRATION_SECONDS
+            while clock() < until:
+                pass
 
     return model, train
 
@@ -466,7 +507,7 @@ run_lightning_log = functools.partial(_run_lightning, logging_on=True)
 
 
 RUNNERS: Dict[str, Callable[[Workload, str], Run]] = {
-    name: globals()["run_" + name.replace("-", "_")] for name in SYSTEMS
+    name: globals()["run_" + name.replace("-", "_")] for name in SYSTEMS + CALIBRATION
 }
 
 
@@ -597,6 +638,128 @@ def paired_child(system: str, iters: int, width: int, pairs: int) -> Dict[str, A
                 digests.add(_digest(model))
     return {"system": system, "hand": times["hand"], "times": times[system], "bit_identical": len(digests) == 1,
             "cpus": _cpus()}
+
+
+class _TakingTurns:
+    """Two training loops in two threads of one process, one iteration each
+    in turn: a loop's batch fetch hands the turn to the other loop and waits
+    for it back. A loop that has returned gives up its turns for good."""
+
+    def __init__(self, first: int) -> None:
+        self._changed = threading.Condition()
+        self._turn = first
+        self._finished = [False, False]
+
+    def hand_over(self, me: int) -> None:
+        with self._changed:
+            self._turn = 1 - me
+            self._changed.notify_all()
+            self._changed.wait_for(lambda: self._turn == me or self._finished[1 - me])
+
+    def wait_for_first_turn(self, me: int) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: self._turn == me or self._finished[1 - me])
+
+    def finish(self, me: int) -> None:
+        with self._changed:
+            self._finished[me] = True
+            self._turn = 1 - me
+            self._changed.notify_all()
+
+
+class _TurnBatches(_StampedBatches):
+    """The batches of a loop taking turns (``--interleaved``): each fetch
+    hands the turn over, and the clock is read when a fetch begins and when
+    it returns, so that iteration ``i`` is timed from its batch's return to
+    the next fetch, the other loop's iteration left out."""
+
+    def __init__(self, x: Any, y: Any, first: int, turns: _TakingTurns, me: int) -> None:
+        super().__init__(x, y, first)
+        self.turns, self.me = turns, me
+        self.began = [0.0] * len(x)
+        self.returned = [0.0] * len(x)
+
+    def __getitem__(self, i: int) -> Tuple[Any, Any]:
+        self.began[i] = time.perf_counter()
+        self.turns.hand_over(self.me)
+        self.returned[i] = time.perf_counter()
+        return self.x[i], self.y[i]
+
+    def iteration_seconds(self) -> List[float]:
+        """Iterations ``first`` to ``last - 1``: from the batch's return to the next fetch."""
+        return [self.began[i + 1] - self.returned[i] for i in range(self.first, self.last)]
+
+
+def interleaved_child(system: str, iters: int, width: int, system_first: bool) -> Dict[str, Any]:
+    """One process (``--interleaved``): ``hand`` and ``system`` train at
+    once in two threads on one CPU, an iteration each in turn. The loop in
+    the second thread takes the first turn: ``system`` there with
+    ``system_first``, in this thread otherwise (a loop's thread and place in
+    the turns can be worth tens of microseconds on a shared host, so
+    processes alternate them). For each phase of the writers' period
+    (iteration ``i % 20``: a flush falls in one phase), the median over the
+    steady stretch of what ``system``'s iteration took more than ``hand``'s
+    of the same index; the mean over the phases is what it adds per
+    iteration, flushes included."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    if len(os.sched_getaffinity(0)) > 1:
+        # Both loops on one CPU: two CPUs of a shared host are slowed unequally.
+        os.sched_setaffinity(0, {physical_cores()[-1]})
+    devnull = _quiet_console()
+    turns = _TakingTurns(first=0)
+    # Slot 0 runs in the second thread and goes first; slot 1 in this one.
+    names = (system, "hand") if system_first else ("hand", system)
+    works = []
+    for me in (0, 1):
+        work = Workload(width, iters)
+        work.dataset = _TurnBatches(work.x, work.y, iters // 10, turns, me)
+        works.append(work)
+    with tempfile.TemporaryDirectory() as workdir:
+        _reference(Workload(width, min(iters, 200)))  # warms the allocator and the kernels
+        built = []
+        for me, name in enumerate(names):
+            os.makedirs(os.path.join(workdir, str(me)))
+            built.append(RUNNERS[name](works[me], os.path.join(workdir, str(me))))
+        _settle_garbage_collector()
+        failures: List[BaseException] = []
+
+        def train(me: int) -> None:
+            turns.wait_for_first_turn(me)
+            try:
+                built[me][1]()
+            except BaseException as error:  # noqa: BLE001 - raised again by the main thread
+                failures.append(error)
+            finally:
+                turns.finish(me)
+
+        second = threading.Thread(target=train, args=(0,))
+        with contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
+            second.start()
+            try:
+                train(1)
+            finally:
+                second.join()
+        if failures:
+            raise failures[0]
+    system_slot = 0 if system_first else 1
+    hand_times, times = (works[slot].dataset.iteration_seconds() for slot in (1 - system_slot, system_slot))
+    first = works[0].dataset.first
+    by_phase: List[List[float]] = [[] for _ in range(WRITE_PERIOD)]
+    for i, (h, t) in enumerate(zip(hand_times, times)):
+        by_phase[(first + i) % WRITE_PERIOD].append((t - h) * 1e6)
+    phases = [statistics.median(d) for d in by_phase if d]
+    return {
+        "system": system,
+        "system_first": system_first,
+        "added_us": statistics.fmean(phases),
+        "flush_phase_us": phases[-1] if len(phases) == WRITE_PERIOD else float("nan"),
+        "phases_us": phases,
+        "hand_ms": statistics.median(hand_times) * 1e3,
+        "bit_identical": _digest(built[0][0]) == _digest(built[1][0]),
+        "cpus": _cpus(),
+    }
 
 
 def run_bounded(system: str, iters: int, width: int) -> Dict[str, Any]:
@@ -798,6 +961,34 @@ def print_paired(systems: List[str], rounds: int, pairs: int, iters: int, width:
               f"{statistics.median(added):+14.1f} {spread:>16} {ratio:14.3f} {str(same):>14}")
 
 
+def print_interleaved(systems: List[str], rounds: int, iters: int, width: int, jobs: int = 1) -> None:
+    """``--interleaved``: per system, ``rounds`` processes (see
+    :func:`interleaved_child`), which loop takes the first turn alternating
+    between them; the mean over the processes of what the system adds per
+    iteration, with its standard error. ``hand`` in ``systems`` is the
+    control: the hand-written loop against itself, which should read zero."""
+    results: Dict[str, List[Dict[str, Any]]] = {s: [] for s in systems}
+    tasks = [(system, ("--interleaved",) + (("--system-first",) if r % 2 else ()))
+             for r in range(rounds) for system in systems]
+    for row in run_children(tasks, iters, width, jobs):
+        results[row["system"]].append(row)
+    print(f"per-iteration time against the hand-written DataLoader loop taking turns with it, an iteration each, in "
+          f"the same process on one CPU, width {width}, {iters} iterations, one thread each, "
+          f"{_plural(rounds, 'process', 'processes')} per system, mean over the processes" + _jobs_note(jobs))
+    print(f"{'system':<28} {'hand ms/it':>10} {'+us over hand':>14} {'std err':>8} {'IQR':>16} "
+          f"{'ratio to hand':>14} {'flush iter +us':>15} {'bit-identical':>14}")
+    for system, rows in results.items():
+        added = [r["added_us"] for r in rows]
+        mean = statistics.fmean(added)
+        error = statistics.stdev(added) / len(added) ** 0.5 if len(added) > 1 else float("nan")
+        hand_ms = statistics.median(r["hand_ms"] for r in rows)
+        flush = statistics.fmean(r["flush_phase_us"] for r in rows)
+        same = all(r["bit_identical"] for r in rows)
+        label = "hand (against itself)" if system == "hand" else system
+        print(f"{label:<28} {hand_ms:10.3f} {mean:+14.1f} {error:8.1f} {_interquartile(added, '+.1f', '..'):>16} "
+              f"{1 + mean / (hand_ms * 1e3):14.4f} {flush:+15.1f} {str(same):>14}")
+
+
 def _plural(count: int, one: str, many: str = "") -> str:
     return f"{count} {one if count == 1 else many or one + 's'}"
 
@@ -821,7 +1012,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--iters", type=int, default=2000)
     parser.add_argument("--width", type=int, default=128, help="hidden width: 128 ~ 0.3-0.5 ms, 4096 ~ 2.5-3 ms per step")
-    parser.add_argument("--systems", nargs="+", default=SYSTEMS, choices=SYSTEMS)
+    parser.add_argument("--systems", nargs="+", default=SYSTEMS, choices=SYSTEMS + CALIBRATION,
+                        help="hand-plus-30us, run only when named, is the hand-written loop with 30 us of busy "
+                             "waiting per iteration: what a timing method should read as +30 us")
     parser.add_argument("--calls", action="store_true",
                         help="count the functions each system calls per iteration instead of timing it")
     parser.add_argument("--instructions", action="store_true",
@@ -837,11 +1030,16 @@ def main() -> None:
                              "same process, and print what it adds per iteration (fastest of each in a process, "
                              "median over --rounds processes)")
     parser.add_argument("--pairs", type=int, default=4, help="with --paired: pairs per process (default 4)")
+    parser.add_argument("--interleaved", action="store_true",
+                        help="time each system and the hand-written DataLoader loop taking turns an iteration each in "
+                             "one process on one CPU, and print what it adds per iteration (mean over --rounds "
+                             "processes); hand in --systems is the loop against itself, the control")
     parser.add_argument("--jobs", type=int, default=1,
                         help="measured processes at a time, each pinned to a physical core of its own (default 1)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--bounded", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--system-first", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
@@ -852,6 +1050,9 @@ def main() -> None:
         if args.paired:
             print(json.dumps(paired_child(args.child, args.iters, args.width, args.pairs)))
             return
+        if args.interleaved:
+            print(json.dumps(interleaved_child(args.child, args.iters, args.width, args.system_first)))
+            return
         measure = count_calls if args.calls else child
         print(json.dumps(measure(args.child, args.iters, args.width)))
         return
@@ -859,6 +1060,11 @@ def main() -> None:
         parser.error("--cache-sim and --profiles go with --instructions")
     if args.paired and (args.calls or args.instructions):
         parser.error("--paired times; it does not go with --calls or --instructions")
+    if args.interleaved and (args.paired or args.calls or args.instructions):
+        parser.error("--interleaved is a timing of its own; it does not go with --paired, --calls or --instructions")
+    if args.interleaved and args.iters < 4 * WRITE_PERIOD:
+        parser.error(f"--interleaved needs --iters of at least {4 * WRITE_PERIOD} (a steady stretch of whole "
+                     f"writer periods), got {args.iters}")
     if args.pairs < 1:
         parser.error(f"--pairs must be at least 1, got {args.pairs}")
     if args.jobs < 1:
@@ -883,6 +1089,11 @@ def main() -> None:
             print_instructions(systems, args.iters, args.width, args.profiles, args.cache_sim)
         else:
             print_calls(systems, args.iters, args.width)
+        if skipped:
+            print(f"not installed, skipped: {', '.join(skipped)}")
+        return
+    if args.interleaved:
+        print_interleaved(systems, args.rounds, args.iters, args.width, args.jobs)
         if skipped:
             print(f"not installed, skipped: {', '.join(skipped)}")
         return

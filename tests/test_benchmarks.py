@@ -85,6 +85,60 @@ def test_peers_benchmark_paired_times_each_system_against_hand_in_its_own_proces
         assert row[6] == "True", row
 
 
+def test_peers_benchmark_interleaved_alternates_the_two_loops_an_iteration_each():
+    peers = _peers_module()
+    turns = peers._TakingTurns(first=0)
+    order = []
+
+    def loop(me, iterations):
+        turns.wait_for_first_turn(me)
+        try:
+            for i in range(iterations):
+                order.append((me, i))
+                turns.hand_over(me)
+        finally:
+            turns.finish(me)
+
+    # The loop in the second thread runs 3 iterations, this one 5: once it
+    # has returned, the other is no longer held up waiting for turns.
+    other = threading.Thread(target=loop, args=(0, 3))
+    other.start()
+    loop(1, 5)
+    other.join(timeout=60)
+    assert not other.is_alive()
+    assert order == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2), (1, 3), (1, 4)]
+
+
+def test_peers_benchmark_interleaved_times_each_system_against_hand_in_turns_on_one_cpu():
+    script = str(ROOT / "benchmarks" / "peers.py")
+    child = subprocess.run([sys.executable, script, "--child", "treadle-hooks", "--interleaved", "--iters", "80"],
+                           capture_output=True, text=True, timeout=300, check=True).stdout
+    result = json.loads(child.strip().splitlines()[-1])
+    assert result["system"] == "treadle-hooks" and result["system_first"] is False, result
+    # Both loops share one CPU; both end with the same weights.
+    assert len(result["cpus"]) == 1 and result["bit_identical"] is True, result
+    assert result["hand_ms"] > 0 and abs(result["added_us"]) < 1e6, result
+    # The flush falls in the last phase of the writers' period: the costliest.
+    assert result["flush_phase_us"] > result["added_us"], result
+    out = subprocess.run([sys.executable, script, "--interleaved", "--rounds", "2", "--iters", "80",
+                          "--systems", "hand", "treadle-bare"],
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    assert "taking turns with it, an iteration each, in the same process on one CPU" in out, out
+    rows = {line[:28].strip(): line[28:].split() for line in out.splitlines()[2:]}
+    # hand's row is the control: the hand-written loop against itself.
+    assert sorted(rows) == ["hand (against itself)", "treadle-bare"], out
+    for row in rows.values():
+        hand_ms, added, error, spread, ratio, same = float(row[0]), float(row[1]), float(row[2]), row[3], float(row[4]), row[6]
+        assert hand_ms > 0 and abs(added) < 1e6 and error >= 0 and spread.count("..") == 1, row
+        # From the rounded figures printed beside it.
+        assert ratio == pytest.approx(1 + added / (hand_ms * 1e3), abs=5e-4) and same == "True", row
+    proc = subprocess.run([sys.executable, script, "--interleaved", "--paired"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--interleaved is a timing of its own" in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, script, "--interleaved", "--iters", "79"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "--interleaved needs --iters of at least 80" in proc.stderr, proc.stderr
+
+
 def test_peers_benchmark_measures_every_system_with_no_gpu_visible(monkeypatch):
     # MMEngine's Runner and pytorch-accelerated's Trainer move the model to a
     # GPU they can see: on a GPU machine they trained there while the others
