@@ -1,6 +1,7 @@
 """inference_on_dataset: feeding, modes, grad, devices, progress logging."""
 
 import logging
+import sys
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from treadle.evaluation import (
     inference_context,
     inference_on_dataset,
 )
+from tiny_models import DeepForward, minor_faults
 
 
 class _Recorder(DatasetEvaluator):
@@ -199,3 +201,21 @@ def test_bad_arguments():
         inference_on_dataset(nn.Identity(), [], None, log_period=-1)
     with pytest.raises(TypeError, match="expected a DatasetEvaluator, a list of them or None; got str"):
         inference_on_dataset(nn.Identity(), [], "accuracy")
+
+
+@pytest.mark.skipif(sys.platform != "linux" or sys.implementation.name != "cpython" or sys.version_info < (3, 11),
+                    reason="CPython's frame stack in chunks (3.11+); page faults counted by Linux")
+def test_inference_maps_no_frame_stack_chunk_per_batch_however_deep_the_forward_calls():
+    model = DeepForward()
+    batches = [torch.randn(8, 4) for _ in range(100)]
+
+    def faults(count):
+        start = minor_faults()
+        inference_on_dataset(model, batches[:count], None)
+        return minor_faults() - start
+
+    faults(20)  # warm
+    # What 80 more batches cost: a forward 300 frames deep would map a chunk
+    # of CPython's frame stack per batch (and fault it in) without the room
+    # the loop runs with (treadle.utils.frame_stack).
+    assert (faults(100) - faults(20)) / 80 < 0.25

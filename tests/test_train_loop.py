@@ -1,4 +1,5 @@
 import logging
+import sys
 import time
 
 import pytest
@@ -8,6 +9,8 @@ from treadle.engine import HookBase, HookOrderError, StepBase, TrainerBase
 from treadle.events import ScalarKind
 from treadle.hooks import IterationTimer
 from treadle.hooks.callback import CallbackHook
+
+from tiny_models import DeepForward, minor_faults
 
 
 class RecordingStep(StepBase):
@@ -472,3 +475,50 @@ def test_a_subclass_with_its_own_after_step_and_a_hook_registered_in_training_ru
     assert _after_steps(log, "late") == [2, 3, 4, 5]
     trainer.after_step()  # outside the loop: every hook
     assert _after_steps(log, "late")[-1] == trainer.iter
+
+
+class _FaultCounter(HookBase):
+    """Page faults per iteration over iterations ``first`` to ``last``."""
+
+    def __init__(self, first: int, last: int) -> None:
+        self.first, self.last, self.at = first, last, {}
+
+    def after_step(self) -> None:
+        if self.trainer.iter in (self.first, self.last):
+            self.at[self.trainer.iter] = minor_faults()
+
+    def per_iteration(self) -> float:
+        return (self.at[self.last] - self.at[self.first]) / (self.last - self.first)
+
+
+@pytest.mark.skipif(sys.platform != "linux" or sys.implementation.name != "cpython" or sys.version_info < (3, 11),
+                    reason="CPython's frame stack in chunks (3.11+); page faults counted by Linux")
+def test_the_loop_maps_no_frame_stack_chunk_per_iteration_however_deep_its_step_calls():
+    from treadle.engine import EagerStep
+
+    torch.manual_seed(0)
+    batches = [(torch.randn(8, 4), torch.randint(0, 2, (8,))) for _ in range(80)]
+
+    def hand_faults_per_iteration() -> float:
+        model = DeepForward()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i, (x, y) in enumerate(batches):
+            if i == 20:
+                start = minor_faults()
+            optimizer.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        return (minor_faults() - start) / (len(batches) - 20)
+
+    if sys.version_info < (3, 13):
+        # The hazard, in a hand-written loop: each forward maps a chunk of
+        # the frame stack, faults its pages in and unmaps it on return.
+        assert hand_faults_per_iteration() >= 1
+    model = DeepForward()
+    counter = _FaultCounter(20, 79)
+    trainer = TrainerBase(EagerStep(model, batches, torch.optim.SGD(model.parameters(), lr=0.1),
+                                    loss_fn=torch.nn.functional.cross_entropy))
+    trainer.register_hooks([counter])
+    trainer.train(0, 80)
+    # treadle's loop runs in a chunk with room for the whole step.
+    assert counter.per_iteration() < 0.25

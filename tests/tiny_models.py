@@ -44,3 +44,26 @@ def classification(n: int = 256, seed: int = 0) -> torch.utils.data.TensorDatase
     x = torch.randn(n, 6, generator=g)
     y = (x[:, :3].sum(1) > 0).long()
     return torch.utils.data.TensorDataset(x, y)
+
+
+def _recurse(depth: int, x: torch.Tensor) -> torch.Tensor:
+    return x if depth == 0 else _recurse(depth - 1, x)
+
+
+class DeepForward(torch.nn.Module):
+    """A linear layer whose forward goes 300 Python frames deep: more than
+    one 16 KiB chunk of CPython's frame stack, wherever it starts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(_recurse(300, x))
+
+
+def minor_faults() -> int:
+    """The process's minor page faults so far (Linux)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -14,6 +14,7 @@ from treadle.events import EventStorage
 from treadle.events.distributed import reduce_across_ranks
 from treadle.hooks.base import HOOK_STAGES, HookBase
 from treadle.utils import comm
+from treadle.utils.frame_stack import call_with_frame_room
 from treadle.utils.rng import get_rng_state, set_rng_state
 from treadle.utils.run_start import training_starts
 
@@ -356,7 +357,9 @@ class TrainerBase:
                 if finishing:
                     self.iter = max_iter
                 else:
-                    self._run_iterations(start_iter, max_iter)
+                    # The loop and each step in one frame-stack chunk, however
+                    # deep train() was called from (see treadle.utils.frame_stack).
+                    call_with_frame_room(self._run_iterations, start_iter, max_iter)
                     # Like detectron2: after_train sees the first iteration not run.
                     self.iter += 1
             except (Exception, KeyboardInterrupt, SystemExit) as e:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from treadle.utils import comm
+from treadle.utils.frame_stack import call_with_frame_room
 
 from .batch import ForwardFn, default_forward, move_to_device
 from .evaluator import DatasetEvaluator, as_evaluator
@@ -156,20 +157,25 @@ def inference_on_dataset(
     )
     evaluator.reset()
     progress = _Progress(total, log_period, num_warmup=min(5, total - 1) if total else 5)
-    num_batches = 0
-    with inference_context(model), torch.no_grad():
-        data_start = time.perf_counter()
-        for index, batch in enumerate(data_loader):
-            compute_start = time.perf_counter()
-            if target is not None:
-                batch = move_to_device(batch, target)
-            outputs = feed(model, batch)
-            evaluator.process(batch, outputs)
-            compute_end = time.perf_counter()
-            num_batches = index + 1
-            progress.batch_done(index, compute_start - data_start, compute_end - compute_start)
+
+    def run_batches() -> int:
+        num_batches = 0
+        with inference_context(model), torch.no_grad():
             data_start = time.perf_counter()
-    progress.finished(num_batches)
+            for index, batch in enumerate(data_loader):
+                compute_start = time.perf_counter()
+                if target is not None:
+                    batch = move_to_device(batch, target)
+                outputs = feed(model, batch)
+                evaluator.process(batch, outputs)
+                compute_end = time.perf_counter()
+                num_batches = index + 1
+                progress.batch_done(index, compute_start - data_start, compute_end - compute_start)
+                data_start = time.perf_counter()
+        return num_batches
+
+    # Each batch's forward in one frame-stack chunk, as the training loop's.
+    progress.finished(call_with_frame_room(run_batches))
 
     results = evaluator.evaluate()
     if results is None:
