@@ -678,16 +678,27 @@ class _TurnBatches(_StampedBatches):
         self.turns, self.me = turns, me
         self.began = [0.0] * len(x)
         self.returned = [0.0] * len(x)
+        # The process's minor page faults at the same moments: the other
+        # loop's iterations fall outside this loop's spans.
+        self.faults_began = [0] * len(x)
+        self.faults_returned = [0] * len(x)
 
     def __getitem__(self, i: int) -> Tuple[Any, Any]:
         self.began[i] = time.perf_counter()
+        self.faults_began[i] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         self.turns.hand_over(self.me)
+        self.faults_returned[i] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         self.returned[i] = time.perf_counter()
         return self.x[i], self.y[i]
 
     def iteration_seconds(self) -> List[float]:
         """Iterations ``first`` to ``last - 1``: from the batch's return to the next fetch."""
         return [self.began[i + 1] - self.returned[i] for i in range(self.first, self.last)]
+
+    def faults_per_iteration(self) -> float:
+        """Minor page faults per iteration over the same spans."""
+        faults = sum(self.faults_began[i + 1] - self.faults_returned[i] for i in range(self.first, self.last))
+        return faults / (self.last - self.first)
 
 
 def interleaved_child(system: str, iters: int, width: int, system_first: bool) -> Dict[str, Any]:
@@ -757,6 +768,8 @@ def interleaved_child(system: str, iters: int, width: int, system_first: bool) -
         "flush_phase_us": phases[-1] if len(phases) == WRITE_PERIOD else float("nan"),
         "phases_us": phases,
         "hand_ms": statistics.median(hand_times) * 1e3,
+        "hand_faults": works[1 - system_slot].dataset.faults_per_iteration(),
+        "faults": works[system_slot].dataset.faults_per_iteration(),
         "bit_identical": _digest(built[0][0]) == _digest(built[1][0]),
         "cpus": _cpus(),
     }
@@ -791,13 +804,25 @@ L1_MISSES = ("I1mr", "D1mr", "D1mw")
 LL_MISSES = ("ILmr", "DLmr", "DLmw")
 
 
+# glibc's malloc, left to itself, gives memory back to the system and takes
+# it again (page faults) depending on where each process's allocations lie:
+# at a ~3 ms step (activations of a megabyte or more) one process faulted
+# ~200 times per iteration and the next ~800, tens to hundreds of
+# microseconds that follow no system. Fixed thresholds keep what a process
+# frees for its next step, as a long run's heap does. --malloc-defaults
+# leaves glibc's own.
+STEADY_HEAP = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**30)}
+
+
 def child_environment(**extra: str) -> Dict[str, str]:
     """The environment of every measured process. This is a CPU benchmark:
     no GPU is visible, since MMEngine's ``Runner`` and pytorch-accelerated's
     ``Trainer`` move the model to one on their own when they see it (on a
     GPU machine they trained there, with other numbers, while every other
-    system trained on the CPU)."""
-    return {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "", **extra}
+    system trained on the CPU). The heap is kept steady (``STEADY_HEAP``)
+    unless ``TREADLE_BENCH_MALLOC_DEFAULTS`` is set (``--malloc-defaults``)."""
+    heap = {} if os.environ.get("TREADLE_BENCH_MALLOC_DEFAULTS") else STEADY_HEAP
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "", **heap, **extra}
 
 
 def events_per_iter(system: str, iters: int, width: int, profiles: Optional[str] = None,
@@ -976,7 +1001,7 @@ def print_interleaved(systems: List[str], rounds: int, iters: int, width: int, j
           f"the same process on one CPU, width {width}, {iters} iterations, one thread each, "
           f"{_plural(rounds, 'process', 'processes')} per system, mean over the processes" + _jobs_note(jobs))
     print(f"{'system':<28} {'hand ms/it':>10} {'+us over hand':>14} {'std err':>8} {'IQR':>16} "
-          f"{'ratio to hand':>14} {'flush iter +us':>15} {'bit-identical':>14}")
+          f"{'ratio to hand':>14} {'flush iter +us':>15} {'faults/it':>12} {'bit-identical':>14}")
     for system, rows in results.items():
         added = [r["added_us"] for r in rows]
         mean = statistics.fmean(added)
@@ -984,9 +1009,11 @@ def print_interleaved(systems: List[str], rounds: int, iters: int, width: int, j
         hand_ms = statistics.median(r["hand_ms"] for r in rows)
         flush = statistics.fmean(r["flush_phase_us"] for r in rows)
         same = all(r["bit_identical"] for r in rows)
+        # Minor page faults per iteration, the system's / hand's (see STEADY_HEAP).
+        faults = f"{statistics.fmean(r['faults'] for r in rows):.1f}/{statistics.fmean(r['hand_faults'] for r in rows):.1f}"
         label = "hand (against itself)" if system == "hand" else system
         print(f"{label:<28} {hand_ms:10.3f} {mean:+14.1f} {error:8.1f} {_interquartile(added, '+.1f', '..'):>16} "
-              f"{1 + mean / (hand_ms * 1e3):14.4f} {flush:+15.1f} {str(same):>14}")
+              f"{1 + mean / (hand_ms * 1e3):14.4f} {flush:+15.1f} {faults:>12} {str(same):>14}")
 
 
 def _plural(count: int, one: str, many: str = "") -> str:
@@ -1036,11 +1063,16 @@ def main() -> None:
                              "processes); hand in --systems is the loop against itself, the control")
     parser.add_argument("--jobs", type=int, default=1,
                         help="measured processes at a time, each pinned to a physical core of its own (default 1)")
+    parser.add_argument("--malloc-defaults", action="store_true",
+                        help="leave glibc's malloc its own thresholds in the measured processes (by default they "
+                             "are fixed, so that no process returns freed memory and faults it in again each step)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--bounded", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--system-first", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.malloc_defaults:
+        os.environ["TREADLE_BENCH_MALLOC_DEFAULTS"] = "1"
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     if args.child:

@@ -128,8 +128,10 @@ def test_peers_benchmark_interleaved_times_each_system_against_hand_in_turns_on_
     # hand's row is the control: the hand-written loop against itself.
     assert sorted(rows) == ["hand (against itself)", "treadle-bare"], out
     for row in rows.values():
-        hand_ms, added, error, spread, ratio, same = float(row[0]), float(row[1]), float(row[2]), row[3], float(row[4]), row[6]
+        hand_ms, added, error, spread, ratio, same = float(row[0]), float(row[1]), float(row[2]), row[3], float(row[4]), row[7]
         assert hand_ms > 0 and abs(added) < 1e6 and error >= 0 and spread.count("..") == 1, row
+        # Page faults per iteration, the system's and hand's.
+        assert all(float(count) >= 0 for count in row[6].split("/")), row
         # From the rounded figures printed beside it.
         assert ratio == pytest.approx(1 + added / (hand_ms * 1e3), abs=5e-4) and same == "True", row
     proc = subprocess.run([sys.executable, script, "--interleaved", "--paired"], capture_output=True, text=True, timeout=120)
@@ -151,11 +153,28 @@ def test_peers_benchmark_measures_every_system_with_no_gpu_visible(monkeypatch):
         return subprocess.CompletedProcess(command, 0, stdout='{"system": "mmengine"}\n', stderr="")
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.delenv("TREADLE_BENCH_MALLOC_DEFAULTS", raising=False)
     monkeypatch.setattr(peers.subprocess, "run", run)
     assert peers._run_child("mmengine", 30, 128, "--paired") == {"system": "mmengine"}
     assert environments[0]["CUDA_VISIBLE_DEVICES"] == "" and environments[0]["HIP_VISIBLE_DEVICES"] == ""
+    # Each measured process gets the steady heap (see STEADY_HEAP).
+    assert environments[0]["MALLOC_TRIM_THRESHOLD_"] == peers.STEADY_HEAP["MALLOC_TRIM_THRESHOLD_"]
     # The rest of the caller's environment is passed on.
     assert environments[0]["PATH"] == os.environ["PATH"]
+
+
+def test_peers_benchmark_keeps_the_measured_processes_heap_steady_unless_told(monkeypatch):
+    peers = _peers_module()
+    monkeypatch.delenv("TREADLE_BENCH_MALLOC_DEFAULTS", raising=False)
+    environment = peers.child_environment()
+    assert environment["MALLOC_TRIM_THRESHOLD_"] == str(2**30), environment
+    assert environment["MALLOC_MMAP_THRESHOLD_"] == str(32 * 2**20), environment
+    # --malloc-defaults: glibc's own thresholds (the caller's environment, unchanged).
+    monkeypatch.setenv("TREADLE_BENCH_MALLOC_DEFAULTS", "1")
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    environment = peers.child_environment()
+    assert "MALLOC_TRIM_THRESHOLD_" not in environment and "MALLOC_MMAP_THRESHOLD_" not in environment
 
 
 def _peers_module():
