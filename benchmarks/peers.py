@@ -110,6 +110,14 @@ process is not moved between cores by the scheduler. The processes still
 share the last-level cache and memory bandwidth; read the figures beside a
 ``--jobs 1`` run before trusting a small difference.
 
+Every system's ``train`` (and the reference) is called with room on
+CPython's frame stack (``treadle.utils.frame_stack.call_with_frame_room``,
+which treadle's own loops use): on CPython 3.11 and 3.12 a loop that happens
+to sit just below a 16 KiB chunk of that stack maps and unmaps a chunk at
+every step, which would make a system's figure depend on how deep this
+script calls it rather than on its code (``benchmarks/frame_depth.py``).
+Each measured process also keeps a steady heap (``STEADY_HEAP``).
+
 Console output of every system goes to ``os.devnull`` through its usual
 path (``logging``, ``print``, progress bars): formatting a line is paid for,
 a terminal is not.
@@ -139,6 +147,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from treadle.utils.frame_stack import call_with_frame_room
 
 TREADLE = ["treadle-bare", "treadle-hooks", "treadle-trainer"]
 PEERS = ["ignite", "accelerate", "mmengine", "mmengine-log", "pytorch-accelerated", "pytorch-accelerated-default",
@@ -281,7 +291,7 @@ def _reference(work: Workload) -> float:
     """Seconds per iteration of the reference, timed in this process."""
     _, train = run_reference(work)
     start = time.perf_counter()
-    train()
+    call_with_frame_room(train)
     return (time.perf_counter() - start) / work.iters
 
 
@@ -560,7 +570,7 @@ def count_calls(system: str, iters: int, width: int) -> Dict[str, Any]:
         _settle_garbage_collector()
         with contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
             try:
-                train()
+                call_with_frame_room(train)
             finally:
                 sys.setprofile(None)
     return {"system": system, "calls_per_iter": calls / (work.dataset.last - work.dataset.first)}
@@ -576,7 +586,7 @@ def _timed_run(work: Workload, run: Callable[[Workload, str], Run], folder: str,
     work.dataset.stamps.clear()
     with contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
         start = time.perf_counter()
-        train()
+        call_with_frame_room(train)
         whole = (time.perf_counter() - start) / work.iters
     return work.dataset.steady_seconds_per_iter(), whole, model
 
@@ -739,7 +749,7 @@ def interleaved_child(system: str, iters: int, width: int, system_first: bool) -
         def train(me: int) -> None:
             turns.wait_for_first_turn(me)
             try:
-                built[me][1]()
+                call_with_frame_room(built[me][1])
             except BaseException as error:  # noqa: BLE001 - raised again by the main thread
                 failures.append(error)
             finally:
@@ -790,7 +800,7 @@ def run_bounded(system: str, iters: int, width: int) -> Dict[str, Any]:
         _, train = (run_reference_bounded if system == "reference" else RUNNERS[system])(work, workdir)
         _settle_garbage_collector()
         with contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
-            train()
+            call_with_frame_room(train)
     return {"system": system, "stretch": work.dataset.last - work.dataset.first}
 
 

@@ -244,6 +244,25 @@ def test_peers_benchmark_refuses_paired_with_counts_fewer_than_one_pair_or_only_
     assert proc.returncode == 2 and "--jobs goes with the timed tables, not with --calls or --instructions" in proc.stderr
 
 
+def test_frame_depth_benchmark_prints_each_system_with_its_worst_depth():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "frame_depth.py"), "--iters", "10", "--max-depth", "6", "--step", "3",
+         "--systems", "hand", "treadle-bare"],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout
+    assert "by the depth train() is called from" in out and "depths 0-6 step 3" in out, out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:]}
+    assert sorted(rows) == ["hand", "treadle-bare"], out
+    for row in rows.values():
+        median, worst, there, faults = float(row[1]), int(row[2]), float(row[3]), float(row[4])
+        assert median > 0 and worst in (0, 3, 6) and there > 0 and faults >= 0, row
+        # "N of 3": depths 0, 3 and 6 were measured.
+        assert row[6:8] == ["of", "3"] and 0 <= int(row[5]) <= 3, row
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "frame_depth.py"), "--step", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--step at least 1" in proc.stderr, proc.stderr
+
+
 def test_flush_benchmark_prints_each_part_with_and_without_records():
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "flush.py"), "--rounds", "1", "--iters", "40"],
