@@ -2,7 +2,7 @@
 
 CPython keeps the frames of Python functions on a stack of 16 KiB chunks
 per thread and unmaps a chunk as soon as the frame at its start returns
-(3.11 and 3.12; 3.13 and 3.14 keep one back, python/cpython#142183). A loop
+(3.11, 3.12, 3.13.0; later 3.13 and 3.14 keep one back, python/cpython#142183). A loop
 called from just below a chunk boundary then maps, faults in and unmaps a
 chunk at every step. This trains ``benchmarks/peers.py``'s workload (a
 0.3-0.5 ms step) with ``hand`` (a hand-written loop) and with treadle's

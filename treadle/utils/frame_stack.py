@@ -10,9 +10,11 @@ it does depends only on how deep the loop happens to be called from: on the
 development machine (a 2-core VM, where ``munmap`` is dear) the bare engine's
 0.35 ms step took up to 0.6 ms at the worst depths, with ~18 page faults per
 iteration, and the same at a depth a few frames away took 0.35 ms with none
-(``python benchmarks/frame_depth.py``). CPython 3.13 and 3.14 keep one chunk
-back instead of unmapping it (python/cpython#142183), which ends the
-mapping; 3.11 and 3.12 do not.
+(``python benchmarks/frame_depth.py``). The 2026 releases of CPython 3.13
+and 3.14 keep one chunk back instead of unmapping it
+(python/cpython#142183), which ends the mapping but not the crossing;
+3.11, 3.12 and 3.13.0 (checked here) do not. Crossing no boundary at all
+is what this module gives on every CPython from 3.11.
 
 :func:`call_with_frame_room` runs a function in a frame that reserves room
 above it, so that the loop and everything it calls fit in one chunk for as
