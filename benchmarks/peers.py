@@ -112,7 +112,7 @@ share the last-level cache and memory bandwidth; read the figures beside a
 
 Every system's ``train`` (and the reference) is called with room on
 CPython's frame stack (``treadle.utils.frame_stack.call_with_frame_room``,
-which treadle's own loops use): on CPython 3.11 and 3.12 a loop that happens
+which treadle's own loops use): on CPython 3.11 to 3.13.0 a loop that happens
 to sit just below a 16 KiB chunk of that stack maps and unmaps a chunk at
 every step, which would make a system's figure depend on how deep this
 script calls it rather than on its code (``benchmarks/frame_depth.py``).
