@@ -53,8 +53,11 @@ if [[ $CHECKS == *" cpu "* ]]; then
     # Width 6144: a ~3 ms step on a server core (4096 gave ~1.9 ms on an H200 machine's Xeon).
     "$PYTHON" benchmarks/peers.py --paired --jobs "$jobs" --rounds 6 --pairs 2 --iters 1000 --width 6144 \
         --systems treadle-bare treadle-hooks treadle-trainer 2>&1 | tee -a "$OUT/cpu_paired.log" || status=1
-    # The same step taking turns an iteration each with hand (resolves what
-    # runs seconds apart do not), with the control and the known +30 us.
+    # Both steps again taking turns an iteration each with hand (resolves
+    # what runs seconds apart do not), with the control and the known +30 us.
+    "$PYTHON" benchmarks/peers.py --interleaved --jobs "$jobs" --rounds 12 \
+        --systems hand hand-plus-30us treadle-bare treadle-hooks treadle-trainer 2>&1 \
+        | tee -a "$OUT/cpu_paired.log" || status=1
     "$PYTHON" benchmarks/peers.py --interleaved --jobs "$jobs" --rounds 24 --iters 600 --width 6144 \
         --systems hand hand-plus-30us treadle-bare treadle-hooks treadle-trainer 2>&1 \
         | tee -a "$OUT/cpu_paired.log" || status=1
