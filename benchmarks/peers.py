@@ -653,11 +653,12 @@ def paired_child(system: str, iters: int, width: int, pairs: int) -> Dict[str, A
 class _TakingTurns:
     """Two training loops in two threads of one process, one iteration each
     in turn: a loop's batch fetch hands the turn to the other loop and waits
-    for it back. A loop that has returned gives up its turns for good."""
+    for it back; loop 0 goes first. A loop that has returned gives up its
+    turns for good."""
 
-    def __init__(self, first: int) -> None:
+    def __init__(self) -> None:
         self._changed = threading.Condition()
-        self._turn = first
+        self._turn = 0
         self._finished = [False, False]
 
     def hand_over(self, me: int) -> None:
@@ -729,7 +730,7 @@ def interleaved_child(system: str, iters: int, width: int, system_first: bool) -
         # Both loops on one CPU: two CPUs of a shared host are slowed unequally.
         os.sched_setaffinity(0, {physical_cores()[-1]})
     devnull = _quiet_console()
-    turns = _TakingTurns(first=0)
+    turns = _TakingTurns()
     # Slot 0 runs in the second thread and goes first; slot 1 in this one.
     names = (system, "hand") if system_first else ("hand", system)
     works = []

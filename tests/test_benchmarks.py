@@ -87,7 +87,7 @@ def test_peers_benchmark_paired_times_each_system_against_hand_in_its_own_proces
 
 def test_peers_benchmark_interleaved_alternates_the_two_loops_an_iteration_each():
     peers = _peers_module()
-    turns = peers._TakingTurns(first=0)
+    turns = peers._TakingTurns()
     order = []
 
     def loop(me, iterations):
