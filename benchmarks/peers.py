@@ -70,18 +70,23 @@ seconds between runs in one process only.
 ``--interleaved`` times what a system adds at a step long enough that
 runs minutes or seconds apart differ by more than the overhead (a ~3 ms
 step on a shared host): in each process ``hand`` and the system train at
-once, in two threads pinned to one CPU, an iteration each in turn (a
-loop's batch fetch hands the turn over), so that the two iterations
+once, each in a thread of its own (the main thread only waits), both
+pinned to one CPU, an iteration each in turn (a loop's batch fetch hands
+the turn over), so that the two iterations
 compared are taken milliseconds apart. Each iteration is timed from its
 batch's return to its next fetch. Per phase of the writers' period
 (iteration ``i % 20``; a flush falls in one phase, and what it costs the
 iterations after it falls in the next), the median difference over the
 process's steady stretch; their mean is the process's figure, flushes
-included. Which loop runs in the second thread and takes the first turn
-alternates between processes, and the table gives the mean over
-``--rounds`` processes with its standard error: a process's layout in
+included. Which loop takes the first turn alternates between processes
+(going first is worth a steady few tens of microseconds at a long step),
+and the table gives the mean of the two orders' means with its standard
+error, each order's from its own processes' spread: a process's layout in
 memory moves its figure by tens of microseconds, which only more
-processes average out. ``hand`` in ``--systems`` is the control (the loop
+processes average out. The steady stretch starts after ``--warmup``
+iterations (a tenth of ``--iters`` by default): at a ~3 ms step the heap
+settles over the first few hundred (the bare engine's grows once, by
+~20 MB, between its iterations 200 and 300, ~5000 page faults). ``hand`` in ``--systems`` is the control (the loop
 against itself: zero, within its standard error), and ``hand-plus-30us``
 (the loop with 30 us of busy waiting per iteration, run only when named)
 the check that the method finds a difference of that size.
@@ -712,17 +717,18 @@ class _TurnBatches(_StampedBatches):
         return faults / (self.last - self.first)
 
 
-def interleaved_child(system: str, iters: int, width: int, system_first: bool) -> Dict[str, Any]:
+def interleaved_child(system: str, iters: int, width: int, system_first: bool,
+                      warmup: Optional[int] = None) -> Dict[str, Any]:
     """One process (``--interleaved``): ``hand`` and ``system`` train at
-    once in two threads on one CPU, an iteration each in turn. The loop in
-    the second thread takes the first turn: ``system`` there with
-    ``system_first``, in this thread otherwise (a loop's thread and place in
-    the turns can be worth tens of microseconds on a shared host, so
-    processes alternate them). For each phase of the writers' period
+    once in two threads on one CPU, an iteration each in turn. ``system``
+    takes the first turn with ``system_first``, ``hand`` otherwise (a
+    loop's place in the turns is worth tens of microseconds at a long step,
+    so processes alternate them). For each phase of the writers' period
     (iteration ``i % 20``: a flush falls in one phase), the median over the
     steady stretch of what ``system``'s iteration took more than ``hand``'s
     of the same index; the mean over the phases is what it adds per
-    iteration, flushes included."""
+    iteration, flushes included. The steady stretch starts after
+    ``warmup`` iterations (a tenth of them by default)."""
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -731,12 +737,12 @@ def interleaved_child(system: str, iters: int, width: int, system_first: bool) -
         os.sched_setaffinity(0, {physical_cores()[-1]})
     devnull = _quiet_console()
     turns = _TakingTurns()
-    # Slot 0 runs in the second thread and goes first; slot 1 in this one.
+    # Slot 0 goes first.
     names = (system, "hand") if system_first else ("hand", system)
     works = []
     for me in (0, 1):
         work = Workload(width, iters)
-        work.dataset = _TurnBatches(work.x, work.y, iters // 10, turns, me)
+        work.dataset = _TurnBatches(work.x, work.y, iters // 10 if warmup is None else warmup, turns, me)
         works.append(work)
     with tempfile.TemporaryDirectory() as workdir:
         _reference(Workload(width, min(iters, 200)))  # warms the allocator and the kernels
@@ -756,13 +762,18 @@ def interleaved_child(system: str, iters: int, width: int, system_first: bool) -
             finally:
                 turns.finish(me)
 
-        second = threading.Thread(target=train, args=(0,))
+        # Each loop in a thread of its own, neither in this one: glibc gives
+        # each new thread a fresh malloc arena, whereas this thread's main
+        # arena holds what the imports and the builds left. A loop run here
+        # spent 30-45 us more per iteration of a ~3 ms step in glibc's
+        # malloc than the same loop in the other thread (perf samples of
+        # the timed spans), a difference between the two slots, not systems.
+        threads = [threading.Thread(target=train, args=(me,)) for me in (0, 1)]
         with contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
-            second.start()
-            try:
-                train(1)
-            finally:
-                second.join()
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
         if failures:
             raise failures[0]
     system_slot = 0 if system_first else 1
@@ -775,6 +786,7 @@ def interleaved_child(system: str, iters: int, width: int, system_first: bool) -
     return {
         "system": system,
         "system_first": system_first,
+        "warmup": first,
         "added_us": statistics.fmean(phases),
         "flush_phase_us": phases[-1] if len(phases) == WRITE_PERIOD else float("nan"),
         "phases_us": phases,
@@ -997,26 +1009,27 @@ def print_paired(systems: List[str], rounds: int, pairs: int, iters: int, width:
               f"{statistics.median(added):+14.1f} {spread:>16} {ratio:14.3f} {str(same):>14}")
 
 
-def print_interleaved(systems: List[str], rounds: int, iters: int, width: int, jobs: int = 1) -> None:
+def print_interleaved(systems: List[str], rounds: int, iters: int, width: int, jobs: int = 1,
+                      warmup: Optional[int] = None) -> None:
     """``--interleaved``: per system, ``rounds`` processes (see
     :func:`interleaved_child`), which loop takes the first turn alternating
     between them; the mean over the processes of what the system adds per
     iteration, with its standard error. ``hand`` in ``systems`` is the
     control: the hand-written loop against itself, which should read zero."""
     results: Dict[str, List[Dict[str, Any]]] = {s: [] for s in systems}
-    tasks = [(system, ("--interleaved",) + (("--system-first",) if r % 2 else ()))
-             for r in range(rounds) for system in systems]
+    common = ("--interleaved",) + (() if warmup is None else ("--warmup", str(warmup)))
+    tasks = [(system, common + (("--system-first",) if r % 2 else ())) for r in range(rounds) for system in systems]
     for row in run_children(tasks, iters, width, jobs):
         results[row["system"]].append(row)
     print(f"per-iteration time against the hand-written DataLoader loop taking turns with it, an iteration each, in "
           f"the same process on one CPU, width {width}, {iters} iterations, one thread each, "
-          f"{_plural(rounds, 'process', 'processes')} per system, mean over the processes" + _jobs_note(jobs))
+          f"{_plural(rounds, 'process', 'processes')} per system, half with each loop first, mean of the two halves' "
+          "means" + _jobs_note(jobs))
     print(f"{'system':<28} {'hand ms/it':>10} {'+us over hand':>14} {'std err':>8} {'IQR':>16} "
           f"{'ratio to hand':>14} {'flush iter +us':>15} {'faults/it':>12} {'bit-identical':>14}")
     for system, rows in results.items():
         added = [r["added_us"] for r in rows]
-        mean = statistics.fmean(added)
-        error = statistics.stdev(added) / len(added) ** 0.5 if len(added) > 1 else float("nan")
+        mean, error = _mean_over_slots(rows)
         hand_ms = statistics.median(r["hand_ms"] for r in rows)
         flush = statistics.fmean(r["flush_phase_us"] for r in rows)
         same = all(r["bit_identical"] for r in rows)
@@ -1025,6 +1038,23 @@ def print_interleaved(systems: List[str], rounds: int, iters: int, width: int, j
         label = "hand (against itself)" if system == "hand" else system
         print(f"{label:<28} {hand_ms:10.3f} {mean:+14.1f} {error:8.1f} {_interquartile(added, '+.1f', '..'):>16} "
               f"{1 + mean / (hand_ms * 1e3):14.4f} {flush:+15.1f} {faults:>12} {str(same):>14}")
+
+
+def _mean_over_slots(rows: List[Dict[str, Any]]) -> Tuple[float, float]:
+    """What a system adds per iteration and its standard error: the mean
+    of the two slots' means (the system's loop first, or ``hand``'s), the
+    error of that mean from each slot's own spread. Which loop goes first
+    is worth a steady few tens of microseconds at a long step, the same in
+    every process of a slot: pooling the two slots would count it as noise.
+    Processes of one slot only: their mean and its error."""
+    slots = [[r["added_us"] for r in rows if r["system_first"] is first] for first in (True, False)]
+    if all(len(values) > 1 for values in slots):
+        means = [statistics.fmean(values) for values in slots]
+        variance = sum(statistics.variance(values) / len(values) for values in slots) / 4
+        return statistics.fmean(means), variance ** 0.5
+    added = [r["added_us"] for r in rows]
+    error = statistics.stdev(added) / len(added) ** 0.5 if len(added) > 1 else float("nan")
+    return statistics.fmean(added), error
 
 
 def _plural(count: int, one: str, many: str = "") -> str:
@@ -1072,6 +1102,9 @@ def main() -> None:
                         help="time each system and the hand-written DataLoader loop taking turns an iteration each in "
                              "one process on one CPU, and print what it adds per iteration (mean over --rounds "
                              "processes); hand in --systems is the loop against itself, the control")
+    parser.add_argument("--warmup", type=int,
+                        help="with --interleaved: iterations left out at the start, before the steady stretch "
+                             "(default a tenth of --iters); at a long step the heap settles over the first few hundred")
     parser.add_argument("--jobs", type=int, default=1,
                         help="measured processes at a time, each pinned to a physical core of its own (default 1)")
     parser.add_argument("--malloc-defaults", action="store_true",
@@ -1094,7 +1127,7 @@ def main() -> None:
             print(json.dumps(paired_child(args.child, args.iters, args.width, args.pairs)))
             return
         if args.interleaved:
-            print(json.dumps(interleaved_child(args.child, args.iters, args.width, args.system_first)))
+            print(json.dumps(interleaved_child(args.child, args.iters, args.width, args.system_first, args.warmup)))
             return
         measure = count_calls if args.calls else child
         print(json.dumps(measure(args.child, args.iters, args.width)))
@@ -1108,6 +1141,11 @@ def main() -> None:
     if args.interleaved and args.iters < 4 * WRITE_PERIOD:
         parser.error(f"--interleaved needs --iters of at least {4 * WRITE_PERIOD} (a steady stretch of whole "
                      f"writer periods), got {args.iters}")
+    if args.warmup is not None and not args.interleaved:
+        parser.error("--warmup goes with --interleaved")
+    if args.warmup is not None and not 0 <= args.warmup <= args.iters - 4 * WRITE_PERIOD:
+        parser.error(f"--warmup must be from 0 to --iters - {4 * WRITE_PERIOD} (a steady stretch of whole writer "
+                     f"periods must remain), got {args.warmup}")
     if args.pairs < 1:
         parser.error(f"--pairs must be at least 1, got {args.pairs}")
     if args.jobs < 1:
@@ -1136,7 +1174,7 @@ def main() -> None:
             print(f"not installed, skipped: {', '.join(skipped)}")
         return
     if args.interleaved:
-        print_interleaved(systems, args.rounds, args.iters, args.width, args.jobs)
+        print_interleaved(systems, args.rounds, args.iters, args.width, args.jobs, args.warmup)
         if skipped:
             print(f"not installed, skipped: {', '.join(skipped)}")
         return

@@ -139,6 +139,32 @@ def test_peers_benchmark_interleaved_times_each_system_against_hand_in_turns_on_
     proc = subprocess.run([sys.executable, script, "--interleaved", "--iters", "79"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and "--interleaved needs --iters of at least 80" in proc.stderr, proc.stderr
+    # The steady stretch starts after --warmup iterations (a tenth by default).
+    assert result["warmup"] == 8, result
+    child = subprocess.run([sys.executable, script, "--child", "treadle-bare", "--interleaved", "--iters", "100",
+                            "--warmup", "20", "--system-first"],
+                           capture_output=True, text=True, timeout=300, check=True).stdout
+    result = json.loads(child.strip().splitlines()[-1])
+    assert result["warmup"] == 20 and result["system_first"] is True and result["bit_identical"] is True, result
+    proc = subprocess.run([sys.executable, script, "--interleaved", "--iters", "100", "--warmup", "21"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--warmup must be from 0 to --iters - 80" in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, script, "--paired", "--warmup", "5"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "--warmup goes with --interleaved" in proc.stderr, proc.stderr
+
+
+def test_peers_benchmark_interleaved_averages_the_two_orders_and_takes_each_orders_spread():
+    peers = _peers_module()
+    rows = [{"system_first": True, "added_us": v} for v in (10.0, 12.0, 14.0)]
+    rows += [{"system_first": False, "added_us": v} for v in (-6.0, -4.0)]
+    mean, error = peers._mean_over_slots(rows)
+    # (12 + -5) / 2, not the pooled 5.2; the error from each order's own
+    # variance (4 over 3 processes, 2 over 2), not from the 9 us between them.
+    assert mean == pytest.approx(3.5) and error == pytest.approx((4 / 3 + 2 / 2) ** 0.5 / 2), (mean, error)
+    # Processes of one order only: their plain mean and standard error.
+    mean, error = peers._mean_over_slots(rows[:3])
+    assert mean == pytest.approx(12.0) and error == pytest.approx(2 / 3 ** 0.5), (mean, error)
 
 
 def test_peers_benchmark_measures_every_system_with_no_gpu_visible(monkeypatch):
