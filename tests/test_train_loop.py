@@ -327,6 +327,42 @@ def test_the_last_epochs_end_is_hook_time_not_taken_off_the_step(clock, treadle_
     assert "Total training time: 0:02:40 (0:02:00 on hooks, outside the step)" in [r.getMessage() for r in treadle_caplog.records]
 
 
+class SetsValue(HookBase):
+    """Sets ``box[0]`` to the iteration before each step and to ten times it after."""
+
+    def __init__(self, box):
+        self.box = box
+
+    def before_step(self):
+        self.box[0] = self.trainer.iter
+
+    def after_step(self):
+        self.box[0] = 10 * self.trainer.iter
+
+
+class RecordsEveryIteration(HookBase):
+    """Asks the loop to read ``box[0]`` every iteration, in the first training only."""
+
+    def __init__(self, box, points):
+        self.box, self.points, self.asked = box, points, False
+
+    def before_train(self):
+        if not self.asked:
+            self.trainer.record_every_iteration(self.points, lambda: self.box[0])
+            self.asked = True
+
+
+def test_the_loop_records_a_value_every_iteration_after_the_step_before_any_after_step():
+    box, points = [None], []
+    # SetsValue comes first: the value is read before its after_step all the same.
+    trainer = make_trainer([], [SetsValue(box), RecordsEveryIteration(box, points)])
+    trainer.train(0, 5)
+    assert points == [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4)]
+    # The next train() reads only what its own before_train asks for: nothing.
+    trainer.train(5, 8)
+    assert box[0] == 70 and points == [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4)]
+
+
 def test_callback_hook_is_reusable_across_train_calls():
     calls = []
     hook = CallbackHook(before_train=lambda t: calls.append("bt"), after_step=lambda t: calls.append(t.iter))

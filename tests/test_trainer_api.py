@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from treadle.engine import Trainer
+from treadle.hooks import LRMonitor
 
 from tiny_models import CountingTokens, classification, tiny_gpt2
 
@@ -253,6 +254,38 @@ def test_without_a_scheduler_a_rate_changed_by_a_callback_stays_changed():
     assert [e["lr"] for e in history.epochs] == [0.1, 0.05, 0.025]
     assert history["lr"] == [0.1] * 8 + [0.05] * 8 + [0.025] * 8
     assert all(torch.equal(a, b) for a, b in zip(by_hand.model.parameters(), scheduled.model.parameters()))
+
+
+def test_without_a_scheduler_the_rate_is_read_by_the_loop_and_no_hook_runs_between_the_writers(monkeypatch):
+    # LRMonitor is not called at every iteration to publish the rate (the
+    # loop reads it: TrainerBase.record_every_iteration), so the default
+    # hooks run nothing between the writers' flushes; every iteration still
+    # has the rate its step used, a callback's change included.
+    called_at = []
+    publish = LRMonitor.after_step
+
+    def counted(self):
+        called_at.append(self.trainer.iter)
+        publish(self)
+
+    monkeypatch.setattr(LRMonitor, "after_step", counted)
+    trainer = make(max_epochs=3, log_period=5, callbacks=[_halve_lr], output_dir=None)
+    history = trainer.train()
+    assert history["lr"] == [0.1] * 8 + [0.05] * 8 + [0.025] * 8
+    # Only where a periodic hook is due (the writer every 5, the last iteration): all hooks run there, in order.
+    assert called_at == [4, 9, 14, 19, 23], called_at
+    timings = trainer.timings()
+    assert timings["LRMonitor.after_step"] < timings["PeriodicWriter.after_step"], timings
+
+
+def test_without_a_scheduler_a_float_rate_a_callback_makes_a_tensor_is_published_too():
+    def to_tensor(trainer, epoch, metrics):
+        for group in trainer.optimizer.param_groups:
+            group["lr"] = torch.tensor(group["lr"] * 0.5)
+
+    history = make(max_epochs=2, callbacks=[to_tensor]).train()
+    assert history["lr"] == pytest.approx([0.1] * 8 + [0.05] * 8)
+    assert all(type(lr) is float for lr in history["lr"])
 
 
 def test_without_a_scheduler_a_tensor_rate_changed_in_place_is_published_and_its_start_kept():

@@ -163,6 +163,8 @@ class TrainerBase:
         self.step_end_time = 0.0
         self._iteration_times: Optional[List[Tuple[float, int]]] = None
         self._iteration_times_from = 0
+        # (points, read) pairs a hook asked for (record_every_iteration).
+        self._every_iteration_reads: List[Tuple[List[Tuple[Any, int]], Callable[[], Any]]] = []
         # Seconds of the iterations timed for time_iterations, in the last train().
         self.timed_iteration_seconds = 0.0
         self._timings: Dict[str, float] = defaultdict(float)
@@ -339,6 +341,7 @@ class TrainerBase:
         self._epochs_done_through = start_iter - 1
         self._boundary = []
         self._iteration_times = None
+        self._every_iteration_reads = []
         self.timed_iteration_seconds = 0.0
         self._timings = defaultdict(float)
         self._loop_seconds = None
@@ -403,6 +406,7 @@ class TrainerBase:
         check_each_step = self.nonfinite_check == "step"
         # The series of iteration times a hook asked for (time_iterations).
         times, times_from = self._iteration_times, self._iteration_times_from
+        reads = self._every_iteration_reads
         timed = 0.0
         self._loop_started = clock()
         # In the loop, after_step runs the hooks called every iteration, and
@@ -428,6 +432,9 @@ class TrainerBase:
                 if times is not None and it >= times_from:
                     times.append((end - start, it))
                     timed += end - start
+                if reads:
+                    for points, read in reads:
+                        points.append((read(), it))
                 if it >= self._after_step_next_due:
                     # A periodic hook is due: every hook runs, in order.
                     self._after_step_now = self._hooks_by_stage["after_step"]
@@ -466,6 +473,19 @@ class TrainerBase:
         a hook would cost a call every iteration."""
         self._iteration_times = points
         self._iteration_times_from = from_iter
+
+    def record_every_iteration(self, points: List[Tuple[Any, int]], read: Callable[[], Any]) -> None:
+        """Has the loop append ``(read(), iteration)`` to ``points`` after
+        every iteration's step, before any hook's ``after_step``, in this
+        training. Call it in ``before_train``
+        (:class:`~treadle.hooks.LRMonitor` passes the storage's ``lr``
+        series and a read of the rate): for a value a hook would otherwise
+        publish from ``after_step`` at every iteration, where the hook's call
+        is most of the cost on a fast step. ``read`` takes no argument; one
+        made of C functions (``functools.partial(operator.getitem, group,
+        "lr")``) runs no Python frame. An exception from it fails the
+        iteration, as a failing step does."""
+        self._every_iteration_reads.append((points, read))
 
     def at_iteration_end(self, task: Callable[[], None], key: str) -> None:
         """Runs ``task()`` once, when the current iteration ends: after every
