@@ -698,8 +698,12 @@ class _TurnBatches(_StampedBatches):
         # loop's iterations fall outside this loop's spans.
         self.faults_began = [0] * len(x)
         self.faults_returned = [0] * len(x)
+        # The loop's thread, for tools that attribute samples to it (perf_spans.py).
+        self.thread_id: Optional[int] = None
 
     def __getitem__(self, i: int) -> Tuple[Any, Any]:
+        if self.thread_id is None:
+            self.thread_id = threading.get_native_id()
         self.began[i] = time.perf_counter()
         self.faults_began[i] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         self.turns.hand_over(self.me)
@@ -718,7 +722,7 @@ class _TurnBatches(_StampedBatches):
 
 
 def interleaved_child(system: str, iters: int, width: int, system_first: bool,
-                      warmup: Optional[int] = None) -> Dict[str, Any]:
+                      warmup: Optional[int] = None, spans: Optional[str] = None) -> Dict[str, Any]:
     """One process (``--interleaved``): ``hand`` and ``system`` train at
     once in two threads on one CPU, an iteration each in turn. ``system``
     takes the first turn with ``system_first``, ``hand`` otherwise (a
@@ -728,7 +732,10 @@ def interleaved_child(system: str, iters: int, width: int, system_first: bool,
     steady stretch of what ``system``'s iteration took more than ``hand``'s
     of the same index; the mean over the phases is what it adds per
     iteration, flushes included. The steady stretch starts after
-    ``warmup`` iterations (a tenth of them by default)."""
+    ``warmup`` iterations (a tenth of them by default). With ``spans``, a
+    JSON file there gets each loop's thread id and the timed spans of its
+    iterations (``time.perf_counter``, CLOCK_MONOTONIC on Linux), for
+    ``perf_spans.py``."""
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -777,6 +784,13 @@ def interleaved_child(system: str, iters: int, width: int, system_first: bool,
         if failures:
             raise failures[0]
     system_slot = 0 if system_first else 1
+    if spans:
+        with open(spans, "w") as f:
+            json.dump([{"name": name, "is_system": slot == system_slot, "thread_id": work.dataset.thread_id,
+                        "first": work.dataset.first,
+                        "spans": [(work.dataset.returned[i], work.dataset.began[i + 1])
+                                  for i in range(work.dataset.first, work.dataset.last)]}
+                       for slot, (name, work) in enumerate(zip(names, works))], f)
     hand_times, times = (works[slot].dataset.iteration_seconds() for slot in (1 - system_slot, system_slot))
     first = works[0].dataset.first
     by_phase: List[List[float]] = [[] for _ in range(WRITE_PERIOD)]
@@ -1114,6 +1128,7 @@ def main() -> None:
     parser.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--bounded", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--system-first", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--spans", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.malloc_defaults:
         os.environ["TREADLE_BENCH_MALLOC_DEFAULTS"] = "1"
@@ -1127,7 +1142,8 @@ def main() -> None:
             print(json.dumps(paired_child(args.child, args.iters, args.width, args.pairs)))
             return
         if args.interleaved:
-            print(json.dumps(interleaved_child(args.child, args.iters, args.width, args.system_first, args.warmup)))
+            print(json.dumps(interleaved_child(args.child, args.iters, args.width, args.system_first, args.warmup,
+                                                  args.spans)))
             return
         measure = count_calls if args.calls else child
         print(json.dumps(measure(args.child, args.iters, args.width)))

@@ -154,6 +154,42 @@ def test_peers_benchmark_interleaved_times_each_system_against_hand_in_turns_on_
     assert proc.returncode == 2 and "--warmup goes with --interleaved" in proc.stderr, proc.stderr
 
 
+def test_peers_benchmark_interleaved_child_writes_each_loops_thread_and_timed_spans(tmp_path):
+    script = str(ROOT / "benchmarks" / "peers.py")
+    spans = tmp_path / "spans.json"
+    subprocess.run([sys.executable, script, "--child", "treadle-bare", "--interleaved", "--iters", "100",
+                    "--warmup", "20", "--spans", str(spans)], capture_output=True, text=True, timeout=300, check=True)
+    loops = json.loads(spans.read_text())
+    assert [(loop["name"], loop["is_system"]) for loop in loops] == [("hand", False), ("treadle-bare", True)], loops
+    # Two threads of their own, neither the main one; iterations 20..98 timed.
+    assert len({loop["thread_id"] for loop in loops} | {os.getpid()}) == 3, loops
+    for loop in loops:
+        assert loop["first"] == 20 and len(loop["spans"]) == 79, loop
+        assert all(start < end for start, end in loop["spans"]), loop
+    # Turns: each span of one loop lies between two of the other's.
+    ends = sorted((start, end, loop["is_system"]) for loop in loops for start, end in loop["spans"])
+    assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:])), ends[:4]
+
+
+@pytest.mark.skipif(shutil.which("perf") is None, reason="perf is not installed")
+def test_perf_spans_attributes_the_samples_of_the_timed_spans_by_shared_object():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "perf_spans.py"), "--system", "hand-plus-30us",
+                          "--processes", "2", "--iters", "200", "--warmup", "40", "--width", "128"],
+                         capture_output=True, text=True, timeout=600)
+    if out.returncode != 0 and "perf_event_paranoid" in out.stderr + out.stdout:
+        pytest.skip("perf may not sample here")
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("hand-plus-30us against hand, interleaved, width 128"), out.stdout
+    processes = [line.split() for line in lines[2:4]]
+    assert [row[0] for row in processes] == ["0", "1"], out.stdout
+    for row in processes:
+        timed, sampled = float(row[1]), float(row[2])
+        # The known 30 us of busy waiting, timed and sampled alike.
+        assert 10 < timed < 60 and 10 < sampled < 60, row
+    assert "by shared object:" in out.stdout and "by function" in out.stdout, out.stdout
+
+
 def test_peers_benchmark_interleaved_averages_the_two_orders_and_takes_each_orders_spread():
     peers = _peers_module()
     rows = [{"system_first": True, "added_us": v} for v in (10.0, 12.0, 14.0)]
