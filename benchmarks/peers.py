@@ -772,7 +772,7 @@ def interleaved_child(system: str, iters: int, width: int, system_first: bool,
         # Each loop in a thread of its own, neither in this one: glibc gives
         # each new thread a fresh malloc arena, whereas this thread's main
         # arena holds what the imports and the builds left. A loop run here
-        # spent 30-45 us more per iteration of a ~3 ms step in glibc's
+        # spent 15-45 us more per iteration of a ~3 ms step in glibc's
         # malloc than the same loop in the other thread (perf samples of
         # the timed spans), a difference between the two slots, not systems.
         threads = [threading.Thread(target=train, args=(me,)) for me in (0, 1)]
