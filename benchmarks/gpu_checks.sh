@@ -58,7 +58,7 @@ if [[ $CHECKS == *" cpu "* ]]; then
     "$PYTHON" benchmarks/peers.py --interleaved --jobs "$jobs" --rounds 12 \
         --systems hand hand-plus-30us treadle-bare treadle-hooks treadle-trainer 2>&1 \
         | tee -a "$OUT/cpu_paired.log" || status=1
-    "$PYTHON" benchmarks/peers.py --interleaved --jobs "$jobs" --rounds 24 --iters 600 --width 6144 \
+    "$PYTHON" benchmarks/peers.py --interleaved --jobs "$jobs" --rounds 24 --iters 900 --warmup 300 --width 6144 \
         --systems hand hand-plus-30us treadle-bare treadle-hooks treadle-trainer 2>&1 \
         | tee -a "$OUT/cpu_paired.log" || status=1
 fi
