@@ -281,7 +281,7 @@ def test_without_a_scheduler_the_rate_is_read_by_the_loop_and_no_hook_runs_betwe
 def test_without_a_scheduler_a_float_rate_a_callback_makes_a_tensor_is_published_too():
     def to_tensor(trainer, epoch, metrics):
         for group in trainer.optimizer.param_groups:
-            group["lr"] = torch.tensor(group["lr"] * 0.5)
+            group["lr"] = group["lr"] * 0.5 if isinstance(group["lr"], torch.Tensor) else torch.tensor(group["lr"] * 0.5)
 
     history = make(max_epochs=2, callbacks=[to_tensor]).train()
     assert history["lr"] == pytest.approx([0.1] * 8 + [0.05] * 8)
