@@ -85,8 +85,9 @@ error, each order's from its own processes' spread: a process's layout in
 memory moves its figure by tens of microseconds, which only more
 processes average out. The steady stretch starts after ``--warmup``
 iterations (a tenth of ``--iters`` by default): at a ~3 ms step the heap
-settles over the first few hundred (the bare engine's grows once, by
-~20 MB, between its iterations 200 and 300, ~5000 page faults). ``hand`` in ``--systems`` is the control (the loop
+settles over the first few hundred (in one process looked at, the bare
+engine's grew once, by ~20 MB, between its iterations 200 and 300).
+``hand`` in ``--systems`` is the control (the loop
 against itself: zero, within its standard error), and ``hand-plus-30us``
 (the loop with 30 us of busy waiting per iteration, run only when named)
 the check that the method finds a difference of that size.
@@ -1027,8 +1028,8 @@ def print_interleaved(systems: List[str], rounds: int, iters: int, width: int, j
                       warmup: Optional[int] = None) -> None:
     """``--interleaved``: per system, ``rounds`` processes (see
     :func:`interleaved_child`), which loop takes the first turn alternating
-    between them; the mean over the processes of what the system adds per
-    iteration, with its standard error. ``hand`` in ``systems`` is the
+    between them; what the system adds per iteration, the mean of the two
+    orders' means, with its standard error (:func:`_mean_over_slots`). ``hand`` in ``systems`` is the
     control: the hand-written loop against itself, which should read zero."""
     results: Dict[str, List[Dict[str, Any]]] = {s: [] for s in systems}
     common = ("--interleaved",) + (() if warmup is None else ("--warmup", str(warmup)))
