@@ -467,36 +467,52 @@ class Periodic(HookBase):
         self.log.append((self.name, self.trainer.iter))
 
 
-class EveryIterationSubclass(Periodic):
-    def after_step(self):  # its own after_step, without a period of its own: every iteration
+class OwnAfterStepSubclass(Periodic):
+    def after_step(self):  # its own after_step: called at the period it inherits
         self.log.append((self.name, self.trainer.iter))
+
+
+class EveryIterationSubclass(Periodic):
+    def after_step_period(self):  # declares that its after_step has work every iteration
+        return None
 
 
 def _after_steps(log, name):
     return [it for who, it in log if who == name]
 
 
-def test_a_periodic_hook_is_called_at_its_periods_and_the_last_iteration_only():
+def test_a_periodic_hook_registered_alone_is_called_at_its_periods_and_the_last_iteration_only():
     log = []
-    trainer = make_trainer([], [Periodic("p5", log, 5), Periodic("never", log, 0)])
+    trainer = make_trainer([], [Periodic("p5", log, 5)])
     trainer.train(0, 13)
     assert _after_steps(log, "p5") == [4, 9, 12]
-    assert _after_steps(log, "never") == [4, 9, 12]  # due with p5: every hook runs where any is due
     log.clear()
     trainer.train(7, 13)  # a resumed run counts periods from iteration 0
     assert _after_steps(log, "p5") == [9, 12]
 
 
-def test_hooks_run_in_order_on_due_iterations_and_others_every_iteration():
+def test_periodic_hooks_of_other_periods_are_each_called_at_their_own_iterations_in_list_order():
     log = []
-    trainer = make_trainer([], [Periodic("p3", log, 3), Periodic("every", log, None), Periodic("p4", log, 4)])
+    hooks = [Periodic("p3", log, 3), Periodic("every", log, None), Periodic("p4", log, 4), Periodic("last", log, 0)]
+    trainer = make_trainer([], hooks)
     trainer.train(0, 9)
     assert _after_steps(log, "every") == list(range(9))
-    assert _after_steps(log, "p3") == [2, 3, 5, 7, 8] and _after_steps(log, "p4") == [2, 3, 5, 7, 8]
-    assert [who for who, it in log if it == 3] == ["p3", "every", "p4"]
+    assert _after_steps(log, "p3") == [2, 5, 8]
+    assert _after_steps(log, "p4") == [3, 7, 8]
+    assert _after_steps(log, "last") == [8]
+    assert [who for who, it in log if it == 3] == ["every", "p4"]
+    assert [who for who, it in log if it == 8] == ["p3", "every", "p4", "last"]
 
 
-def test_a_subclass_with_its_own_after_step_and_a_hook_registered_in_training_run_every_iteration():
+def test_a_subclass_keeps_its_parents_period_unless_it_declares_its_own():
+    log = []
+    trainer = make_trainer([], [OwnAfterStepSubclass("own", log, 5), EveryIterationSubclass("every", log, 5)])
+    trainer.train(0, 12)
+    assert _after_steps(log, "own") == [4, 9, 11]
+    assert _after_steps(log, "every") == list(range(12))
+
+
+def test_a_hook_registered_in_training_runs_every_iteration_and_outside_training_every_hook_runs():
     log = []
     late = Periodic("late", log, 100)
 
@@ -505,12 +521,13 @@ def test_a_subclass_with_its_own_after_step_and_a_hook_registered_in_training_ru
             if self.trainer.iter == 1:
                 self.trainer.register_hooks([late])
 
-    trainer = make_trainer([], [EveryIterationSubclass("sub", log, 5), Registrar()])
+    trainer = make_trainer([], [Periodic("p5", log, 5), Registrar()])
     trainer.train(0, 6)
-    assert _after_steps(log, "sub") == list(range(6))
     assert _after_steps(log, "late") == [2, 3, 4, 5]
-    trainer.after_step()  # outside the loop: every hook
-    assert _after_steps(log, "late")[-1] == trainer.iter
+    assert _after_steps(log, "p5") == [4, 5]
+    log.clear()
+    trainer.after_step()  # outside the loop: every hook, as detectron2's
+    assert log == [("p5", trainer.iter), ("late", trainer.iter)]
 
 
 class _FaultCounter(HookBase):

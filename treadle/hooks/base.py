@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Type
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Type, TypeVar
 
 if TYPE_CHECKING:  # hooks reach the trainer through self.trainer, never by import
     from treadle.engine.train_loop import TrainerBase
 
 __all__ = ["HookBase", "HOOK_STAGES"]
+
+H = TypeVar("H", bound="HookBase")
 
 HOOK_STAGES: Tuple[str, ...] = (
     "before_train",
@@ -50,9 +52,17 @@ class HookBase:
     loaded with ``torch.load(weights_only=True)``. The default saves the
     attributes named in :attr:`state_attributes`.
 
-    Ordering: a hook that must run after another one (because it reads what
-    that one puts into storage, say) names that hook's class in
-    :attr:`runs_after`; ``register_hooks`` refuses a list that breaks it.
+    Order, the one rule: hooks run in the order of the hook list, as in
+    detectron2. A hook that must run after another one (because it reads
+    what that one produces at the same iteration) names that hook's class in
+    :attr:`runs_after`; ``register_hooks`` refuses a list that breaks it,
+    with a :class:`~treadle.engine.HookOrderError` that says why. A hook
+    that needs another hook's instance without an order (a checkpointer
+    that flushes the writers first) names its class in :attr:`uses`. Either
+    way it finds the registered instances with :meth:`hooks_of`, resolved
+    once at registration, never by scanning ``trainer.hooks``.
+    ``after_step`` runs at the iterations :meth:`after_step_period`
+    declares, and nowhere else.
     """
 
     trainer: "TrainerBase"
@@ -64,6 +74,8 @@ class HookBase:
     # Why, for the HookOrderError's message (no order rule without a reason
     # that no other design could remove).
     order_reason: str = ""
+    # Hook classes whose registered instances this hook works with, in any order.
+    uses: Tuple[Type["HookBase"], ...] = ()
 
     def before_train(self) -> None:
         """Called once, before the first iteration."""
@@ -87,27 +99,35 @@ class HookBase:
         """Called after each iteration (see :meth:`after_step_period`)."""
 
     def after_step_period(self) -> Optional[int]:
-        """How often :meth:`after_step` has work to do, for a periodic hook.
+        """The iterations where :meth:`after_step` runs, for a periodic hook.
 
-        ``None`` (the default): every iteration. ``N``: only after iterations
-        ``N - 1``, ``2N - 1``, ... and after the last one (``0``: the last one
-        only); the trainer then skips the calls in between, which on a fast
-        step are a measurable part of a periodic hook's cost. On the
-        iterations where any hook is due, every hook's ``after_step`` runs,
-        in order. Asked when training starts, after every ``before_train``
-        (a period in epochs is known by then); a hook registered during
-        training, and a subclass that overrides ``after_step`` but not this
-        method, are called every iteration.
+        ``None`` (the default): every iteration. ``N``: after iterations
+        ``N - 1``, ``2N - 1``, ... and after the run's last one; ``0``: after
+        the last one only. The trainer calls ``after_step`` there and nowhere
+        else, so the hook need not check its period again; the calls in
+        between, which on a fast step are a measurable part of a periodic
+        hook's cost, are not made. A subclass inherits the period with the
+        rest of the class: one whose own ``after_step`` has work at every
+        iteration returns ``None`` here. Asked when training starts, after
+        every ``before_train`` (a period in epochs is known by then); a hook
+        registered during training is called every iteration of that
+        training.
         """
         return None
 
-    def _after_step_schedule(self) -> Optional[int]:
-        """:meth:`after_step_period`, where it describes this class's own
-        ``after_step``; else ``None``."""
-        mro = type(self).__mro__
-        step_owner = next(c for c in mro if "after_step" in c.__dict__)
-        period_owner = next(c for c in mro if "after_step_period" in c.__dict__)
-        return self.after_step_period() if issubclass(period_owner, step_owner) else None
+    def hooks_of(self, kind: Type[H]) -> List[H]:
+        """The registered hooks of class ``kind``, in call order.
+
+        ``kind`` must be named in :attr:`runs_after` or :attr:`uses`: the
+        dependency is declared by the class and resolved when hooks are
+        registered. Empty before registration and when none is registered.
+        """
+        if not any(issubclass(kind, declared) for declared in (*self.runs_after, *self.uses)):
+            raise TypeError(
+                f"{type(self).__name__}.hooks_of({kind.__name__}): declare {kind.__name__} in "
+                f"{type(self).__name__}.runs_after or .uses first"
+            )
+        return [h for h in self.__dict__.get("_registered_peers", ()) if isinstance(h, kind)]
 
     def state_dict(self) -> Dict[str, Any]:
         """State saved in checkpoints; an empty dict saves nothing."""

@@ -47,9 +47,8 @@ def _flush_writers(hook: HookBase) -> None:
     Written first, a line the checkpoint does not cover is dropped and
     written again by the resumed run instead.
     """
-    for h in hook.trainer.hooks:
-        if isinstance(h, PeriodicWriter):
-            h.flush()
+    for writer in hook.hooks_of(PeriodicWriter):
+        writer.flush()
 
 
 class BestCheckpointer(HookBase):
@@ -85,6 +84,7 @@ class BestCheckpointer(HookBase):
 
     runs_after = (EvalHook,)
     order_reason = "it reads the evaluation's result of the same iteration"
+    uses = (EMA,)
     state_attributes = ("best_metric", "best_iter")
 
     def __init__(
@@ -116,11 +116,11 @@ class BestCheckpointer(HookBase):
         self._eval_hooks: List[EvalHook] = []
 
     def before_train(self) -> None:
-        self._eval_hooks = [h for h in self.trainer.hooks if isinstance(h, EvalHook)]
+        self._eval_hooks = self.hooks_of(EvalHook)
         if not self._eval_hooks:
             raise ValueError(f"BestCheckpointer('{self.metric}') needs an EvalHook registered before it.")
         self._checkpointer = _trainer_checkpointer(self, self._checkpointer)
-        self._ema = next((h for h in self.trainer.hooks if isinstance(h, EMA) and h.eval_with_ema), None)
+        self._ema = next((h for h in self.hooks_of(EMA) if h.eval_with_ema), None)
         logger.info("BestCheckpointer: saving %s when %s reaches a new %s", self.file_prefix, self.metric,
                     "maximum" if self.mode == "max" else "minimum")
 
@@ -212,6 +212,8 @@ class PeriodicCheckpointer(HookBase):
             ``{file_prefix}_final.safetensors`` (for Hugging Face tools).
     """
 
+    # It flushes the writers before each save (see _flush_writers).
+    uses = (PeriodicWriter,)
     state_attributes = ("lineage",)
 
     def __init__(

@@ -68,7 +68,7 @@ class EarlyStopping(HookBase):
         self._eval_hooks: List[EvalHook] = []
 
     def before_train(self) -> None:
-        self._eval_hooks = [h for h in self.trainer.hooks if isinstance(h, EvalHook)]
+        self._eval_hooks = self.hooks_of(EvalHook)
         if not self._eval_hooks:
             raise ValueError(f"EarlyStopping('{self.metric}') needs an EvalHook registered before it.")
 

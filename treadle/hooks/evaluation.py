@@ -76,9 +76,10 @@ class EvalHook(HookBase):
         return self._period.iterations
 
     def after_step(self) -> None:
+        # Called at the period only (after_step_period); the run's last
+        # iteration is evaluated by after_train.
         it = self.trainer.iter
-        # The last iteration is evaluated by after_train.
-        if self._period.fires_after(it) and it + 1 != self.trainer.max_iter:
+        if it + 1 != self.trainer.max_iter:
             self._do_eval(it)
 
     def after_train(self) -> None:
@@ -91,8 +92,8 @@ class EvalHook(HookBase):
         self._do_eval(self.trainer.iter)
 
     def _ema_context(self) -> contextlib.AbstractContextManager:
-        for h in self.trainer.hooks:
-            if isinstance(h, EMA) and h.eval_with_ema:
+        for h in self.hooks_of(EMA):
+            if h.eval_with_ema:
                 return h.averaged_weights()
         return contextlib.nullcontext()
 

@@ -127,7 +127,7 @@ class PreciseBN(HookBase):
         trainer = getattr(self, "trainer", None)
         if trainer is None:
             return None
-        return next((h for h in trainer.hooks if isinstance(h, EMA) and h.eval_with_ema), None)
+        return next((h for h in self.hooks_of(EMA) if h.eval_with_ema), None)
 
     def _recompute(self) -> None:
         # fvcore assigns new tensors to running_mean/var; anything holding the

@@ -13,6 +13,7 @@ from treadle.utils import comm
 
 from .base import HookBase
 from .checkpointing import PeriodicCheckpointer, _flush_writers, _trainer_checkpointer
+from .writing import PeriodicWriter
 
 if TYPE_CHECKING:
     from treadle.checkpoint import Checkpointer
@@ -61,6 +62,10 @@ class PreemptionHandler(HookBase):
     previous ones restored in ``after_train`` (``tools/train_net.py``'s own
     handler then exits with status 75 on a further signal).
     """
+
+    # It flushes the writers and counts its file as one of the periodic
+    # checkpointer's when both write the same files.
+    uses = (PeriodicCheckpointer, PeriodicWriter)
 
     def __init__(
         self,
@@ -150,12 +155,8 @@ class PreemptionHandler(HookBase):
 
     def _periodic_checkpointer(self) -> Optional[PeriodicCheckpointer]:
         """The PeriodicCheckpointer writing the same files (checkpointer and prefix), if any."""
-        for h in self.trainer.hooks:
-            if (
-                isinstance(h, PeriodicCheckpointer)
-                and h.checkpointer is self._checkpointer
-                and h.file_prefix == self.file_prefix
-            ):
+        for h in self.hooks_of(PeriodicCheckpointer):
+            if h.checkpointer is self._checkpointer and h.file_prefix == self.file_prefix:
                 return h
         return None
 

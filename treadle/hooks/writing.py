@@ -64,10 +64,8 @@ class PeriodicWriter(HookBase):
         return self._period
 
     def after_step(self) -> None:
-        trainer = self.trainer
-        it = trainer.iter
-        if (it + 1) % self._period == 0 or it == trainer.max_iter - 1:
-            self.write()
+        # Called at the period only (after_step_period).
+        self.write()
 
     def after_train(self) -> None:
         try:
