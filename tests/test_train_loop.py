@@ -200,6 +200,23 @@ def test_wrong_hook_order_is_reported():
     assert [type(h) for h in trainer.hooks] == [Producer, Consumer]
 
 
+class User(HookBase):
+    uses = (Producer,)
+
+
+def test_a_hook_finds_the_hooks_it_declares_resolved_at_registration():
+    trainer = make_trainer([])
+    first, consumer, user = Producer(), Consumer(), User()
+    assert consumer.hooks_of(Producer) == []  # not registered yet
+    trainer.register_hooks([first, consumer, user])
+    assert consumer.hooks_of(Producer) == [first] and user.hooks_of(Producer) == [first]
+    second = Producer()
+    trainer.register_hooks([second])  # a later registration is resolved too
+    assert user.hooks_of(Producer) == [first, second]
+    with pytest.raises(TypeError, match=r"Consumer.hooks_of\(User\): declare User in Consumer.runs_after or .uses"):
+        consumer.hooks_of(User)
+
+
 def test_non_hook_is_rejected():
     with pytest.raises(TypeError, match="HookBase instances, got int"):
         make_trainer([]).register_hooks([3])
