@@ -210,9 +210,10 @@ def test_a_hook_finds_the_hooks_it_declares_resolved_at_registration():
     assert consumer.hooks_of(Producer) == []  # not registered yet
     trainer.register_hooks([first, consumer, user])
     assert consumer.hooks_of(Producer) == [first] and user.hooks_of(Producer) == [first]
-    second = Producer()
-    trainer.register_hooks([second])  # a later registration is resolved too
-    assert user.hooks_of(Producer) == [first, second]
+    later_trainer, user, early, late = make_trainer([]), User(), Producer(), Producer()
+    later_trainer.register_hooks([early, user])
+    later_trainer.register_hooks([late])  # `uses` sets no order; a later registration is resolved too
+    assert user.hooks_of(Producer) == [early, late]
     with pytest.raises(TypeError, match=r"Consumer.hooks_of\(User\): declare User in Consumer.runs_after or .uses"):
         consumer.hooks_of(User)
 
