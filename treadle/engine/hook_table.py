@@ -125,6 +125,8 @@ class HookTable:
 
         One clock read per call: each call's end is the next one's start.
         """
+        if not calls:
+            return
         seconds = self.seconds
         clock = time.perf_counter
         start = clock()

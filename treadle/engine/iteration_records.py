@@ -22,10 +22,17 @@ class IterationRecords:
         self.times_from = 0
         self.timed_seconds = 0.0
         self.reads: List[Tuple[List[Tuple[Any, int]], Callable[[], Any]]] = []
+        # Whether anything is asked for: the loop's one check per iteration.
+        self.active = False
 
-    @property
-    def active(self) -> bool:
-        return self.times is not None or bool(self.reads)
+    def time_from(self, points: List[Tuple[float, int]], from_iter: int) -> None:
+        """Appends ``(seconds, iteration)`` to ``points`` from ``from_iter`` on."""
+        self.times, self.times_from, self.active = points, from_iter, True
+
+    def read_every_iteration(self, points: List[Tuple[Any, int]], read: Callable[[], Any]) -> None:
+        """Appends ``(read(), iteration)`` to ``points`` at every iteration."""
+        self.reads.append((points, read))
+        self.active = True
 
     def add(self, iteration: int, seconds: float) -> None:
         """Records ``iteration``, whose step took ``seconds`` from its start."""

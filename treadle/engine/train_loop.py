@@ -319,8 +319,7 @@ class TrainerBase:
         (:class:`~treadle.hooks.IterationTimer` passes the storage's ``time``
         series): the loop does it with the clock reads it makes anyway, where
         a hook would cost a call every iteration."""
-        self._records.times = points
-        self._records.times_from = from_iter
+        self._records.time_from(points, from_iter)
 
     @property
     def timed_iteration_seconds(self) -> float:
@@ -338,7 +337,7 @@ class TrainerBase:
         made of C functions (``functools.partial(operator.getitem, group,
         "lr")``) runs no Python frame. An exception from it fails the
         iteration, as a failing step does."""
-        self._records.reads.append((points, read))
+        self._records.read_every_iteration(points, read)
 
     def at_iteration_end(self, task: Callable[[], None], key: str) -> None:
         """Runs ``task()`` once, when the current iteration ends: after every
