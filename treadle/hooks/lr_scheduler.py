@@ -242,9 +242,13 @@ def _refuse_plateau(scheduler: Any) -> None:
 
 class _StepsOptimizer:
     """``optimizer``: the one given, else the trainer's step object's, found
-    when first needed (a hook is built before it has a trainer)."""
+    when first needed (a hook is built before it has a trainer); and the
+    publishing of its rate, shared by :class:`LRScheduler` and :class:`LRMonitor`."""
 
     _optimizer: Optional[torch.optim.Optimizer]
+    _param_groups: List[Dict[str, Any]]
+    _group_index: int
+    _lrs: Optional[List[Any]]
     trainer: Any
 
     @property
@@ -252,6 +256,15 @@ class _StepsOptimizer:
         if self._optimizer is None:
             self._optimizer = self.trainer.step.optimizer
         return self._optimizer
+
+    def _publish_lr(self) -> None:
+        """Publishes the rate the iteration just run used (see :func:`_lr_series`)."""
+        lr = self._param_groups[self._group_index]["lr"]
+        if type(lr) is float and self._lrs is not None:
+            # A series rather than put_scalar: this runs every iteration.
+            self._lrs.append((lr, self.trainer.iter))
+        else:  # a tensor rate is read at the flush, with the losses
+            self.trainer.storage.put_scalar("lr", lr, smoothing_hint=False)
 
 
 class LRScheduler(_StepsOptimizer, HookBase):
@@ -357,12 +370,7 @@ class LRScheduler(_StepsOptimizer, HookBase):
             )
 
     def after_step(self) -> None:
-        # LRMonitor.after_step's publishing, inline: this runs every iteration.
-        lr = self._param_groups[self._group_index]["lr"]
-        if type(lr) is float and self._lrs is not None:
-            self._lrs.append((lr, self.trainer.iter))
-        else:
-            self.trainer.storage.put_scalar("lr", lr, smoothing_hint=False)
+        self._publish_lr()
         if self._step_per_iter:
             self.scheduler.step()
 
@@ -476,14 +484,8 @@ class LRMonitor(_StepsOptimizer, HookBase):
         return 0 if self._recorded_by_loop else None
 
     def after_step(self) -> None:
-        if self._recorded_by_loop:
-            return
-        lr = self._param_groups[self._group_index]["lr"]
-        if type(lr) is float and self._lrs is not None:
-            # A series rather than put_scalar: this runs every iteration.
-            self._lrs.append((lr, self.trainer.iter))
-        else:  # a tensor rate is read at the flush, with the losses
-            self.trainer.storage.put_scalar("lr", lr, smoothing_hint=False)
+        if not self._recorded_by_loop:
+            self._publish_lr()
 
 
 def _note_initial_lrs(optimizer: torch.optim.Optimizer) -> None:
