@@ -153,6 +153,8 @@ def default_hooks(
 
 
 def _place_user_hooks(hooks: List[Union[HookBase, _UserHooks]], user_hooks: Sequence[HookBase]) -> List[HookBase]:
+    """``hooks`` with the user's in the slot, each moved before the first
+    earlier hook whose ``runs_after`` names it (the rule of this module)."""
     slot = hooks.index(_USER_HOOKS)
     placed: List[HookBase] = hooks[:slot]  # type: ignore[assignment]
     for hook in user_hooks:
