@@ -21,20 +21,7 @@ from treadle.config import LazyCall, LazyConfig, get_config_file, instantiate
 from treadle.evaluation import forward_for, inference_on_dataset
 from treadle.events import CommonMetricPrinter, JSONWriter, MLflowWriter, TensorboardWriter, WandbWriter
 from treadle.events.tracking import flatten_params
-from treadle.hooks import (
-    EMA,
-    BestCheckpointer,
-    EarlyStopping,
-    EvalHook,
-    HookBase,
-    IterationTimer,
-    LRMonitor,
-    LRScheduler,
-    PeriodicCheckpointer,
-    RunSummary,
-    PeriodicWriter,
-    PreemptionHandler,
-)
+from treadle.hooks import HookBase
 from treadle.utils import comm
 from treadle.utils.device import resolve_device
 from treadle.utils.env import collect_env_info, seed_all_rng
@@ -45,6 +32,7 @@ from treadle.utils.run_folder import RunFolder, check_output_dir, claim_on_main_
 from treadle.utils.run_start import training_starts, when_training_starts
 
 from .build import build_step, loader_epoch_length, trainable_parameters
+from .default_hooks import default_hooks
 from .launch import create_ddp_model, create_fsdp_model
 from .resume import restore_hyperparameters, take_hyperparameters
 from .validation import check_watched_metric, enabled_trackers
@@ -222,12 +210,15 @@ class DefaultTrainer(TrainerBase):
     ``build_train_loader``, ``build_test_loader``, ``build_evaluator``,
     ``build_lr_scheduler``, ``build_step`` or ``build_hooks``.
 
-    Default hooks, in order (see ``docs/defaults.md`` for why this order):
-    ``IterationTimer``, ``LRScheduler`` (``LRMonitor`` without ``lr_multiplier``), ``EMA`` (``train.ema.enabled``),
-    ``EvalHook`` (``train.eval_period``), ``BestCheckpointer``
-    (``train.best_checkpointer.metric``), ``EarlyStopping``
-    (``train.early_stopping.metric``), ``PeriodicCheckpointer``,
-    ``PreemptionHandler``, ``PeriodicWriter``, then ``RunSummary`` last.
+    Default hooks, in order (the plain ``Trainer``'s list, from
+    :func:`~treadle.engine.default_hooks.default_hooks`; see
+    ``docs/defaults.md`` for why this order): ``IterationTimer``,
+    ``LRScheduler`` (``LRMonitor`` without ``lr_multiplier``), ``EMA``
+    (``train.ema.enabled``), ``EvalHook`` (``train.eval_period``),
+    ``BestCheckpointer`` (``train.best_checkpointer.metric``),
+    ``EarlyStopping`` (``train.early_stopping.metric``),
+    ``PeriodicCheckpointer``, ``PreemptionHandler``
+    (``train.handle_preemption``), ``PeriodicWriter``, then ``RunSummary`` last.
     """
 
     def __init__(self, cfg: DictConfig) -> None:
@@ -413,7 +404,8 @@ class DefaultTrainer(TrainerBase):
         return writers
 
     def build_hooks(self) -> List[Optional[HookBase]]:
-        """The default hooks (see the class docstring for the order and why)."""
+        """The default hooks of :func:`~treadle.engine.default_hooks.default_hooks`
+        for the config's settings (the order and why: ``docs/defaults.md``)."""
         cfg = self.cfg
         train = cfg.train
         ema_cfg = train.get("ema", {}) or {}
@@ -422,38 +414,37 @@ class DefaultTrainer(TrainerBase):
         ckpt_cfg = train.get("checkpointer", {}) or {}
         eval_period = int(train.get("eval_period", 0) or 0)
         has_eval = "test" in cfg.dataloader and cfg.dataloader.test is not None
+        # Early stopping's keys are read only when it is on: a config that
+        # leaves it off may leave them unset.
+        stopping = has_eval and bool(stop_cfg.get("metric"))
 
         def test_and_save_results() -> Dict[str, Any]:
             self._last_eval_results = self.test(self.cfg, self.model, loader=self._test_loader)
             return self._last_eval_results
 
-        return [
-            IterationTimer(),
-            LRScheduler(self.optimizer, self.scheduler) if self.scheduler is not None else LRMonitor(self.optimizer),
-            EMA(float(ema_cfg.get("decay", 0.999)), model=unwrap_model(self.model)) if ema_cfg.get("enabled", False) else None,
-            EvalHook(eval_period, test_and_save_results) if has_eval else None,
-            BestCheckpointer(eval_period, self.checkpointer, best_cfg.metric, best_cfg.get("mode"))
-            if has_eval and best_cfg.get("metric")
-            else None,
-            EarlyStopping(
-                stop_cfg.metric,
-                int(stop_cfg.get("patience", 5)),
-                float(stop_cfg.get("min_delta", 0.0)),
-                stop_cfg.get("mode"),
-            )
-            if has_eval and stop_cfg.get("metric")
-            else None,
-            PeriodicCheckpointer(
-                self.checkpointer,
-                int(ckpt_cfg.get("period", 5000)),
-                max_to_keep=ckpt_cfg.get("max_to_keep"),
-                async_save=bool(ckpt_cfg.get("async_save", False)),
-                export_safetensors=bool(ckpt_cfg.get("export_safetensors", False)),
-            ),
-            PreemptionHandler(self.checkpointer) if train.get("handle_preemption", True) else None,
-            PeriodicWriter(self.build_writers(), period=int(train.get("log_period", 20))),
-            RunSummary(train.output_dir, samples_per_iter=self._samples_per_iter()),
-        ]
+        return default_hooks(
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            ema_decay=float(ema_cfg.get("decay", 0.999)) if ema_cfg.get("enabled", False) else None,
+            evaluate=test_and_save_results if has_eval else None,
+            eval_period=eval_period,
+            checkpointer=self.checkpointer,
+            best_metric=best_cfg.metric if has_eval and best_cfg.get("metric") else None,
+            best_mode=best_cfg.get("mode"),
+            stop_metric=stop_cfg.metric if stopping else None,
+            stop_patience=int(stop_cfg.get("patience", 5)) if stopping else None,
+            stop_min_delta=float(stop_cfg.get("min_delta", 0.0)) if stopping else 0.0,
+            stop_mode=stop_cfg.get("mode"),
+            checkpoint_period=int(ckpt_cfg.get("period", 5000)),
+            max_to_keep=ckpt_cfg.get("max_to_keep"),
+            async_save=bool(ckpt_cfg.get("async_save", False)),
+            export_safetensors=bool(ckpt_cfg.get("export_safetensors", False)),
+            handle_preemption=bool(train.get("handle_preemption", True)),
+            writers=self.build_writers(),
+            log_period=int(train.get("log_period", 20)),
+            output_dir=train.output_dir,
+            samples_per_iter=self._samples_per_iter(),
+        )
 
     def _samples_per_iter(self) -> Optional[int]:
         total_batch = getattr(self.train_loader, "total_batch_size", None)

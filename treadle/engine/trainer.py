@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 import torch
@@ -23,20 +24,7 @@ from treadle.evaluation.batch import get_targets, move_to_device
 from treadle.evaluation.inference import inference_context
 from treadle.evaluation.loss import _loss_from_outputs
 from treadle.events import CommonMetricPrinter, CSVWriter, EventWriter, JSONWriter, MLflowWriter, TensorboardWriter, WandbWriter
-from treadle.hooks import (
-    EMA,
-    BestCheckpointer,
-    EarlyStopping,
-    EvalHook,
-    HookBase,
-    IterationTimer,
-    LRMonitor,
-    LRScheduler,
-    PeriodicCheckpointer,
-    RunSummary,
-    PeriodicWriter,
-    ProgressBar,
-)
+from treadle.hooks import HookBase, LRScheduler
 from treadle.utils import comm
 from treadle.utils.device import resolve_device
 from treadle.utils.env import seed_all_rng
@@ -44,7 +32,8 @@ from treadle.utils.logger import setup_logger, start_log_files
 from treadle.utils.run_folder import RunFolder, check_output_dir, claim_on_main_process
 
 from .build import build_optimizer, build_step, loader_batches, loader_epoch_length, resolve_scheduler
-from .history import EpochCallback, EpochHistory, TrainingHistory
+from .default_hooks import default_hooks
+from .history import EpochCallback, TrainingHistory
 from .resume import restore_hyperparameters, take_hyperparameters
 from .train_loop import TrainerBase
 
@@ -125,9 +114,10 @@ class Trainer(TrainerBase):
             datasets given as ``train_loader``/``eval_loader`` are batched
             (``eval_batch_size`` defaults to ``batch_size``; Hezar's
             ``data_collator`` is ``collate_fn``).
-        hooks: more hooks, run after evaluation and before checkpoints and
-            writers; a hook the evaluation must follow (``PreciseBN``) is
-            placed before it.
+        hooks: more hooks, run after evaluation and the epoch's history and
+            before checkpoints and writers; a hook the evaluation must follow
+            (``PreciseBN``) is placed before it (the default hooks and this
+            rule: :mod:`treadle.engine.default_hooks`, ``docs/defaults.md``).
         callbacks: ``fn(trainer, epoch, metrics)`` called at each epoch's end
             with that epoch's row of the history (its evaluation included).
         output_dir: where ``metrics.json``, TensorBoard events, ``log.txt`` and
@@ -298,33 +288,41 @@ class Trainer(TrainerBase):
         watched, mode = self._watched_metric(best_metric, best_mode, early_stopping_patience)
 
         sched = resolve_scheduler(scheduler, self.optimizer, self.max_iter, warmup_iters=warmup_iters)
+        if scheduler_interval == "epoch" and isinstance(sched, ParamScheduler):
+            raise ValueError("scheduler_interval='epoch' is for torch schedulers; a named or fvcore schedule is per iteration")
         if eval_period is None:
             eval_period = epoch_length or 0
         if checkpoint_period is None:
             checkpoint_period = epoch_length or 0
-        # Without a schedule the rate is the optimizer's, which a callback may
-        # change as in a hand-written loop; it is published all the same.
-        lr_hook: HookBase = LRMonitor(self.optimizer) if sched is None else LRScheduler(
-            self.optimizer, sched, interval=scheduler_interval if not isinstance(sched, ParamScheduler) else "iter"
-        )
-        if scheduler_interval == "epoch" and isinstance(sched, ParamScheduler):
-            raise ValueError("scheduler_interval='epoch' is for torch schedulers; a named or fvcore schedule is per iteration")
-        evaluation = EvalHook(eval_period, self.evaluate) if self.eval_loader is not None else None
-        show_bar = ProgressBar(log_period, disable=None if progress_bar is None else not progress_bar)
-        defaults: List[Optional[HookBase]] = [
-            IterationTimer(),
-            lr_hook,
-            EMA(ema_decay) if ema_decay is not None else None,
-            evaluation,
-            BestCheckpointer(eval_period, self.checkpointer, watched, mode) if best_metric else None,
-            EarlyStopping(watched, early_stopping_patience, mode=mode) if early_stopping_patience else None,
-            EpochHistory(self.history.epochs, callbacks) if epoch_length else None,
-            PeriodicCheckpointer(self.checkpointer, checkpoint_period, max_to_keep=max_to_keep) if self.checkpointer else None,
-            PeriodicWriter(self._writers(loggers, show_bar), log_period),
-            show_bar if not show_bar._disable else None,
-            RunSummary(self.output_dir, samples_per_iter=getattr(self.train_loader, "total_batch_size", None)),
-        ]
-        self.register_hooks(_place_user_hooks([h for h in defaults if h is not None], list(hooks)))
+        show_bar = progress_bar if progress_bar is not None else _stderr_is_a_terminal()
+        total_batch = getattr(self.train_loader, "total_batch_size", None)
+        self.register_hooks(default_hooks(
+            optimizer=self.optimizer,
+            # None: the rate is the optimizer's, which a callback may change as
+            # in a hand-written loop; LRMonitor publishes it all the same.
+            scheduler=sched,
+            scheduler_interval=scheduler_interval,
+            ema_decay=ema_decay,
+            evaluate=self.evaluate if self.eval_loader is not None else None,
+            eval_period=eval_period,
+            checkpointer=self.checkpointer,
+            best_metric=watched if best_metric else None,
+            best_mode=mode,
+            stop_metric=watched if early_stopping_patience else None,
+            stop_patience=early_stopping_patience,
+            stop_mode=mode,
+            epochs=self.history.epochs if epoch_length else None,
+            epoch_callbacks=callbacks,
+            checkpoint_period=checkpoint_period,
+            max_to_keep=max_to_keep,
+            writers=self._writers(loggers, console=not show_bar),
+            log_period=log_period,
+            progress_bar=show_bar,
+            output_dir=self.output_dir,
+            # One iteration is one update: grad_accum_steps batches.
+            samples_per_iter=total_batch * grad_accum_steps if total_batch else None,
+            user_hooks=list(hooks),
+        ))
 
     def _build_evaluator(self) -> Any:
         names = [m if isinstance(m, str) else m[0] if isinstance(m, (tuple, list)) else None for m in self.metrics]
@@ -365,11 +363,13 @@ class Trainer(TrainerBase):
         mode = best_mode or (("max" if declared else "min") if declared is not None else metric_mode(name))
         return name, mode
 
-    def _writers(self, loggers: Sequence[Any], bar: ProgressBar) -> List[Any]:
+    def _writers(self, loggers: Sequence[Any], *, console: bool) -> List[Any]:
+        """The writers ``loggers`` names, and the console printer where no
+        progress bar shows the losses; none on other processes than the main one."""
         if not comm.is_main_process():
             return []
         writers: List[Any] = []
-        if bar._disable:
+        if console:
             writers.append(CommonMetricPrinter(self.max_iter))
         if self.logs_dir is not None:
             files = {
@@ -529,25 +529,10 @@ def _flat_floats(results: Dict[str, Any], prefix: str = "") -> Dict[str, float]:
     return out
 
 
-def _place_user_hooks(defaults: List[HookBase], user: List[HookBase]) -> List[HookBase]:
-    """The default hooks with the user's inserted after the evaluation and the
-    epoch's history (so they see both) and before checkpoints and writers,
-    except a hook that a default hook must follow (``EvalHook.runs_after``
-    holds ``PreciseBN``): that one goes right before the first default hook
-    that needs it."""
-    hooks = list(defaults)
-    position = next(
-        (i for i, h in enumerate(hooks) if isinstance(h, (PeriodicCheckpointer, PeriodicWriter, ProgressBar))), len(hooks)
-    )
-    for hook in user:
-        needers = [i for i, h in enumerate(hooks) if any(isinstance(hook, t) for t in h.runs_after)]
-        if needers and needers[0] < position:
-            hooks.insert(needers[0], hook)
-            position += 1
-        else:
-            hooks.insert(position, hook)
-            position += 1
-    return hooks
+def _stderr_is_a_terminal() -> bool:
+    # What ProgressBar(disable=None) decides, decided here because the
+    # console printer is written only where no bar shows the losses.
+    return bool(getattr(sys.stderr, "isatty", lambda: False)())
 
 
 def _as_train_loader(

@@ -1,0 +1,163 @@
+"""The default hooks of ``DefaultTrainer`` and of the plain ``Trainer``, in one list.
+
+Both trainers call :func:`default_hooks` with their settings; what one has
+and the other has not (the plain ``Trainer``'s epoch history and progress
+bar, ``DefaultTrainer``'s preemption handler) is a setting here, not a
+second list. The order, and why (``docs/defaults.md``)::
+
+    IterationTimer, LRScheduler | LRMonitor, EMA*, EvalHook*, BestCheckpointer*,
+    EarlyStopping*, EpochHistory*, <user hooks>, PeriodicCheckpointer*,
+    PreemptionHandler*, PeriodicWriter, ProgressBar*, RunSummary
+
+User hooks go into the marked slot: after the evaluation and the epoch's
+history (so they see both), before the checkpoints and writers (so a
+checkpoint holds their state of the iteration, and the writers write what
+they put). A user hook that an earlier hook must follow (it names the user
+hook's class in its ``runs_after``, as ``EvalHook`` names ``PreciseBN``) goes
+right before the first such hook instead.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union
+
+import torch
+
+from treadle.hooks import (
+    EMA,
+    BestCheckpointer,
+    EarlyStopping,
+    EvalHook,
+    HookBase,
+    IterationTimer,
+    LRMonitor,
+    LRScheduler,
+    PeriodicCheckpointer,
+    PeriodicWriter,
+    PreemptionHandler,
+    ProgressBar,
+    RunSummary,
+)
+
+from .history import EpochCallback, EpochHistory
+
+if TYPE_CHECKING:
+    from treadle.checkpoint import Checkpointer
+    from treadle.events import EventWriter
+
+__all__ = ["default_hooks"]
+
+
+class _UserHooks:
+    """Marks where the user's hooks go in the default list."""
+
+
+_USER_HOOKS = _UserHooks()
+
+
+def default_hooks(
+    *,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any = None,
+    scheduler_interval: str = "iter",
+    ema_decay: Optional[float] = None,
+    evaluate: Optional[Callable[[], Any]] = None,
+    eval_period: int = 0,
+    checkpointer: Optional["Checkpointer"] = None,
+    best_metric: Optional[str] = None,
+    best_mode: Optional[str] = None,
+    stop_metric: Optional[str] = None,
+    stop_patience: Optional[int] = None,
+    stop_min_delta: float = 0.0,
+    stop_mode: Optional[str] = None,
+    epochs: Optional[List[Dict[str, float]]] = None,
+    epoch_callbacks: Sequence[EpochCallback] = (),
+    checkpoint_period: int = 0,
+    max_to_keep: Optional[int] = None,
+    async_save: bool = False,
+    export_safetensors: bool = False,
+    handle_preemption: bool = False,
+    writers: Sequence["EventWriter"] = (),
+    log_period: int = 20,
+    progress_bar: bool = False,
+    output_dir: Optional[str] = None,
+    samples_per_iter: Optional[float] = None,
+    user_hooks: Sequence[HookBase] = (),
+) -> List[HookBase]:
+    """The default hooks for these settings, with ``user_hooks`` placed by
+    the rule of this module's docstring.
+
+    Args:
+        optimizer: the one whose rate the learning-rate hook sets or publishes.
+        scheduler: an fvcore ``ParamScheduler`` or torch scheduler for
+            :class:`LRScheduler`, stepped per ``scheduler_interval``
+            (``"iter"``/``"epoch"``); ``None``: :class:`LRMonitor` publishes
+            the optimizer's rate and sets nothing.
+        ema_decay: keep an :class:`EMA` of the step's model (``None``: off).
+        evaluate: the evaluation :class:`EvalHook` calls every
+            ``eval_period`` iterations and after training (``None``: none).
+        checkpointer: the run's; ``None`` (no output folder): no periodic
+            checkpoints (the best and preemption ones use the trainer's).
+        best_metric, best_mode: save ``model_best`` when this result improves
+            (:class:`BestCheckpointer`; ``None``: off).
+        stop_metric, stop_patience, stop_min_delta, stop_mode: stop after
+            ``stop_patience`` evaluations without improvement of ``stop_metric``
+            (:class:`EarlyStopping`; ``stop_metric=None``: off).
+        epochs, epoch_callbacks: record each epoch's row into ``epochs`` and
+            call the callbacks (:class:`EpochHistory`; ``None``: no epochs).
+        checkpoint_period, max_to_keep, async_save, export_safetensors: the
+            :class:`PeriodicCheckpointer`'s.
+        handle_preemption: checkpoint and exit on SIGTERM/SIGUSR1
+            (:class:`PreemptionHandler`).
+        writers, log_period: what :class:`PeriodicWriter` flushes, and how often.
+        progress_bar: a :class:`ProgressBar`, refreshed every ``log_period``.
+        output_dir, samples_per_iter: the :class:`RunSummary`'s.
+        user_hooks: more hooks, placed in the slot.
+    """
+    if scheduler is None:
+        lr_hook: HookBase = LRMonitor(optimizer)
+    else:
+        lr_hook = LRScheduler(optimizer, scheduler, interval=scheduler_interval)
+    # The reasons for this order are in docs/defaults.md; the hooks declare
+    # the constraints among them (runs_after) and register_hooks checks them.
+    hooks: List[Union[HookBase, _UserHooks, None]] = [
+        IterationTimer(),
+        lr_hook,
+        # Before evaluation: it evaluates with this iteration's average.
+        EMA(ema_decay) if ema_decay is not None else None,
+        EvalHook(eval_period, evaluate) if evaluate is not None else None,
+        # Both read the evaluation's results of the same iteration.
+        BestCheckpointer(eval_period, checkpointer, best_metric, best_mode) if best_metric is not None else None,
+        EarlyStopping(stop_metric, stop_patience, stop_min_delta, stop_mode) if stop_metric is not None else None,
+        # After the evaluation: the last epoch's row holds the final one.
+        EpochHistory(epochs, epoch_callbacks) if epochs is not None else None,
+        _USER_HOOKS,
+        # After every hook whose state a checkpoint saves: resume is exact.
+        PeriodicCheckpointer(
+            checkpointer,
+            checkpoint_period,
+            max_to_keep=max_to_keep,
+            async_save=async_save,
+            export_safetensors=export_safetensors,
+        )
+        if checkpointer is not None
+        else None,
+        PreemptionHandler(checkpointer) if handle_preemption else None,
+        # After every hook that puts a value at the iteration.
+        PeriodicWriter(writers, log_period),
+        ProgressBar(log_period, disable=False) if progress_bar else None,
+        # Last: it reports once model_final is written and the writers flushed.
+        RunSummary(output_dir, samples_per_iter=samples_per_iter),
+    ]
+    return _place_user_hooks([h for h in hooks if h is not None], user_hooks)
+
+
+def _place_user_hooks(hooks: List[Union[HookBase, _UserHooks]], user_hooks: Sequence[HookBase]) -> List[HookBase]:
+    """``hooks`` with the user's in the slot, each moved before the first
+    earlier hook whose ``runs_after`` names it (the rule of this module)."""
+    slot = hooks.index(_USER_HOOKS)
+    placed: List[HookBase] = hooks[:slot]  # type: ignore[assignment]
+    for hook in user_hooks:
+        followers = [i for i, h in enumerate(placed) if isinstance(hook, h.runs_after)]
+        placed.insert(followers[0] if followers else len(placed), hook)
+    return placed + hooks[slot + 1 :]  # type: ignore[operator]
