@@ -141,3 +141,47 @@ def test_async_save_is_a_config_key(tmp_path):
     ]
     bad = cli([f"train.output_dir={tmp_path / 'bad'}", "train.checkpointer.async_save=sometimes"])
     assert bad == 2
+
+
+def test_in_flight_and_failed_say_what_the_background_save_is_doing(tmp_path, monkeypatch):
+    release = threading.Event()
+    real_write = file_writer.atomic_write
+
+    def write(path, write_fn, *args, **kwargs):
+        if os.path.basename(path) == "model_a.pth":
+            release.wait(timeout=30)
+        if os.path.basename(path) == "model_b.pth":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return real_write(path, write_fn, *args, **kwargs)
+
+    monkeypatch.setattr(file_writer, "atomic_write", write)
+    checkpointer = Checkpointer(nn.Linear(3, 2), str(tmp_path), async_save=True)
+    assert not checkpointer.in_flight and checkpointer.failed is None
+
+    checkpointer.save("model_a")
+    assert checkpointer.in_flight and checkpointer.saving and checkpointer.failed is None
+    release.set()
+    checkpointer.wait()
+    assert not checkpointer.in_flight and checkpointer.failed is None
+    assert (tmp_path / "last_checkpoint").read_text() == "model_a.pth"
+
+    checkpointer.save("model_b")
+    finished = threading.Event()
+    for _ in range(3000):  # until the thread finished (it fails at once)
+        if not checkpointer.in_flight:
+            finished.set()
+            break
+        threading.Event().wait(0.01)
+    assert finished.is_set()
+    error = checkpointer.failed
+    assert isinstance(error, CheckpointError)
+    assert str(error).startswith("Background save failed: Cannot write checkpoint")
+    assert "model_b.pth" in str(error) and "No space left on device (ENOSPC)" in str(error)
+    assert str(checkpointer.failed) == str(error), "asking does not clear the failure"
+    with pytest.raises(CheckpointError) as raised:
+        checkpointer.raise_if_failed()
+    assert str(raised.value) == str(error)
+    assert checkpointer.failed is None and not checkpointer.in_flight, "raised once"
+    checkpointer.wait()  # nothing left to raise
+    assert (tmp_path / "last_checkpoint").read_text() == "model_a.pth"
+    assert not (tmp_path / "model_b.pth").exists()
