@@ -1,4 +1,8 @@
-"""Saving, resuming and rotating training checkpoints."""
+"""The checkpointer: what a checkpoint holds, and the rules of saving, loading and resuming.
+
+The folder's names, the file and DCP formats and the background thread are
+parts it uses (``folder``, ``file_writer``, ``sharded``, ``background``).
+"""
 
 from __future__ import annotations
 
