@@ -14,7 +14,7 @@ from torch import nn
 
 from tiny_models import classification
 from treadle.checkpoint import CheckpointError, Checkpointer, load_checkpoint_file
-from treadle.checkpoint import checkpointer as checkpointer_module
+from treadle.checkpoint import file_writer
 from treadle.engine import EagerStep, TrainerBase
 from treadle.hooks import PeriodicCheckpointer
 
@@ -55,14 +55,14 @@ def test_the_snapshot_is_taken_at_the_save_not_when_the_thread_writes(tmp_path, 
     # The writer thread is held until training has moved on: the file must
     # still hold the weights of the iteration it names.
     release = threading.Event()
-    real_write = checkpointer_module.atomic_write
+    real_write = file_writer.atomic_write
 
     def held_write(path, write, *args, **kwargs):
         if os.path.basename(path) == "model_0000004.pth":
             release.wait(timeout=30)
         return real_write(path, write, *args, **kwargs)
 
-    monkeypatch.setattr(checkpointer_module, "atomic_write", held_write)
+    monkeypatch.setattr(file_writer, "atomic_write", held_write)
     trainer, checkpointer = build(tmp_path / "async", async_save=True, max_to_keep=None)
     seen = {}
 
@@ -84,14 +84,14 @@ def test_the_snapshot_is_taken_at_the_save_not_when_the_thread_writes(tmp_path, 
 
 
 def test_a_failed_background_save_stops_training_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    real_write = checkpointer_module.atomic_write
+    real_write = file_writer.atomic_write
 
     def full_disk(path, write, *args, **kwargs):
         if os.path.basename(path) == "model_0000009.pth":
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
         return real_write(path, write, *args, **kwargs)
 
-    monkeypatch.setattr(checkpointer_module, "atomic_write", full_disk)
+    monkeypatch.setattr(file_writer, "atomic_write", full_disk)
     trainer, checkpointer = build(tmp_path / "run", async_save=True)
     with pytest.raises(CheckpointError) as raised:
         trainer.train(0, 40)
@@ -108,7 +108,7 @@ def test_a_failed_background_save_stops_training_and_keeps_the_previous_checkpoi
 def test_at_most_one_save_in_flight(tmp_path, monkeypatch):
     in_flight, most = [0], [0]
     lock = threading.Lock()
-    real_write = checkpointer_module.atomic_write
+    real_write = file_writer.atomic_write
 
     def counting_write(path, write, *args, **kwargs):
         with lock:
@@ -121,7 +121,7 @@ def test_at_most_one_save_in_flight(tmp_path, monkeypatch):
             with lock:
                 in_flight[0] -= 1
 
-    monkeypatch.setattr(checkpointer_module, "atomic_write", counting_write)
+    monkeypatch.setattr(file_writer, "atomic_write", counting_write)
     trainer, _ = build(tmp_path / "run", async_save=True, max_to_keep=None)
     trainer.hooks[0]._period = type(trainer.hooks[0]._period)(1)  # a save every iteration
     trainer.train(0, 10)
@@ -141,3 +141,47 @@ def test_async_save_is_a_config_key(tmp_path):
     ]
     bad = cli([f"train.output_dir={tmp_path / 'bad'}", "train.checkpointer.async_save=sometimes"])
     assert bad == 2
+
+
+def test_in_flight_and_failed_say_what_the_background_save_is_doing(tmp_path, monkeypatch):
+    release = threading.Event()
+    real_write = file_writer.atomic_write
+
+    def write(path, write_fn, *args, **kwargs):
+        if os.path.basename(path) == "model_a.pth":
+            release.wait(timeout=30)
+        if os.path.basename(path) == "model_b.pth":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return real_write(path, write_fn, *args, **kwargs)
+
+    monkeypatch.setattr(file_writer, "atomic_write", write)
+    checkpointer = Checkpointer(nn.Linear(3, 2), str(tmp_path), async_save=True)
+    assert not checkpointer.in_flight and checkpointer.failed is None
+
+    checkpointer.save("model_a")
+    assert checkpointer.in_flight and checkpointer.saving and checkpointer.failed is None
+    release.set()
+    checkpointer.wait()
+    assert not checkpointer.in_flight and checkpointer.failed is None
+    assert (tmp_path / "last_checkpoint").read_text() == "model_a.pth"
+
+    checkpointer.save("model_b")
+    finished = threading.Event()
+    for _ in range(3000):  # until the thread finished (it fails at once)
+        if not checkpointer.in_flight:
+            finished.set()
+            break
+        threading.Event().wait(0.01)
+    assert finished.is_set()
+    error = checkpointer.failed
+    assert isinstance(error, CheckpointError)
+    assert str(error).startswith("Background save failed: Cannot write checkpoint")
+    assert "model_b.pth" in str(error) and "No space left on device (ENOSPC)" in str(error)
+    assert str(checkpointer.failed) == str(error), "asking does not clear the failure"
+    with pytest.raises(CheckpointError) as raised:
+        checkpointer.raise_if_failed()
+    assert str(raised.value) == str(error)
+    assert checkpointer.failed is None and not checkpointer.in_flight, "raised once"
+    checkpointer.wait()  # nothing left to raise
+    assert (tmp_path / "last_checkpoint").read_text() == "model_a.pth"
+    assert not (tmp_path / "model_b.pth").exists()

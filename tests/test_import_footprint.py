@@ -1,5 +1,6 @@
 """What a Python-built training run imports: no config machinery it does not use."""
 
+import os
 import subprocess
 import sys
 
@@ -68,3 +69,98 @@ def test_a_name_shared_with_its_submodule_stays_the_function_after_the_submodule
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["function", "function", "function"]
+
+
+def _package_imports(package_dir, package):
+    """``{module: {modules of the package it imports}}``, from every import
+    statement of every module (those inside functions included)."""
+    import ast
+    from pathlib import Path
+
+    modules = {p.stem for p in Path(package_dir).glob("*.py")}
+    edges = {}
+    for module in modules:
+        tree = ast.parse((Path(package_dir) / f"{module}.py").read_text())
+        targets = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = package + ("." + base if base else "")
+                # "from pkg import sub" imports the submodule; "from pkg import name", the package.
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}"[len(package) + 1:] in modules else base
+                         for a in node.names]
+            else:
+                continue
+            for name in names:
+                if name == package:
+                    targets.add("__init__")
+                elif name.startswith(package + "."):
+                    head = name[len(package) + 1:].split(".")[0]
+                    if head in modules:
+                        targets.add(head)
+        edges[module] = targets - {module}
+    return edges
+
+
+def _cycles(edges):
+    found, seen = [], set()
+
+    def visit(module, path):
+        for target in sorted(edges.get(module, ())):
+            if target in path:
+                found.append(path[path.index(target):] + [target])
+            elif target not in seen:
+                visit(target, path + [target])
+        seen.add(module)
+
+    for module in sorted(edges):
+        if module not in seen:
+            visit(module, [module])
+    return found
+
+
+def test_no_module_of_treadle_checkpoint_imports_a_module_that_imports_it_back():
+    import treadle.checkpoint
+
+    directory = os.path.dirname(treadle.checkpoint.__file__)
+    edges = _package_imports(directory, "treadle.checkpoint")
+    assert {"checkpointer", "folder", "background", "sharded", "weights"} <= set(edges)
+    assert "sharded" in edges["weights"] and "key_matching" in edges["sharded"]  # the parser sees imports
+    assert _cycles(edges) == [], " ; ".join(" -> ".join(cycle) for cycle in _cycles(edges))
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import(tmp_path):
+    (tmp_path / "a.py").write_text("from . import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    from .a import x\n")
+    (tmp_path / "c.py").write_text("from pkg.a import y\nfrom pkg import VERSION\n")
+    edges = _package_imports(tmp_path, "pkg")
+    assert edges == {"a": {"b"}, "b": {"a"}, "c": {"a", "__init__"}}
+    assert _cycles(edges) == [["a", "b", "a"]]
+
+
+def test_no_private_name_of_the_checkpointer_is_read_outside_its_module():
+    """Hooks, the engine and the tools use the checkpointer's public API
+    (``in_flight``, ``failed``, ``raise_if_failed``...), and the modules of
+    treadle.checkpoint import no private name from each other."""
+    import ast
+    from pathlib import Path
+
+    import treadle
+
+    root = Path(treadle.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                owner = node.value
+                name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+                if "checkpointer" in name.lower() and path.parent.name != "checkpoint":
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: {name}.{node.attr}")
+            if path.parent.name == "checkpoint" and isinstance(node, ast.ImportFrom) and node.level:
+                found += [f"{path.relative_to(root)}:{node.lineno}: imports {a.name}"
+                          for a in node.names if a.name.startswith("_")]
+    assert found == []

@@ -363,17 +363,17 @@ def test_trainer_twice_on_one_folder_is_refused_unless_moved_aside(tmp_path):
 def test_disk_full_at_a_checkpoint_is_one_line_and_the_last_checkpoint_loads(tmp_path, capfd, monkeypatch):
     import errno
 
-    from treadle.checkpoint import checkpointer as checkpointer_module
+    from treadle.checkpoint import file_writer
     from treadle.checkpoint import load_checkpoint_file
 
-    real_write = checkpointer_module.atomic_write
+    real_write = file_writer.atomic_write
 
     def full_disk(path, write, *args, **kwargs):
         if str(path).endswith("model_0000039.pth"):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         return real_write(path, write, *args, **kwargs)
 
-    monkeypatch.setattr(checkpointer_module, "atomic_write", full_disk)
+    monkeypatch.setattr(file_writer, "atomic_write", full_disk)
     out = tmp_path / "run"
     code = cli([f"train.output_dir={out}", *SHORT, "train.max_iter=60"])
     stdout, stderr = capfd.readouterr()

@@ -14,11 +14,11 @@ from .key_matching import (
     ShapeMismatch,
     canonical_keys,
     extract_model_state,
-    init_weights_from,
     load_model_state,
     model_state_for_saving,
     unwrap_model,
 )
+from .weights import init_weights_from
 from .serialization import (
     CheckpointError,
     UnsafeCheckpointError,

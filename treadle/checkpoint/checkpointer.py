@@ -1,47 +1,38 @@
-"""Saving, resuming and rotating training checkpoints."""
+"""The checkpointer: what a checkpoint holds, and the rules of saving, loading and resuming.
+
+The folder's names, the file and DCP formats and the background thread are
+parts it uses (``folder``, ``file_writer``, ``sharded``, ``background``).
+"""
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import re
 import shutil
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from concurrent.futures import Future
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from treadle.utils import comm
+from treadle.utils.atomic import is_local_path
 from treadle.utils.file_io import PathManager
 
-from treadle.utils.atomic import TEMP_MARKER, atomic_write, is_local_path
+from . import sharded as dcp_format
+from .background import BackgroundWriter
+from .file_writer import make_dir, write_checkpoint_file
+from .folder import DCP_SUFFIX, POINTER_FILE, RESUME_PATTERN, CheckpointFolder, is_newer, partial_name
 from .fsdp import full_optimizer_state_dict, is_fsdp_model, load_full_optimizer_state_dict
 from .key_matching import align_by_suffix, extract_model_state, load_model_state, model_state_for_saving, unwrap_model
-from . import sharded as dcp_format
 from .safetensors_io import is_safetensors_source, load_safetensors_weights, save_safetensors_weights
-from .serialization import (
-    CheckpointError,
-    UnsafeCheckpointError,
-    _first_line,
-    check_weights_only_loadable,
-    load_checkpoint_file,
-    save_with_checksums,
-)
+from .serialization import CheckpointError, UnsafeCheckpointError, check_weights_only_loadable, load_checkpoint_file
 
 __all__ = ["Checkpointer"]
 
 logger = logging.getLogger(__name__)
 
-_TRAILING_NUMBER = re.compile(r"(\d+)\.(?:pth|dcp)$")
 FORMATS = ("file", "dcp")
-# A file name is at most 255 bytes on common filesystems; a longer pointer is junk.
-_MAX_POINTER_BYTES = 1024
-# What atomic.temporary_name produces: .{final name}.tmp.{pid}.{8 hex digits}
-_TEMP_FILE = re.compile(r"\..+" + re.escape(TEMP_MARKER) + r"(\d+)\.[0-9a-f]{8}")
-# What an unfinished DCP save leaves: .{name}.dcp.partial, or .{name}.dcp.replaced
-_TEMP_DIR = re.compile(r"\..+\.dcp\.(?:partial|replaced)")
 
 
 class Checkpointer:
@@ -86,20 +77,26 @@ class Checkpointer:
         **checkpointables: name -> object with ``state_dict``/``load_state_dict``.
 
     Asynchronous saves: at most one is in flight (a save waits for the
-    previous one first); :meth:`wait` waits for it and raises its failure,
+    previous one first); :attr:`in_flight` says whether one is being
+    written, :attr:`failed` gives the failure of a finished one;
+    :meth:`wait` waits for it and raises its failure,
     :meth:`raise_if_failed` raises a failure without waiting (the
     :class:`~treadle.hooks.PeriodicCheckpointer` calls it every iteration, so a
     failed background save stops training within one iteration). The file
     and ``last_checkpoint`` appear only once the write is complete: until
     then, and after a failure or a ``kill -9``, the previous checkpoint is the
     resume point.
+
+    The parts: the folder's names (:mod:`~treadle.checkpoint.folder`), the
+    file format (:mod:`~treadle.checkpoint.file_writer`), the sharded one
+    (:mod:`~treadle.checkpoint.sharded`) and the background thread
+    (:mod:`~treadle.checkpoint.background`); this class holds the rules of
+    saving, loading and resuming.
     """
 
-    POINTER_FILE = "last_checkpoint"
-    RESUME_PATTERN = re.compile(r"model_(?!best\.(?:pth|dcp)$).*\.(?:pth|dcp)")
-    """Files :meth:`resume_or_load` falls back to when the pointed-to file is
-    unreadable. Not ``model_best.pth``: the best checkpoint is a point in the
-    past (and may hold averaged weights), not where the run stopped."""
+    POINTER_FILE = POINTER_FILE
+    RESUME_PATTERN = RESUME_PATTERN
+    """Files :meth:`resume_or_load` falls back to (see :data:`treadle.checkpoint.folder.RESUME_PATTERN`)."""
 
     def __init__(
         self,
@@ -124,17 +121,9 @@ class Checkpointer:
         self._save_to_disk = save_to_disk
         self._noted_non_local = False
         self.async_save = bool(async_save)
-        # One background writer: saves are written in order, one at a time.
-        self._writer_pool: Optional[ThreadPoolExecutor] = None
-        self._in_flight: Optional[Tuple[str, "Future[None]"]] = None
-        # DCP's staging copies (reused between asynchronous saves) and the
-        # process group its background writes talk through (not the
-        # training's: a collective of a background thread must not interleave
-        # with the gradient all-reduces of the main thread).
-        self._dcp_stager: Any = None
-        self._dcp_group: Any = None
-        # Host copies of the state kept between asynchronous saves (host_snapshot).
-        self._snapshot_buffers: Dict[Tuple[Any, ...], torch.Tensor] = {}
+        # Saves are written in order, one at a time, by one background thread.
+        self._background = BackgroundWriter()
+        self._dcp_async = dcp_format.AsyncSaver()
         self.checkpointables: Dict[str, Any] = {}
         for name, obj in checkpointables.items():
             self.add_checkpointable(name, obj)
@@ -163,71 +152,25 @@ class Checkpointer:
                 )
         self.checkpointables[name] = obj
 
-    # ------------------------------------------------------------------ paths
+    # ------------------------------------------------------------------ the folder
+    @property
+    def folder(self) -> CheckpointFolder:
+        """The names in ``save_dir`` (the pointer, the checkpoints), through ``path_manager``."""
+        return CheckpointFolder(self.save_dir, self.path_manager)
+
     def _path(self, filename: str) -> str:
         return os.path.join(self.save_dir, filename)
-
-    def _list_dir(self) -> List[str]:
-        if not self.save_dir or not self.path_manager.isdir(self.save_dir):
-            return []
-        return sorted(self.path_manager.ls(self.save_dir))
-
-    def _mtime(self, path: str) -> float:
-        if not is_local_path(path, self.path_manager):
-            return 0.0  # iopath has no portable mtime; the number in the name decides
-        try:
-            return os.path.getmtime(self.path_manager.get_local_path(path))
-        except OSError:
-            return 0.0
 
     def has_checkpoint(self) -> bool:
         """True when there is something to resume from: a ``last_checkpoint``
         pointer naming a file, or a ``model_*.pth`` file or ``model_*.dcp``
         directory in ``save_dir``."""
-        return bool(self._pointer_target()) or bool(self._resume_files())
-
-    def _pointer_target(self) -> str:
-        """The file name in ``last_checkpoint``, or "" when there is none or it is unusable."""
-        return self._read_pointer()[0]
-
-    def _read_pointer(self) -> Tuple[str, str]:
-        """What ``last_checkpoint`` says, as ``(file name, problem)``.
-
-        ``(name, "")`` when it holds a plain file name (which may still name a
-        missing file); ``("", why)`` when it cannot serve as a pointer:
-        unreadable, empty, binary, several lines, or a path rather than a name
-        in ``save_dir``; ``("", "")`` when there is no pointer. The pointer is
-        written atomically, so only outside damage makes it unusable.
-        """
-        if not self.save_dir:
-            return "", ""
-        try:
-            with self.path_manager.open(self._path(self.POINTER_FILE), "rb") as f:
-                raw = f.read(_MAX_POINTER_BYTES + 1)
-        except FileNotFoundError:
-            return "", ""
-        except OSError as e:
-            return "", f"it cannot be read ({e.strerror or e})"
-        try:
-            name = raw.decode("utf-8").strip()
-        except UnicodeDecodeError:
-            name = None
-        if name == "":
-            return "", "it is empty"
-        separators = {"/", os.sep, os.altsep} - {None}
-        if (
-            name is None
-            or len(raw) > _MAX_POINTER_BYTES
-            or not name.isprintable()
-            or any(sep in name for sep in separators)
-            or name.startswith(".")
-        ):
-            return "", f"it holds {_preview(raw)}, not the name of a file in '{self.save_dir}'"
-        return name, ""
+        folder = self.folder
+        return bool(folder.pointer_target()) or bool(folder.resume_files(self.RESUME_PATTERN))
 
     def get_checkpoint_file(self) -> str:
         """The full path of the file named by ``last_checkpoint``, or "" without one."""
-        name = self._pointer_target()
+        name = self.folder.pointer_target()
         return self._path(name) if name else ""
 
     def latest_checkpoint_file(self) -> str:
@@ -237,15 +180,13 @@ class Checkpointer:
         pointed = self.get_checkpoint_file()
         if pointed and self.path_manager.exists(pointed):
             return pointed
-        files = self._resume_files()
+        files = self.folder.resume_files(self.RESUME_PATTERN)
         return self._path(files[0]) if files else ""
 
     def get_all_checkpoint_files(self) -> List[str]:
         """Full paths of every ``.pth`` file and ``.dcp`` directory in
         ``save_dir``, sorted by name (unfinished saves excluded)."""
-        return [
-            self._path(n) for n in self._list_dir() if n.endswith((".pth", dcp_format.DCP_SUFFIX)) and not n.startswith(".")
-        ]
+        return [self._path(n) for n in self.folder.checkpoint_names()]
 
     def checkpoint_format(self) -> str:
         """The format :meth:`save` writes now: ``format``, or ``"dcp"`` for an
@@ -256,35 +197,7 @@ class Checkpointer:
 
     def filename_for(self, name: str) -> str:
         """The name :meth:`save` gives the checkpoint ``name``: ``{name}.pth`` or ``{name}.dcp``."""
-        return f"{name}{dcp_format.DCP_SUFFIX if self.checkpoint_format() == 'dcp' else '.pth'}"
-
-    def _resume_files(self) -> List[str]:
-        """``model_*.pth`` and ``model_*.dcp`` names, newest first.
-
-        Numbered files in the order of their numbers; a file without one
-        (``model_final``) goes before the numbered files it was written after
-        (by modification time), so that a finished run falls back to its
-        final checkpoint rather than to its last periodic one.
-        """
-        names = [n for n in self._list_dir() if self.RESUME_PATTERN.fullmatch(n)]
-        numbered: List[Tuple[int, str]] = []
-        unnumbered: List[Tuple[float, str]] = []
-        for n in names:
-            m = _TRAILING_NUMBER.search(n)
-            if m:
-                numbered.append((int(m.group(1)), n))
-            else:
-                unnumbered.append((self._mtime(self._path(n)), n))
-        numbered.sort(reverse=True)
-        unnumbered.sort(reverse=True)
-        order = [n for _, n in numbered]
-        times = {n: self._mtime(self._path(n)) for n in order}
-        for mtime, n in reversed(unnumbered):  # oldest first: each newer one lands before it
-            index = len(order)  # no modification time (a remote store): after the numbered files
-            if mtime:
-                index = next((i for i, other in enumerate(order) if other in times and times[other] <= mtime), index)
-            order.insert(index, n)
-        return order
+        return f"{name}{DCP_SUFFIX if self.checkpoint_format() == 'dcp' else '.pth'}"
 
     # ------------------------------------------------------------------ save
     def save(
@@ -353,7 +266,7 @@ class Checkpointer:
                 then()
 
         asynchronous = self.async_save if asynchronous is None else asynchronous
-        if filename.endswith(dcp_format.DCP_SUFFIX):
+        if filename.endswith(DCP_SUFFIX):
             return self._write_dcp(name, extra, asynchronous=asynchronous, then=finish)
         return self._write(self._path(filename), extra, sharded, asynchronous=asynchronous, then=finish)
 
@@ -374,9 +287,9 @@ class Checkpointer:
         data.update(extra)
         path = self._path(f"{name}.pth")
         check_weights_only_loadable(data, what=f"checkpoint '{path}'")
-        self._make_dir(self.save_dir)
+        make_dir(self.save_dir, self.path_manager)
         self.wait()
-        self._write_file(path, self.save_dir, data, None)
+        self._write_file(path, data, None)
         return path
 
     def save_safetensors(self, name: str) -> Optional[str]:
@@ -388,7 +301,7 @@ class Checkpointer:
         state = model_state_for_saving(self.model)
         if not self.save_to_disk:
             return None
-        self._make_dir(self.save_dir)
+        make_dir(self.save_dir, self.path_manager)
         path = self._path(f"{name}.safetensors")
         save_safetensors_weights(state, path)
         logger.info("Saved the model weights to %s", path)
@@ -431,7 +344,7 @@ class Checkpointer:
         data.update(extra)
         check_weights_only_loadable(data, what=f"checkpoint '{path}'")
 
-        self._make_dir(directory)
+        make_dir(directory, self.path_manager)
         if not self._noted_non_local and not is_local_path(path, self.path_manager):
             self._noted_non_local = True
             logger.info(
@@ -441,31 +354,13 @@ class Checkpointer:
             )
         self.wait()  # at most one save in flight, and files appear in the order they were saved
         if not asynchronous:
-            self._write_file(path, directory, data, then)
+            self._write_file(path, data, then)
             return path
-        # The previous save is complete (waited for above): its buffers can be reused.
-        snapshot = host_snapshot(data, self._snapshot_buffers)
-        if self._writer_pool is None:
-            self._writer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="treadle-checkpoint")
-        self._in_flight = (path, self._writer_pool.submit(self._write_file, path, directory, snapshot, then))
+        self._background.submit(path, self._write_file, path, self._background.snapshot(data), then)
         return path
 
-    def _write_file(
-        self, path: str, directory: str, data: Dict[str, Any], then: Optional[Callable[[], None]]
-    ) -> None:
-        try:
-            atomic_write(path, lambda f: save_with_checksums(data, f), self.path_manager)
-        except (OSError, RuntimeError) as e:
-            if not isinstance(e, OSError) and not _is_torch_write_failure(e):
-                raise  # a RuntimeError of torch.save that is not about writing (a device error)
-            # torch's zip writer turns a failed write (a full disk) into a
-            # RuntimeError whose context holds the OSError, when there is one.
-            os_error = _os_error_in(e)
-            reason = _describe_os_error(os_error) if os_error else self._torch_write_failure(e, directory)
-            raise CheckpointError(
-                f"Cannot write checkpoint '{path}' in directory '{directory}': {reason}. "
-                f"The previous checkpoints and {self.POINTER_FILE} are untouched."
-            ) from e
+    def _write_file(self, path: str, data: Dict[str, Any], then: Optional[Callable[[], None]]) -> None:
+        write_checkpoint_file(path, data, self.path_manager)
         logger.info("Saved checkpoint to %s", path)
         if then is not None:
             then()
@@ -475,8 +370,8 @@ class Checkpointer:
     ) -> Optional[str]:
         """Every rank writes its shards of ``{name}.dcp`` (see
         :mod:`treadle.checkpoint.sharded`); the main process publishes it."""
-        final = self._path(name + dcp_format.DCP_SUFFIX)
-        partial = self._path(dcp_format.partial_name(name))
+        final = self._path(name + DCP_SUFFIX)
+        partial = self._path(partial_name(name))
         if not is_local_path(self.save_dir, self.path_manager):
             raise CheckpointError(
                 f"The 'dcp' checkpoint format writes to a local or mounted filesystem; '{self.save_dir}' is not one. "
@@ -485,7 +380,7 @@ class Checkpointer:
         state = dcp_format.sharded_state(self.model, self.checkpointables, extra, what=f"checkpoint '{final}'")
         self.wait()  # at most one save in flight; its directory is published before this one starts
         if self.save_to_disk:
-            self._make_dir(self.save_dir)
+            make_dir(self.save_dir, self.path_manager)
             shutil.rmtree(partial, ignore_errors=True)  # what a killed save of this name left
         comm.synchronize()  # no rank writes into the directory before it is cleared
         if not asynchronous:
@@ -496,59 +391,40 @@ class Checkpointer:
             finally:
                 comm.synchronize()  # on return the checkpoint exists for every rank
             return final if self.save_to_disk else None
-        future = self._start_async_dcp(state, partial)
-        if self._writer_pool is None:
-            self._writer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="treadle-checkpoint")
-        self._in_flight = (final, self._writer_pool.submit(self._finish_async_dcp, future, partial, final, then))
+        future = self._dcp_async.start(state, partial)
+        self._background.submit(final, self._finish_async_dcp, future, partial, final, then)
         return final if self.save_to_disk else None
-
-    def _start_async_dcp(self, state: Dict[str, Any], partial: str) -> "Future[Any]":
-        import torch.distributed as dist
-        import torch.distributed.checkpoint as dcp
-        if self._dcp_stager is None or not dcp_format.stager_reusable(self._dcp_stager):
-            # Kept between saves: DCP's stager reuses its host copies.
-            self._dcp_stager = dcp_format.new_stager()
-        distributed = dist.is_available() and dist.is_initialized()
-        if distributed and self._dcp_group is None:
-            self._dcp_group = dist.new_group(backend="gloo")  # every rank is here, in the same order
-        with dcp_format._quiet_single_process():
-            return dcp.async_save(
-                state,
-                storage_writer=dcp.FileSystemWriter(partial, single_file_per_rank=True, sync_files=True),
-                process_group=self._dcp_group,
-                async_stager=self._dcp_stager,
-                no_dist=not distributed,
-            )
 
     def _finish_async_dcp(
         self, future: "Future[Any]", partial: str, final: str, then: Optional[Callable[[], None]]
     ) -> None:
-        import torch.distributed.checkpoint as dcp
-
-        try:
-            future.result()
-        except dcp.api.CheckpointException as e:
-            raise dcp_format.write_failure(e, final) from None
+        dcp_format.finish_async_save(future, final)
         if self.save_to_disk:
             self._publish(partial, final, then)
 
     def _publish(self, partial: str, final: str, then: Optional[Callable[[], None]]) -> None:
-        try:
-            dcp_format.publish(partial, final)
-        except OSError as e:
-            raise CheckpointError(
-                f"Cannot publish checkpoint '{final}': {_describe_os_error(e)}. "
-                f"The previous checkpoints and {self.POINTER_FILE} are untouched."
-            ) from e
+        dcp_format.publish_checkpoint(partial, final)
         logger.info("Saved checkpoint to %s", final)
         if then is not None:
             then()
 
     # ------------------------------------------------------------------ background saves
     @property
-    def saving(self) -> bool:
+    def in_flight(self) -> bool:
         """Whether an asynchronous save is still being written."""
-        return self._in_flight is not None and not self._in_flight[1].done()
+        return self._background.in_flight
+
+    @property
+    def failed(self) -> Optional[CheckpointError]:
+        """The failure of a finished asynchronous save, or ``None``: the error
+        :meth:`wait` and :meth:`raise_if_failed` would raise (asking does not
+        raise it, nor clear it)."""
+        return self._background.failed
+
+    @property
+    def saving(self) -> bool:
+        """Same as :attr:`in_flight` (its earlier name)."""
+        return self._background.in_flight
 
     def wait(self) -> None:
         """Waits for the asynchronous save in flight, if any.
@@ -557,54 +433,17 @@ class Checkpointer:
             CheckpointError: that save failed; its file and ``last_checkpoint``
                 were not written (the previous checkpoint is the resume point).
         """
-        if self._in_flight is None:
-            return
-        path, future = self._in_flight
-        self._in_flight = None
-        error = future.exception()
-        if error is not None:
-            raise _background_failure(path, error) from error
+        self._background.wait()
 
     def raise_if_failed(self) -> None:
         """Raises the failure of a finished asynchronous save, without waiting
         for one still in flight (cheap enough to call every iteration)."""
-        if self._in_flight is not None and self._in_flight[1].done():
-            self.wait()
-
-    def _torch_write_failure(self, error: BaseException, directory: str) -> str:
-        """What a failed ``torch.save`` without an OS error to show says, and the free space left."""
-        said = f"torch.save failed ({_first_line(error)})"
-        if is_local_path(directory, self.path_manager):
-            try:
-                free = shutil.disk_usage(self.path_manager.get_local_path(directory)).free
-            except OSError:
-                return said
-            # A full disk is the usual cause; the free space says whether it is this one.
-            said += f"; {free / 2**20:.1f} MiB free on its filesystem"
-        return said
-
-    def _make_save_dir(self) -> None:
-        self._make_dir(self.save_dir)
-
-    def _make_dir(self, directory: str) -> None:
-        try:
-            self.path_manager.mkdirs(directory)
-        except OSError as e:
-            raise CheckpointError(f"Cannot create the checkpoint directory '{directory}': {_describe_os_error(e)}.") from e
+        self._background.raise_if_failed()
 
     def tag_last_checkpoint(self, filename: str) -> None:
         """Points ``last_checkpoint`` at ``filename`` (a name inside ``save_dir``), atomically."""
-        if not self.save_to_disk:
-            return
-        pointer = self._path(self.POINTER_FILE)
-        self._make_save_dir()
-        try:
-            atomic_write(pointer, lambda f: f.write(filename.encode("utf-8")), self.path_manager)
-        except OSError as e:
-            raise CheckpointError(
-                f"Cannot update '{pointer}' in directory '{self.save_dir}': {_describe_os_error(e)}. "
-                f"It still names the previous checkpoint."
-            ) from e
+        if self.save_to_disk:
+            self.folder.write_pointer(filename)
 
     # ------------------------------------------------------------------ load
     def load(
@@ -663,7 +502,7 @@ class Checkpointer:
     def _is_dcp(self, path: str) -> bool:
         if is_safetensors_source(path):
             return False
-        return path.rstrip("/").endswith(dcp_format.DCP_SUFFIX) or (
+        return path.rstrip("/").endswith(DCP_SUFFIX) or (
             is_local_path(path, self.path_manager) and dcp_format.is_dcp_checkpoint(path)
         )
 
@@ -764,11 +603,12 @@ class Checkpointer:
                 file is intact, and a person must decide whether to trust it.
         """
         if resume:
-            pointed, problem = self._read_pointer()
+            folder = self.folder
+            pointed, problem = folder.read_pointer()
             if pointed and not self.path_manager.exists(self._path(pointed)):
                 pointed, problem = "", f"it names {pointed}, which does not exist in '{self.save_dir}'"
             # The pointer's file first: it is the last one the run saved.
-            names = ([pointed] if pointed else []) + [n for n in self._resume_files() if n != pointed]
+            names = ([pointed] if pointed else []) + [n for n in folder.resume_files(self.RESUME_PATTERN) if n != pointed]
             if names:
                 return self._resume_from(names, pointed, problem, ignored_path=path)
             if problem:
@@ -850,7 +690,7 @@ class Checkpointer:
         said = []
         if pointer_problem:
             said.append(f"The checkpoint pointer '{self._path(self.POINTER_FILE)}' is unusable: {pointer_problem}.")
-        newer = [n for n in unreadable if _is_newer(n, name, order)]
+        newer = [n for n in unreadable if is_newer(n, name, order)]
         if newer:
             said.append(
                 f"Resuming from {path}, an older checkpoint than the newest one: {', '.join(newer)} could not be read."
@@ -892,119 +732,12 @@ class Checkpointer:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         if not self.save_to_disk:
             return []
-        pattern = re.compile(re.escape(prefix) + r"(\d+)\.(?:pth|dcp)")
-        kept = {self._pointer_target()} | {
-            p + suffix for p in protect for suffix in ("", ".pth", dcp_format.DCP_SUFFIX)
-        }
-        names = self._list_dir()
-        eligible = set(only) if only is not None else None
-        numbered = sorted(
-            (int(m.group(1)), n)
-            for n in names
-            if (m := pattern.fullmatch(n)) is not None and (eligible is None or n in eligible)
-        )
-        doomed = [n for _, n in numbered[:-keep_last] if n not in kept]
-        doomed += self._stale_temporary_files(names)
-        writing = self._in_flight[0] if self._in_flight is not None and not self._in_flight[1].done() else None
-        deleted = []
-        for n in doomed:
-            path = self._path(n)
-            if writing is not None and n == dcp_format.partial_name(os.path.basename(writing)[: -len(dcp_format.DCP_SUFFIX)]):
-                continue  # this checkpointer's own save in flight
-            if n.endswith((dcp_format.DCP_SUFFIX, ".partial", ".replaced")) and os.path.isdir(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                self.path_manager.rm(path)
-            deleted.append(path)
-        if deleted:
-            logger.info("Removed old checkpoint files: %s", ", ".join(os.path.basename(p) for p in deleted))
-        return deleted
+        return self.folder.prune(prefix, keep_last=keep_last, protect=protect, only=only, writing=self._background.writing)
 
     def numbered_files(self, prefix: str = "model_", *, up_to: Optional[int] = None) -> List[str]:
         """Names of the checkpoints ``{prefix}{number}.pth`` (or ``.dcp``) in
         ``save_dir`` (numbers up to ``up_to`` when given), in the order of their numbers."""
-        pattern = re.compile(re.escape(prefix) + r"(\d+)\.(?:pth|dcp)")
-        found = sorted(
-            (int(m.group(1)), n)
-            for n in self._list_dir()
-            if (m := pattern.fullmatch(n)) is not None and (up_to is None or int(m.group(1)) <= up_to)
-        )
-        return [n for _, n in found]
-
-    @staticmethod
-    def _stale_temporary_files(names: Iterable[str]) -> List[str]:
-        """Temporary files (``.{name}.tmp.{pid}.{random}``) not written by this
-        process, and the directories of unfinished DCP saves (``.{name}.dcp.partial``).
-
-        Only the main process of one run writes into ``save_dir``, so another
-        pid's temporary file is what a killed run left behind.
-        """
-        out = []
-        for n in names:
-            m = _TEMP_FILE.fullmatch(n)
-            if (m is not None and int(m.group(1)) != os.getpid()) or _TEMP_DIR.fullmatch(n):
-                out.append(n)
-        return out
-
-
-def host_snapshot(obj: Any, buffers: Optional[Dict[Tuple[Any, ...], torch.Tensor]] = None) -> Any:
-    """A copy of ``obj`` whose tensors are copies in host memory, detached from
-    training: what an asynchronous save writes while training goes on.
-
-    ``buffers`` (path in ``obj`` -> tensor) keeps the copies between saves:
-    a tensor of the same shape and dtype is copied into its previous buffer
-    instead of freshly allocated memory, which is several times faster (no
-    page faults) and keeps the host memory at one copy of the state. Kept
-    copies of GPU tensors are in pinned memory, filled by copies issued
-    together without waiting for each, then waited for once: on return
-    every copy has landed, and training may change the originals.
-    """
-    devices: Set[torch.device] = set()
-    copied = _snapshot(obj, buffers, (), devices)
-    for device in devices:
-        torch.cuda.current_stream(device).synchronize()
-    return copied
-
-
-def _snapshot(obj: Any, buffers: Optional[Dict[Tuple[Any, ...], torch.Tensor]], key: Tuple[Any, ...],
-              devices: Set[torch.device]) -> Any:
-    if isinstance(obj, torch.Tensor):
-        tensor = obj.detach()
-        on_host = tensor.device.type == "cpu"
-        if buffers is None:
-            return tensor.clone() if on_host else tensor.to("cpu")
-        buffer = buffers.get(key)
-        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype or tensor.is_sparse:
-            if on_host or tensor.is_sparse or tensor.device.type != "cuda":
-                buffer = tensor.clone() if on_host else tensor.to("cpu")
-                buffers[key] = buffer
-                return buffer
-            buffer = buffers[key] = _pinned_like(tensor)
-        if tensor.device.type == "cuda" and buffer.is_pinned():
-            buffer.copy_(tensor, non_blocking=True)
-            devices.add(tensor.device)
-        else:
-            buffer.copy_(tensor)
-        return buffer
-    if isinstance(obj, dict):
-        copied = {k: _snapshot(v, buffers, key + (k,), devices) for k, v in obj.items()}
-        return copied if type(obj) is dict else type(obj)(copied)  # an OrderedDict stays one
-    if isinstance(obj, list):
-        return [_snapshot(v, buffers, key + (i,), devices) for i, v in enumerate(obj)]
-    if isinstance(obj, tuple):
-        items = [_snapshot(v, buffers, key + (i,), devices) for i, v in enumerate(obj)]
-        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
-    return obj
-
-
-def _pinned_like(tensor: torch.Tensor) -> torch.Tensor:
-    """An empty host tensor like ``tensor`` in pinned memory (copies from the
-    GPU into it run at the link's full speed and need not wait one by one),
-    or in ordinary memory where pinning is refused (a limit on locked memory)."""
-    try:
-        return torch.empty_like(tensor, device="cpu", pin_memory=True)
-    except RuntimeError:
-        return torch.empty_like(tensor, device="cpu")
+        return self.folder.numbered_files(prefix, up_to=up_to)
 
 
 def _log_load_report(report: Any, path: str) -> None:
@@ -1017,15 +750,6 @@ def _log_load_report(report: Any, path: str) -> None:
             path,
             report.table(include_loaded=False),
         )
-
-
-def _background_failure(path: str, error: BaseException) -> CheckpointError:
-    if isinstance(error, CheckpointError):
-        return CheckpointError(f"Background save failed: {error}")
-    return CheckpointError(
-        f"Background save of checkpoint '{path}' failed: {_first_line(error)}. It was not written; "
-        f"the previous checkpoint is the resume point."
-    )
 
 
 def _split_query(path: str, matching_heuristics: bool) -> Tuple[str, bool]:
@@ -1041,53 +765,3 @@ def _split_query(path: str, matching_heuristics: bool) -> Tuple[str, bool]:
     if value not in ("true", "false", "1", "0"):
         raise ValueError(f"matching_heuristics must be True or False in {path!r}, got {value!r}")
     return base, matching_heuristics or value in ("true", "1")
-
-
-def _preview(raw: bytes, limit: int = 40) -> str:
-    """A short, one-line rendering of a pointer's content for a message: the
-    text without surrounding whitespace, or the bytes when it is not text."""
-    try:
-        content: Any = raw.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        content = raw
-    return repr(content[:limit]) + ("..." if len(content) > limit else "")
-
-
-def _is_newer(a: str, b: str, order: Sequence[str]) -> bool:
-    """Whether checkpoint ``a`` is newer than ``b``: by the iteration numbers in
-    their names when both have one, else by resume order (the pointer's file,
-    then newest first)."""
-    na, nb = _TRAILING_NUMBER.search(a), _TRAILING_NUMBER.search(b)
-    if na and nb:
-        return int(na.group(1)) > int(nb.group(1))
-    return order.index(a) < order.index(b)
-
-
-# What torch's zip writer says when a write fails (messages of torch 2.x's
-# inline_container.cc): it raises RuntimeError, not OSError.
-_TORCH_WRITE_FAILURES = ("PytorchStreamWriter failed", "file write failed", "inline_container.cc", "iostream error")
-
-
-def _os_error_in(error: BaseException) -> Optional[OSError]:
-    """``error`` if it is an OSError, else the first one in its cause/context chain."""
-    seen = set()
-    current: Optional[BaseException] = error
-    while current is not None and id(current) not in seen:
-        if isinstance(current, OSError):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
-
-
-def _is_torch_write_failure(error: BaseException) -> bool:
-    text = str(error)
-    return any(marker in text for marker in _TORCH_WRITE_FAILURES)
-
-
-def _describe_os_error(error: OSError) -> str:
-    """One line: ``No space left on device (ENOSPC)``."""
-    name = errno.errorcode.get(error.errno) if error.errno is not None else None
-    if error.strerror:
-        return f"{error.strerror} ({name})" if name else error.strerror
-    return _first_line(error)

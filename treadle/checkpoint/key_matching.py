@@ -14,18 +14,17 @@ and in a logged table.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
 import torch
 from tabulate import tabulate
 from torch import nn
 
 from .fsdp import full_model_state_dict, is_fsdp_model, shard_model_state_dict
-from .serialization import CheckpointError, load_checkpoint_file
+from .serialization import CheckpointError
 
 __all__ = [
     "align_by_suffix",
@@ -36,7 +35,6 @@ __all__ = [
     "canonical_keys",
     "extract_model_state",
     "load_model_state",
-    "init_weights_from",
 ]
 
 logger = logging.getLogger(__name__)
@@ -306,7 +304,7 @@ def load_model_state(
     ``prefix_map`` (``{old prefix: new prefix}``, applied to canonical
     checkpoint names, longest prefix first; ``{"": "backbone."}`` loads a bare
     backbone into ``model.backbone``). Tensors whose shapes differ are skipped.
-    Nothing is logged here; see :func:`init_weights_from` and the
+    Nothing is logged here; see :func:`~treadle.checkpoint.init_weights_from` and the
     :class:`~treadle.checkpoint.Checkpointer`.
     """
     bad = [k for k in state_dict if not isinstance(k, str)]
@@ -378,61 +376,3 @@ def _with_metadata(
             metadata[own_module] = ckpt_meta[ckpt_module]
     out._metadata = metadata  # type: ignore[attr-defined]
     return out
-
-
-def init_weights_from(
-    model: nn.Module,
-    path_or_state_dict: Union[str, Mapping[str, Any]],
-    *,
-    prefix_map: Optional[Mapping[str, str]] = None,
-) -> LoadReport:
-    """Initializes ``model`` with the matching weights of another model.
-
-    For fine-tuning: a pretrained backbone into a model with a new head. Keys
-    match by canonical name (wrapper prefixes removed, then ``prefix_map``);
-    shape-mismatched keys are skipped. A table of loaded, missing, unexpected
-    and shape-mismatched keys is logged, and returned as a :class:`LoadReport`.
-
-    Args:
-        model: the model to initialize (may be DDP- or compile-wrapped).
-        path_or_state_dict: a checkpoint file (read with ``weights_only=True``:
-            a treadle checkpoint, a Lightning one or a bare state dict), a
-            ``.safetensors`` file, a Hugging Face model folder
-            (``model.safetensors`` or sharded with its index), a DCP
-            checkpoint directory, or an in-memory mapping of either shape.
-        prefix_map: ``{old prefix: new prefix}`` renames applied to the
-            checkpoint's names, e.g. ``{"encoder.": "backbone."}``.
-
-    Raises:
-        UnsafeCheckpointError, CheckpointError: the file cannot be read safely.
-        TypeError: ``path_or_state_dict`` is neither a path nor a mapping.
-    """
-    if isinstance(path_or_state_dict, Mapping):
-        source = "a state dict"
-        checkpoint = path_or_state_dict
-    elif isinstance(path_or_state_dict, str):
-        source = path_or_state_dict
-        from .safetensors_io import is_safetensors_source, load_safetensors_weights
-
-        if is_safetensors_source(source):
-            checkpoint = {"model": load_safetensors_weights(source)}
-        elif os.path.isdir(source):
-            from .sharded import dcp_to_file_state, read_dcp  # sharded builds on this module
-
-            checkpoint = dcp_to_file_state(read_dcp(source))
-        else:
-            checkpoint = load_checkpoint_file(source)
-    else:
-        raise TypeError(
-            f"init_weights_from expects a file path or a state dict, got {type(path_or_state_dict).__name__}"
-        )
-    state, _ = extract_model_state(checkpoint, source)
-    report = load_model_state(model, state, prefix_map=prefix_map, source=source)
-    logger.info(
-        "Initialized %s of %s model keys from %s:\n%s",
-        len(report.loaded),
-        len(report.loaded) + len(report.missing) + len(report.shape_mismatched),
-        source,
-        report.table(),
-    )
-    return report

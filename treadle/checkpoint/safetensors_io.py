@@ -23,7 +23,7 @@ import torch
 
 from treadle.utils.atomic import atomic_write
 
-from .serialization import CheckpointError, _first_line
+from .serialization import CheckpointError, first_line
 
 __all__ = ["is_safetensors_source", "load_safetensors_weights", "save_safetensors_weights"]
 
@@ -50,7 +50,7 @@ def _read_file(path: str) -> Dict[str, torch.Tensor]:
     except FileNotFoundError:
         raise CheckpointError(f"Weights file '{path}' does not exist.") from None
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"Weights file '{path}' is truncated or not a safetensors file: {_first_line(e)}") from None
+        raise CheckpointError(f"Weights file '{path}' is truncated or not a safetensors file: {first_line(e)}") from None
 
 
 def load_safetensors_weights(path: str) -> Dict[str, torch.Tensor]:
@@ -71,7 +71,7 @@ def load_safetensors_weights(path: str) -> Dict[str, torch.Tensor]:
             weight_map = json.load(f)["weight_map"]
         shards = sorted(set(weight_map.values()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"Index '{index_path}' is unreadable: {_first_line(e)}") from None
+        raise CheckpointError(f"Index '{index_path}' is unreadable: {first_line(e)}") from None
     state: Dict[str, torch.Tensor] = {}
     for shard in shards:
         if os.path.basename(shard) != shard:

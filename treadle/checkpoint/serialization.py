@@ -52,6 +52,7 @@ __all__ = [
     "check_weights_only_loadable",
     "load_checkpoint_file",
     "save_with_checksums",
+    "first_line",
 ]
 
 logger = logging.getLogger(__name__)
@@ -377,7 +378,7 @@ def load_checkpoint_file(path: str, path_manager: Any = PathManager) -> Dict[str
         raise CheckpointError(f"Checkpoint file '{path}' cannot be read: permission denied.") from e
     except Exception as e:  # zip, EOF and OS errors from a partly written or damaged file
         raise CheckpointError(
-            f"Checkpoint file '{path}' is truncated or corrupt: {type(e).__name__}: {_first_line(e)}"
+            f"Checkpoint file '{path}' is truncated or corrupt: {type(e).__name__}: {first_line(e)}"
         ) from e
     if not isinstance(obj, dict):
         raise CheckpointError(
@@ -392,7 +393,8 @@ def load_checkpoint_file(path: str, path_manager: Any = PathManager) -> Dict[str
     return obj
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message (messages of checkpoint errors are one line)."""
     text = str(error).strip()
     return text.splitlines()[0] if text else "(no message)"
 

@@ -35,6 +35,7 @@ import pickle
 import shutil
 import warnings
 import zlib
+from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
@@ -43,8 +44,10 @@ from torch import nn
 
 from treadle.utils import comm
 
+from .file_writer import describe_os_error
+from .folder import DCP_SUFFIX, partial_name
 from .key_matching import LoadReport, ShapeMismatch, unwrap_model
-from .serialization import CheckpointError, UnsafeCheckpointError, _first_line, check_weights_only_loadable
+from .serialization import CheckpointError, UnsafeCheckpointError, check_weights_only_loadable, first_line
 
 
 def _reader(directory: str) -> Any:
@@ -72,6 +75,9 @@ __all__ = [
     "partial_name",
     "sharded_state",
     "publish",
+    "publish_checkpoint",
+    "AsyncSaver",
+    "finish_async_save",
     "verify_checksums",
     "load_sharded",
     "read_dcp",
@@ -79,11 +85,9 @@ __all__ = [
     "write_dcp",
 ]
 
-DCP_SUFFIX = ".dcp"
 CHECKSUM_FILE = "checksums.json"
 #: The key of the record holding everything that is neither model nor optimizer.
 STATE_KEY = "treadle"
-_PARTIAL = ".partial"
 _CHUNK = 8 << 20
 _SINGLE_PROCESS_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"
 # DCP warns at every save and load without a process group that it "assumes
@@ -96,11 +100,6 @@ warnings.filterwarnings("ignore", message=_SINGLE_PROCESS_WARNING, category=User
 def is_dcp_checkpoint(path: str) -> bool:
     """Whether ``path`` is a DCP checkpoint directory (it has DCP's ``.metadata``)."""
     return os.path.isdir(path) and os.path.exists(os.path.join(path, ".metadata"))
-
-
-def partial_name(name: str) -> str:
-    """The directory name ``{name}.dcp`` is written under until it is complete."""
-    return f".{name}{DCP_SUFFIX}{_PARTIAL}"
 
 
 def _distributed() -> bool:
@@ -185,7 +184,7 @@ def _unrecord(record: Any, directory: str) -> Dict[str, Any]:
         except pickle.UnpicklingError as e:
             raise UnsafeCheckpointError(
                 f"The '{STATE_KEY}' record of checkpoint '{directory}' needs unsafe unpickling; it was not loaded: "
-                f"{_first_line(e)}"
+                f"{first_line(e)}"
             ) from None
     if not isinstance(record, dict):
         raise CheckpointError(f"The '{STATE_KEY}' record of checkpoint '{directory}' is a {type(record).__name__}, not a dict.")
@@ -228,6 +227,17 @@ def publish(partial: str, final: str) -> None:
         shutil.rmtree(replaced, ignore_errors=True)
 
 
+def publish_checkpoint(partial: str, final: str) -> None:
+    """:func:`publish`, a failure of which is one :class:`CheckpointError` line."""
+    try:
+        publish(partial, final)
+    except OSError as e:
+        raise CheckpointError(
+            f"Cannot publish checkpoint '{final}': {describe_os_error(e)}. "
+            f"The previous checkpoints and last_checkpoint are untouched."
+        ) from e
+
+
 def _fsync_dir(directory: str) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -265,6 +275,52 @@ def write_dcp(
         raise write_failure(e, final or partial) from None
 
 
+class AsyncSaver:
+    """Starts DCP's asynchronous saves (``dcp.async_save``), one at a time.
+
+    Keeps, from one save to the next, DCP's stager (it reuses its host
+    copies of the state) and the process group the background writes talk
+    through: not the training's, since a collective of a background thread
+    must not interleave with the gradient all-reduces of the main thread.
+    """
+
+    def __init__(self) -> None:
+        self._stager: Any = None
+        self._group: Any = None
+
+    def start(self, state: Dict[str, Any], partial: str) -> "Future[Any]":
+        """Stages ``state`` (returns once it is copied) and writes it into
+        ``partial`` in the background; every rank calls it. Wait with
+        :func:`finish_async_save`."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        if self._stager is None or not stager_reusable(self._stager):
+            self._stager = new_stager()
+        distributed = dist.is_available() and dist.is_initialized()
+        if distributed and self._group is None:
+            self._group = dist.new_group(backend="gloo")  # every rank is here, in the same order
+        with _quiet_single_process():
+            return dcp.async_save(
+                state,
+                storage_writer=dcp.FileSystemWriter(partial, single_file_per_rank=True, sync_files=True),
+                process_group=self._group,
+                async_stager=self._stager,
+                no_dist=not distributed,
+            )
+
+
+def finish_async_save(future: "Future[Any]", final: str) -> None:
+    """Waits for an asynchronous save of ``final`` started by
+    :meth:`AsyncSaver.start`; a failure on any rank is one :class:`CheckpointError` line."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        future.result()
+    except dcp.api.CheckpointException as e:
+        raise write_failure(e, final) from None
+
+
 def write_failure(error: BaseException, final: str) -> CheckpointError:
     """The one-line error of a DCP save of ``final`` that failed on some rank."""
     return _unwrapped(
@@ -283,8 +339,8 @@ def _unwrapped(error: BaseException, doing: str, after: str = ".") -> Checkpoint
             return inner
         if isinstance(inner, OSError) and inner.strerror:
             return CheckpointError(f"{doing}: {inner.strerror} (rank {rank}){after}")
-        return CheckpointError(f"{doing}: {_first_line(inner)} (rank {rank}){after}")
-    return CheckpointError(f"{doing}: {_first_line(error)}{after}")
+        return CheckpointError(f"{doing}: {first_line(inner)} (rank {rank}){after}")
+    return CheckpointError(f"{doing}: {first_line(error)}{after}")
 
 
 # ---------------------------------------------------------------------- loading
@@ -305,7 +361,7 @@ def verify_checksums(directory: str) -> None:
             "(convert a DCP directory written elsewhere with tools/convert_checkpoint.py)"
         ) from None
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"'{path}' is unreadable ({_first_line(e)})") from None
+        raise CheckpointError(f"'{path}' is unreadable ({first_line(e)})") from None
     for name, expected in files.items():
         file = os.path.join(directory, name)
         try:
@@ -333,7 +389,7 @@ def checked_metadata(directory: str) -> Any:
         except CheckpointError as e:
             problem = str(e)
         except Exception as e:  # a .metadata that does not unpickle
-            problem = f"'{directory}/.metadata' is unreadable ({_first_line(e)})"
+            problem = f"'{directory}/.metadata' is unreadable ({first_line(e)})"
     if comm.get_world_size() > 1:
         problem, unsafe = comm.broadcast_object((problem, unsafe))
     if problem is not None:

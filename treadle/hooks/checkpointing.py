@@ -315,9 +315,8 @@ class PeriodicCheckpointer(HookBase):
         it = self.trainer.iter
         if self.fires_at(it):
             self.save_at_iteration_end(it)
-        checkpointer = self._checkpointer
-        if checkpointer is not None and checkpointer._in_flight is not None:
-            checkpointer.raise_if_failed()  # a background save's failure, within one iteration
+        if self._checkpointer is not None:
+            self._checkpointer.raise_if_failed()  # a background save's failure, within one iteration
 
     def save_at_iteration_end(self, iteration: int) -> None:
         """Saves ``iteration``'s checkpoint once the iteration ends (once, however
