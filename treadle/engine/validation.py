@@ -58,8 +58,8 @@ def _read(node: Any, key: Any, path: str) -> Any:
         raw = node._get_node(key)._value() if hasattr(node, "_get_node") and node._get_node(key) is not None else None
         if isinstance(raw, str) and raw == "???":
             raise ConfigError(f"{path} has no value (it is '???'); set it, e.g. {path}=VALUE") from None
-        shown = f" = {raw!r}" if isinstance(raw, str) else ""
-        raise ConfigError(f"{path}{shown} cannot be resolved: {first_line(e)}") from None
+        written = f" = {raw!r}" if isinstance(raw, str) else ""
+        raise ConfigError(f"{path}{written} cannot be resolved: {first_line(e)}") from None
 
 
 def _check_readable(node: Any, path: str = "") -> None:
@@ -197,8 +197,8 @@ def check_run_config(cfg: DictConfig, *, world_size: int = 1, eval_only: bool = 
     for key in required:
         node = cfg._get_node(key)
         if not isinstance(node, DictConfig) or node._is_none():
-            shown = shown(node._value()) if node is not None else "nothing"
-            raise ConfigError(f"{key} must be a config node (a LazyCall or a dict), got {shown}")
+            got = shown(node._value()) if node is not None else "nothing"
+            raise ConfigError(f"{key} must be a config node (a LazyCall or a dict), got {got}")
     # train first: other sections interpolate its values (``${train.max_iter}``),
     # and the error should name the key whose own value is broken.
     _check_readable(cfg.train, "train")
