@@ -139,11 +139,12 @@ def test_the_built_settings_follow_the_config(built_with_defaults, in_empty_dir)
     cfg = _digits_with_table_defaults()
     cfg.train.checkpointer.max_to_keep = 7
     cfg.train.log_period = 9
-    cfg.train.early_stopping.patience = 2  # no early stopping without a metric: the same trainer
     built = _built(cfg)
     assert built != built_with_defaults
-    checkpointer = dict(built["hooks"])["PeriodicCheckpointer"]
-    assert checkpointer["max_to_keep"] == 7
+    hooks = dict(built["hooks"])
+    assert hooks["PeriodicCheckpointer"]["max_to_keep"] == 7
+    assert hooks["PeriodicCheckpointer"] != dict(built_with_defaults["hooks"])["PeriodicCheckpointer"]
+    assert hooks["PeriodicWriter"] != dict(built_with_defaults["hooks"])["PeriodicWriter"]
 
 
 def test_a_config_without_checkpointer_period_checkpoints_every_200_iterations(tmp_path):
