@@ -18,6 +18,7 @@ from torch import nn
 
 from treadle.checkpoint import Checkpointer, check_checkpoint_file, unwrap_model
 from treadle.config import LazyCall, LazyConfig, get_config_file, instantiate
+from treadle.config.train_keys import train_section, train_setting, wrapper_options
 from treadle.evaluation import forward_for, inference_on_dataset
 from treadle.events import CommonMetricPrinter, JSONWriter, MLflowWriter, TensorboardWriter, WandbWriter
 from treadle.events.tracking import flatten_params
@@ -149,9 +150,8 @@ def default_setup(cfg: DictConfig, args: Optional[argparse.Namespace] = None) ->
     (``TrainerBase.train`` or ``DefaultTrainer.train``; see
     :mod:`treadle.utils.run_start`).
     """
-    train = cfg.train
     rank = comm.get_rank()
-    output_dir = train.output_dir
+    output_dir = train_setting(cfg, "output_dir")
     if output_dir:
         check_output_dir(output_dir)
     setup_logger(output_dir or None, distributed_rank=rank, defer_file=True)
@@ -161,14 +161,14 @@ def default_setup(cfg: DictConfig, args: Optional[argparse.Namespace] = None) ->
     if args is not None:
         # detectron2's tests pass a dict; the command line passes a Namespace.
         logger.info("Command line arguments: %s", vars(args) if hasattr(args, "__dict__") else args)
-    seed = train.get("seed", 0)
+    seed = train_setting(cfg, "seed")
     if seed is None or seed < 0:
         seed = comm.broadcast_object(seed_all_rng(None))
     # Each rank draws its own dropout masks and augmentations.
     seed_all_rng(int(seed) + rank)
     OmegaConf.update(cfg, "train.seed", int(seed), force_add=True)
     if torch.cuda.is_available():
-        torch.backends.cudnn.benchmark = bool(train.get("cudnn_benchmark", False))
+        torch.backends.cudnn.benchmark = bool(train_setting(cfg, "cudnn_benchmark"))
     # Written when training starts (TrainerBase.train), not now: see treadle.utils.run_start.
     when_training_starts("config", lambda: save_run_config(cfg, output_dir))
     when_training_starts("logs", _start_logs)
@@ -223,25 +223,24 @@ class DefaultTrainer(TrainerBase):
 
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
-        train = cfg.train
-        self.device = resolve_device(train.get("device", "auto"))
+        self.device = resolve_device(train_setting(cfg, "device"))
         model = self.build_model(cfg, device=self.device)
         self.model = self.wrap_model(cfg, model)
         self.optimizer = self.build_optimizer(cfg, unwrap_model(self.model))
         self.train_loader = self.build_train_loader(cfg)
         step = self.build_step(cfg, self.model, self.train_loader, self.optimizer)
-        super().__init__(step, nonfinite_check=train.get("nonfinite_check", "flush"))
-        self.max_iter = int(train.max_iter)
-        self.epoch_length = loader_epoch_length(self.train_loader, int(train.step.get("grad_accum_steps", 1)))
+        super().__init__(step, nonfinite_check=train_setting(cfg, "nonfinite_check"))
+        self.max_iter = int(train_setting(cfg, "max_iter"))
+        self.epoch_length = loader_epoch_length(self.train_loader, int(train_setting(cfg, "step.grad_accum_steps")))
         self.start_iter = 0
         self.checkpointer = Checkpointer(
             unwrap_model(self.model),
-            train.output_dir,
-            format=train.get("checkpointer", {}).get("format"),
+            train_setting(cfg, "output_dir"),
+            format=train_setting(cfg, "checkpointer.format"),
             optimizer=self.optimizer,
             trainer=self,
         )
-        self.run_folder = RunFolder(train.output_dir)
+        self.run_folder = RunFolder(train_setting(cfg, "output_dir"))
         self._claimed = False
         self._check_evaluation(cfg)
         # The schedule, for LRScheduler() without arguments (LiBai's build_hooks).
@@ -257,7 +256,7 @@ class DefaultTrainer(TrainerBase):
         model = instantiate(cfg.model)
         if not isinstance(model, nn.Module):
             raise TypeError(f"cfg.model must build a torch.nn.Module, got {type(model).__name__}")
-        model.to(device if device is not None else resolve_device(cfg.train.get("device", "auto")))
+        model.to(device if device is not None else resolve_device(train_setting(cfg, "device")))
         logger.info("Model:\n%s", model)
         logger.info("Parameters:\n%s", parameter_count_table(model, max_depth=2))
         return model
@@ -271,32 +270,21 @@ class DefaultTrainer(TrainerBase):
         ``"fsdp"`` shards it with FSDP2 (see
         :func:`~treadle.engine.launch.create_fsdp_model`, whose options are
         ``reshard_after_forward``, ``param_dtype``, ``reduce_dtype`` and
-        ``sync_module_states``). A DDP-only option switched on with ``"fsdp"``
-        is an error, as are EMA (its averaged copy is not sharded) and an
-        unknown kind.
+        ``sync_module_states``). An option of the other kind set away from
+        its default is an error, as are EMA with ``"fsdp"`` (its averaged copy
+        is not sharded) and an unknown kind.
         """
-        node = cfg.train.get("ddp")
-        # A missing or null train.ddp means the defaults; to_container takes only omegaconf nodes.
-        options = OmegaConf.to_container(node, resolve=True) if node else {}
-        kind = options.pop("kind", "ddp")
+        options = train_section(cfg, "ddp")
+        kind = options.pop("kind")
         # Checked on any world size: a config means the same run on one process or many.
         if kind not in ("ddp", "fsdp"):
             raise ValueError(f"train.ddp.kind must be 'ddp' or 'fsdp', got {kind!r}")
-        if kind == "fsdp":
-            ddp_only = ("broadcast_buffers", "find_unused_parameters", "fp16_compression", "gradient_as_bucket_view",
-                        "static_graph", "bucket_cap_mb")
-            for key in ddp_only:
-                # The defaults of configs/common/train.py (all off) are no request.
-                if options.pop(key, None):
-                    raise ValueError(
-                        f"train.ddp.{key} is an option of DistributedDataParallel; it has no meaning with "
-                        "train.ddp.kind='fsdp'. Set it to False or use kind='ddp'."
-                    )
-            if (cfg.train.get("ema", {}) or {}).get("enabled", False):
-                raise ValueError(
-                    "train.ema.enabled=True is not supported with train.ddp.kind='fsdp': the EMA hook keeps an "
-                    "unsharded copy of the weights. Use kind='ddp', or disable EMA."
-                )
+        if kind == "fsdp" and train_setting(cfg, "ema.enabled"):
+            raise ValueError(
+                "train.ema.enabled=True is not supported with train.ddp.kind='fsdp': the EMA hook keeps an "
+                "unsharded copy of the weights. Use kind='ddp', or disable EMA."
+            )
+        options = wrapper_options(kind, options)
         if kind == "fsdp":
             return create_fsdp_model(model, **options)  # checks its options; unchanged on one process
         return create_ddp_model(model, **options) if comm.get_world_size() > 1 else model
@@ -321,7 +309,7 @@ class DefaultTrainer(TrainerBase):
     def build_train_loader(cls, cfg: DictConfig) -> Any:
         loader_cfg = cfg.dataloader.train
         if "seed" in loader_cfg and loader_cfg.seed is None:
-            loader_cfg = OmegaConf.merge(loader_cfg, {"seed": int(cfg.train.get("seed", 0) or 0)})
+            loader_cfg = OmegaConf.merge(loader_cfg, {"seed": int(train_setting(cfg, "seed") or 0)})
         return instantiate(loader_cfg)
 
     @classmethod
@@ -350,54 +338,53 @@ class DefaultTrainer(TrainerBase):
         ``loss_fn`` and ``compile`` options; or a node with ``_target_``, a
         user's ``StepBase`` class called with ``model``, ``data_loader`` and
         ``optimizer`` plus its own arguments (a research loop)."""
-        step_cfg = cfg.train.step
-        if "_target_" in step_cfg:
+        step_cfg = cfg.train.get("step")
+        if isinstance(step_cfg, DictConfig) and "_target_" in step_cfg:
             node = OmegaConf.merge(step_cfg, {})
             node.model, node.data_loader, node.optimizer = model, data_loader, optimizer
             step = instantiate(node)
             if not isinstance(step, StepBase):
                 raise TypeError(f"cfg.train.step built a {type(step).__name__}, not a StepBase")
             return step
-        options = instantiate(step_cfg)
-        kind = options.pop("kind", "eager")
-        compile_options = options.pop("compile", None) or {}
+        options = instantiate(train_section(cfg, "step"))
+        kind = options.pop("kind")
+        compile_options = options.pop("compile")
         return build_step(kind, model, data_loader, optimizer, compile_options=compile_options, **options)
 
     def build_writers(self) -> List[Any]:
         """Console, ``metrics.json`` and TensorBoard on the main process; none elsewhere."""
         if not comm.is_main_process():
             return []
-        output_dir = self.cfg.train.output_dir
+        output_dir = train_setting(self.cfg, "output_dir")
         writers: List[Any] = [
             CommonMetricPrinter(self.max_iter, samples_per_iter=self._samples_per_iter()),
             JSONWriter(os.path.join(output_dir, "metrics.json")),
             TensorboardWriter(output_dir),
         ]
-        trackers = enabled_trackers(self.cfg.train)
-        options = self.cfg.train.get("writers") or {}
+        trackers = enabled_trackers(self.cfg)
         params = flatten_params(self.cfg) if trackers else {}
         if "mlflow" in trackers:
-            mlflow = options.mlflow
+            mlflow = train_section(self.cfg, "writers.mlflow")
             writers.append(
                 MLflowWriter(
-                    mlflow.get("tracking_uri"),
-                    mlflow.get("experiment_name"),
-                    mlflow.get("run_name"),
-                    dict(mlflow.get("tags") or {}),
+                    mlflow["tracking_uri"],
+                    mlflow["experiment_name"],
+                    mlflow["run_name"],
+                    dict(mlflow["tags"] or {}),
                     params=params,
-                    log_model=os.path.join(output_dir, "model_final.pth") if mlflow.get("log_model") else None,
+                    log_model=os.path.join(output_dir, "model_final.pth") if mlflow["log_model"] else None,
                 )
             )
         if "wandb" in trackers:
-            wandb = options.wandb
+            wandb = train_section(self.cfg, "writers.wandb")
             writers.append(
                 WandbWriter(
-                    wandb.project,
-                    wandb.get("name"),
-                    wandb.get("mode", "online"),
+                    wandb["project"],
+                    wandb["name"],
+                    wandb["mode"],
                     dir=output_dir,
-                    entity=wandb.get("entity"),
-                    tags=list(wandb.get("tags") or []) or None,
+                    entity=wandb["entity"],
+                    tags=list(wandb["tags"] or []) or None,
                     config=params,
                 )
             )
@@ -407,16 +394,11 @@ class DefaultTrainer(TrainerBase):
         """The default hooks of :func:`~treadle.engine.default_hooks.default_hooks`
         for the config's settings (the order and why: ``docs/defaults.md``)."""
         cfg = self.cfg
-        train = cfg.train
-        ema_cfg = train.get("ema", {}) or {}
-        best_cfg = train.get("best_checkpointer", {}) or {}
-        stop_cfg = train.get("early_stopping", {}) or {}
-        ckpt_cfg = train.get("checkpointer", {}) or {}
-        eval_period = int(train.get("eval_period", 0) or 0)
+        best_metric = train_setting(cfg, "best_checkpointer.metric")
+        stop_metric = train_setting(cfg, "early_stopping.metric")
+        eval_period = int(train_setting(cfg, "eval_period"))
         has_eval = "test" in cfg.dataloader and cfg.dataloader.test is not None
-        # Early stopping's keys are read only when it is on: a config that
-        # leaves it off may leave them unset.
-        stopping = has_eval and bool(stop_cfg.get("metric"))
+        stopping = has_eval and bool(stop_metric)
 
         def test_and_save_results() -> Dict[str, Any]:
             self._last_eval_results = self.test(self.cfg, self.model, loader=self._test_loader)
@@ -425,30 +407,30 @@ class DefaultTrainer(TrainerBase):
         return default_hooks(
             optimizer=self.optimizer,
             scheduler=self.scheduler,
-            ema_decay=float(ema_cfg.get("decay", 0.999)) if ema_cfg.get("enabled", False) else None,
+            ema_decay=float(train_setting(cfg, "ema.decay")) if train_setting(cfg, "ema.enabled") else None,
             evaluate=test_and_save_results if has_eval else None,
             eval_period=eval_period,
             checkpointer=self.checkpointer,
-            best_metric=best_cfg.metric if has_eval and best_cfg.get("metric") else None,
-            best_mode=best_cfg.get("mode"),
-            stop_metric=stop_cfg.metric if stopping else None,
-            stop_patience=int(stop_cfg.get("patience", 5)) if stopping else None,
-            stop_min_delta=float(stop_cfg.get("min_delta", 0.0)) if stopping else 0.0,
-            stop_mode=stop_cfg.get("mode"),
-            checkpoint_period=int(ckpt_cfg.get("period", 5000)),
-            max_to_keep=ckpt_cfg.get("max_to_keep"),
-            async_save=bool(ckpt_cfg.get("async_save", False)),
-            export_safetensors=bool(ckpt_cfg.get("export_safetensors", False)),
-            handle_preemption=bool(train.get("handle_preemption", True)),
+            best_metric=best_metric if has_eval and best_metric else None,
+            best_mode=train_setting(cfg, "best_checkpointer.mode"),
+            stop_metric=stop_metric if stopping else None,
+            stop_patience=int(train_setting(cfg, "early_stopping.patience")) if stopping else None,
+            stop_min_delta=float(train_setting(cfg, "early_stopping.min_delta")) if stopping else 0.0,
+            stop_mode=train_setting(cfg, "early_stopping.mode"),
+            checkpoint_period=int(train_setting(cfg, "checkpointer.period")),
+            max_to_keep=train_setting(cfg, "checkpointer.max_to_keep"),
+            async_save=bool(train_setting(cfg, "checkpointer.async_save")),
+            export_safetensors=bool(train_setting(cfg, "checkpointer.export_safetensors")),
+            handle_preemption=bool(train_setting(cfg, "handle_preemption")),
             writers=self.build_writers(),
-            log_period=int(train.get("log_period", 20)),
-            output_dir=train.output_dir,
+            log_period=int(train_setting(cfg, "log_period")),
+            output_dir=train_setting(cfg, "output_dir"),
             samples_per_iter=self._samples_per_iter(),
         )
 
     def _samples_per_iter(self) -> Optional[int]:
         total_batch = getattr(self.train_loader, "total_batch_size", None)
-        return total_batch * int(self.cfg.train.step.get("grad_accum_steps", 1)) if total_batch else None
+        return total_batch * int(train_setting(self.cfg, "step.grad_accum_steps")) if total_batch else None
 
     @property
     def _trainer(self) -> StepBase:
@@ -475,9 +457,9 @@ class DefaultTrainer(TrainerBase):
         evaluator = self.build_evaluator(cfg)
         known = getattr(evaluator, "result_names", None)
         for section in ("best_checkpointer", "early_stopping"):
-            node = cfg.train.get(section) or {}
-            if node.get("metric"):
-                check_watched_metric(f"train.{section}.metric", node.metric, known)
+            metric = train_setting(cfg, f"{section}.metric")
+            if metric:
+                check_watched_metric(f"train.{section}.metric", metric, known)
 
     # ------------------------------------------------------------------ running
     def resume_or_load(self, resume: bool = True, *, move_aside: bool = False) -> None:
@@ -500,7 +482,7 @@ class DefaultTrainer(TrainerBase):
             CheckpointError: ``train.init_checkpoint`` is missing or unreadable,
                 or no checkpoint of the run can be read.
         """
-        init = self.cfg.train.get("init_checkpoint", "") or ""
+        init = train_setting(self.cfg, "init_checkpoint") or ""
         resuming = resume and self.checkpointer.has_checkpoint()
         if init and not resuming:
             check_checkpoint_file(init)
@@ -542,7 +524,7 @@ class DefaultTrainer(TrainerBase):
                 # A finished run resumed writes nothing: its config and log stay as they are.
                 done = training_starts()  # what default_setup left to do, if it ran
                 if "config" not in done:
-                    save_run_config(self.cfg, self.cfg.train.output_dir)
+                    save_run_config(self.cfg, train_setting(self.cfg, "output_dir"))
                 if "logs" not in done:
                     _start_logs()
             super().train(self.start_iter, self.max_iter)
@@ -558,6 +540,5 @@ class DefaultTrainer(TrainerBase):
         device = next(iter(model.parameters())).device
         # The model is fed as the training step feeds it: a model that computes
         # its own loss (no train.step.loss_fn) gets the whole batch.
-        step = cfg.train.get("step") or {}
-        loss_fn = step.get("loss_fn") if hasattr(step, "get") else None
+        loss_fn = train_setting(cfg, "step.loss_fn")
         return inference_on_dataset(model, loader, evaluator, device=device, forward=forward_for(loss_fn))

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from treadle.config.train_keys import wrapper_options
 from treadle.hooks.preemption import PREEMPTED_EXIT_CODE
 from treadle.utils import comm
 
@@ -309,12 +310,14 @@ def create_ddp_model(model: nn.Module, *, fp16_compression: bool = False, kind: 
     Args:
         fp16_compression: all-reduce gradients in fp16 (halves the traffic).
         kind: ``"ddp"``, so that ``create_ddp_model(model, **cfg.train.ddp)``
-            (detectron2's call) takes a treadle config's ``train.ddp``;
+            (detectron2's call) takes a treadle config's ``train.ddp``
+            (whose FSDP options must then be at their defaults);
             ``"fsdp"`` is :func:`create_fsdp_model`'s.
         kwargs: passed to ``DistributedDataParallel`` (e.g. ``find_unused_parameters``).
     """
     if kind != "ddp":
         raise ValueError(f"create_ddp_model wraps in DDP (kind='ddp'); for kind={kind!r} use create_fsdp_model")
+    kwargs = wrapper_options("ddp", kwargs)
     if comm.get_world_size() == 1:
         return model
     if torch.cuda.is_available() and next(model.parameters()).is_cuda:

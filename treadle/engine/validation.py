@@ -7,9 +7,9 @@ process, before any worker starts and before a byte goes to
 the bad value and, where there are few, the valid choices.
 
 What is checked: the top-level keys a runnable config needs; that every value
-can be read (no unresolvable ``${...}`` interpolation, no ``???``); the type
-and range of every key of ``train`` that :class:`DefaultTrainer` reads; the
-device, the precision, the world size and the batch size against it; the
+can be read (no unresolvable ``${...}`` interpolation, no ``???``); every key
+of ``train`` by its rule in the table of keys (:mod:`treadle.config.train_keys`);
+the device, the precision, the world size and the batch size against it; the
 metric names of a ``build_evaluator`` node and the metrics that the best
 checkpointer and early stopping watch. What needs the built objects (the
 evaluator's result names of a custom evaluator, a model that cannot be built)
@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import difflib
 import logging
-import math
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 from omegaconf import DictConfig, ListConfig
@@ -30,196 +29,20 @@ from omegaconf.errors import OmegaConfBaseException
 from treadle.config import ConfigError
 from treadle.config.errors import first_line
 from treadle.config.locate import target_name
-
-from .steps import PRECISIONS
+from treadle.config.rules import integer, is_int, is_number, shown
+from treadle.config.train_keys import STEP_KINDS, train_rules, train_setting
 
 __all__ = ["check_run_config", "check_world_size", "check_watched_metric", "TRAIN_KEYS", "STEP_KINDS"]
 
 logger = logging.getLogger(__name__)
 
-STEP_KINDS = ("eager", "compiled")
-_COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-_NONFINITE = ("flush", "step", "off")
-_MODES = (None, "max", "min")
-
 _MISSING = object()
 
-
-def _shown(value: Any) -> str:
-    return repr(value) if isinstance(value, str) else str(value)
-
-
-def _is_int(value: Any) -> bool:
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return True
-    return isinstance(value, float) and value.is_integer()
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-# ---------------------------------------------------------------------- rules
-# A rule takes (key, value) and raises ConfigError; each says what it accepts.
-Rule = Callable[[str, Any], None]
-
-
-def _integer(minimum: int, *, none: bool = False) -> Rule:
-    def rule(key: str, value: Any) -> None:
-        if value is None and none:
-            return
-        if not _is_int(value) or value < minimum:
-            what = f"an integer >= {minimum}" + (" or None" if none else "")
-            raise ConfigError(f"{key} must be {what}, got {_shown(value)}")
-
-    return rule
-
-
-def _positive_number(*, none: bool = False, below_one: bool = False) -> Rule:
-    def rule(key: str, value: Any) -> None:
-        if value is None and none:
-            return
-        if not _is_number(value) or value <= 0 or (below_one and value >= 1):
-            what = "a number in (0, 1)" if below_one else "a positive number"
-            raise ConfigError(f"{key} must be {what}{' or None' if none else ''}, got {_shown(value)}")
-
-    return rule
-
-
-def _non_negative_number(key: str, value: Any) -> None:
-    if not _is_number(value) or value < 0:
-        raise ConfigError(f"{key} must be a number >= 0, got {_shown(value)}")
-
-
-def _choice(choices: Sequence[Any]) -> Rule:
-    def rule(key: str, value: Any) -> None:
-        if value not in choices:
-            shown = ", ".join("None" if c is None else repr(c) for c in choices)
-            raise ConfigError(f"{key} must be one of {shown}; got {_shown(value)}")
-
-    return rule
-
-
-def _boolean(key: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{key} must be true or false, got {_shown(value)}")
-
-
-def _text(*, empty: bool = True, none: bool = False) -> Rule:
-    def rule(key: str, value: Any) -> None:
-        if value is None and none:
-            return
-        if not isinstance(value, str) or (not empty and not value):
-            what = "a non-empty string" if not empty else "a string"
-            raise ConfigError(f"{key} must be {what}{' or None' if none else ''}, got {_shown(value)}")
-
-    return rule
-
-
-def _seed(key: str, value: Any) -> None:
-    if value is not None and not _is_int(value):
-        raise ConfigError(f"{key} must be an integer (negative: pick one at random) or None, got {_shown(value)}")
-
-
-def _device(key: str, value: Any) -> None:
-    if not isinstance(value, str):
-        raise ConfigError(f"{key} must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {_shown(value)}")
-    if value == "auto":
-        return
-    try:
-        device = torch.device(value)
-    except RuntimeError:
-        raise ConfigError(
-            f"{key}={value!r} is not a device; use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"
-        ) from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"{key}={value!r}, but CUDA is not available on this machine; use 'cpu' or 'auto'")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(
-                f"{key}={value!r}, but this machine has {torch.cuda.device_count()} CUDA device(s)"
-            )
-    elif device.type == "mps":
-        mps = getattr(torch.backends, "mps", None)
-        if mps is None or not mps.is_available():
-            raise ConfigError(f"{key}={value!r}, but MPS is not available on this machine; use 'cpu' or 'auto'")
-    elif device.type != "cpu":
-        raise ConfigError(f"{key}={value!r} is not supported; use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
-
-
-def _anything(key: str, value: Any) -> None:
-    pass
-
-
-#: Every key of ``train`` that DefaultTrainer reads, with its rule. A dict is a
-#: sub-node. Keys not listed are allowed (a subclass may read them), with a
-#: warning that suggests the closest listed key.
-TRAIN_KEYS: Dict[str, Any] = {
-    "output_dir": _text(empty=False),
-    "init_checkpoint": _text(none=True),
-    "max_iter": _integer(1),
-    "device": _device,
-    "seed": _seed,
-    "log_period": _integer(1),
-    "eval_period": _integer(0),
-    "checkpointer": {"period": _integer(0), "max_to_keep": _integer(1, none=True), "async_save": _boolean,
-                     "format": _choice((None, "file", "dcp")), "export_safetensors": _boolean},
-    "step": {
-        "kind": _choice(STEP_KINDS),
-        "precision": _choice(PRECISIONS),
-        "grad_accum_steps": _integer(1),
-        "clip_grad_norm": _positive_number(none=True),
-        "loss_fn": _anything,
-        "compile": {
-            "mode": _choice(_COMPILE_MODES),
-            "backend": _text(empty=False),
-            "fullgraph": _boolean,
-            "dynamic": _choice((None, True, False)),
-        },
-    },
-    "ddp": {
-        "kind": _choice(("ddp", "fsdp")),
-        "broadcast_buffers": _boolean,
-        "find_unused_parameters": _boolean,
-        "fp16_compression": _boolean,
-        "gradient_as_bucket_view": _boolean,
-        "static_graph": _boolean,
-        "bucket_cap_mb": _positive_number(none=True),
-        "reshard_after_forward": _boolean,
-        "param_dtype": _choice((None, *PRECISIONS)),
-        "reduce_dtype": _choice((None, *PRECISIONS)),
-        "sync_module_states": _boolean,
-    },
-    "ema": {"enabled": _boolean, "decay": _positive_number(below_one=True)},
-    "best_checkpointer": {"metric": _text(empty=False, none=True), "mode": _choice(_MODES)},
-    "early_stopping": {
-        "metric": _text(empty=False, none=True),
-        "patience": _integer(1),
-        "min_delta": _non_negative_number,
-        "mode": _choice(_MODES),
-    },
-    "writers": {
-        "mlflow": {
-            "tracking_uri": _text(empty=False, none=True),
-            "experiment_name": _text(empty=False, none=True),
-            "run_name": _text(empty=False, none=True),
-            "tags": _anything,
-            "log_model": _boolean,
-        },
-        "wandb": {
-            "project": _text(empty=False, none=True),
-            "name": _text(empty=False, none=True),
-            "mode": _choice(("online", "offline", "disabled")),
-            "entity": _text(empty=False, none=True),
-            "tags": _anything,
-        },
-    },
-    "handle_preemption": _boolean,
-    "nonfinite_check": _choice(_NONFINITE),
-    "cudnn_benchmark": _boolean,
-}
+#: The rule of every key of ``train``, from the table in
+#: :mod:`treadle.config.train_keys`; a dict is a sub-node. Keys not listed are
+#: allowed (a subclass may read them), with a warning that suggests the
+#: closest listed key.
+TRAIN_KEYS: Dict[str, Any] = train_rules()
 
 # Optimizer arguments that torch requires to be >= 0, checked by name in any
 # ``optimizer`` node (torch's own message names neither the key nor the node).
@@ -235,8 +58,8 @@ def _read(node: Any, key: Any, path: str) -> Any:
         raw = node._get_node(key)._value() if hasattr(node, "_get_node") and node._get_node(key) is not None else None
         if isinstance(raw, str) and raw == "???":
             raise ConfigError(f"{path} has no value (it is '???'); set it, e.g. {path}=VALUE") from None
-        shown = f" = {raw!r}" if isinstance(raw, str) else ""
-        raise ConfigError(f"{path}{shown} cannot be resolved: {first_line(e)}") from None
+        written = f" = {raw!r}" if isinstance(raw, str) else ""
+        raise ConfigError(f"{path}{written} cannot be resolved: {first_line(e)}") from None
 
 
 def _check_readable(node: Any, path: str = "") -> None:
@@ -257,7 +80,7 @@ def _check_readable(node: Any, path: str = "") -> None:
 
 def _check_schema(node: Any, schema: Dict[str, Any], path: str) -> None:
     if not isinstance(node, DictConfig):
-        raise ConfigError(f"{path} must be a config node with keys, got {_shown(node)}")
+        raise ConfigError(f"{path} must be a config node with keys, got {shown(node)}")
     if path == "train.step" and "_target_" in node:
         return  # a user's step class: its arguments are its own
     for key in node.keys():
@@ -286,9 +109,9 @@ def check_world_size(num_gpus: int, num_machines: int = 1, machine_rank: int = 0
         ConfigError: a count below 1, a machine rank out of range, or more
             processes per machine than GPUs when CUDA is used.
     """
-    if not _is_int(num_gpus) or num_gpus < 1:
+    if not is_int(num_gpus) or num_gpus < 1:
         raise ConfigError(f"--num-gpus must be an integer >= 1, got {num_gpus}")
-    if not _is_int(num_machines) or num_machines < 1:
+    if not is_int(num_machines) or num_machines < 1:
         raise ConfigError(f"--num-machines must be an integer >= 1, got {num_machines}")
     if not 0 <= machine_rank < num_machines:
         raise ConfigError(f"--machine-rank must be in [0, {num_machines}), got {machine_rank}")
@@ -374,14 +197,14 @@ def check_run_config(cfg: DictConfig, *, world_size: int = 1, eval_only: bool = 
     for key in required:
         node = cfg._get_node(key)
         if not isinstance(node, DictConfig) or node._is_none():
-            shown = _shown(node._value()) if node is not None else "nothing"
-            raise ConfigError(f"{key} must be a config node (a LazyCall or a dict), got {shown}")
+            got = shown(node._value()) if node is not None else "nothing"
+            raise ConfigError(f"{key} must be a config node (a LazyCall or a dict), got {got}")
     # train first: other sections interpolate its values (``${train.max_iter}``),
     # and the error should name the key whose own value is broken.
     _check_readable(cfg.train, "train")
     _check_readable(cfg)
     if not isinstance(cfg.dataloader, DictConfig):
-        raise ConfigError(f"dataloader must be a config node (train, test, evaluator), got {_shown(cfg.dataloader)}")
+        raise ConfigError(f"dataloader must be a config node (train, test, evaluator), got {shown(cfg.dataloader)}")
     if not eval_only and cfg.dataloader.get("train") is None:
         raise ConfigError("The config has no dataloader.train: training needs a train loader")
     if eval_only and cfg.dataloader.get("test") is None:
@@ -392,14 +215,15 @@ def check_run_config(cfg: DictConfig, *, world_size: int = 1, eval_only: bool = 
         if key in train and train[key] is None:
             hint = " (train.checkpointer.period=0 turns periodic checkpoints off)" if key == "checkpointer" else ""
             raise ConfigError(f"train.{key} must be a config node, got None{hint}")
-    seed = train.get("seed")
-    if _is_int(seed) and seed >= 0 and seed + world_size > 2**32:
+    seed = train_setting(cfg, "seed")
+    if is_int(seed) and seed >= 0 and seed + world_size > 2**32:
         raise ConfigError(
             f"train.seed={seed} is too large: each process seeds with train.seed + rank, which must be below 2**32"
         )
     step = train.get("step")
-    if isinstance(step, DictConfig) and "_target_" not in step and step.get("precision") == "fp16":
-        device = train.get("device", "auto")
+    own_step = isinstance(step, DictConfig) and "_target_" in step  # its arguments are its own
+    if not own_step and train_setting(cfg, "step.precision") == "fp16":
+        device = train_setting(cfg, "device")
         if not torch.cuda.is_available() or (isinstance(device, str) and device.startswith(("cpu", "mps"))):
             raise ConfigError(
                 "train.step.precision='fp16' needs a CUDA device (it trains with a GradScaler); "
@@ -408,14 +232,13 @@ def check_run_config(cfg: DictConfig, *, world_size: int = 1, eval_only: bool = 
     if not eval_only:
         _check_train_loader(cfg.dataloader.train, world_size)
         _check_optimizer(cfg.optimizer)
-        _check_tracker_libraries(train)
+        _check_tracker_libraries(cfg)
     known = _evaluator_metric_names(cfg)
     has_test = cfg.dataloader.get("test") is not None
     if has_test:
         _check_loader_is_a_call("dataloader.test", cfg.dataloader.test)
     for section in ("best_checkpointer", "early_stopping"):
-        node = train.get(section)
-        metric = node.get("metric") if isinstance(node, DictConfig) else None
+        metric = train_setting(cfg, f"{section}.metric")
         if metric and not has_test and not eval_only:
             raise ConfigError(
                 f"train.{section}.metric={metric!r} watches an evaluation, and dataloader.test is None: nothing "
@@ -425,26 +248,23 @@ def check_run_config(cfg: DictConfig, *, world_size: int = 1, eval_only: bool = 
             check_watched_metric(f"train.{section}.metric", metric, known)
 
 
-def enabled_trackers(train: Any) -> List[str]:
-    """The trackers ``train.writers`` turns on: ``"mlflow"`` when its
-    ``tracking_uri`` or ``experiment_name`` is set, ``"wandb"`` when its
+def enabled_trackers(cfg: Any) -> List[str]:
+    """The trackers a config's ``train.writers`` turns on: ``"mlflow"`` when
+    its ``tracking_uri`` or ``experiment_name`` is set, ``"wandb"`` when its
     ``project`` is set."""
-    writers = train.get("writers") if hasattr(train, "get") else None
-    if not writers:
-        return []
-    mlflow, wandb = writers.get("mlflow") or {}, writers.get("wandb") or {}
     out = []
-    if mlflow.get("tracking_uri") is not None or mlflow.get("experiment_name") is not None:
+    mlflow = ("writers.mlflow.tracking_uri", "writers.mlflow.experiment_name")
+    if any(train_setting(cfg, key) is not None for key in mlflow):
         out.append("mlflow")
-    if wandb.get("project") is not None:
+    if train_setting(cfg, "writers.wandb.project") is not None:
         out.append("wandb")
     return out
 
 
-def _check_tracker_libraries(train: Any) -> None:
+def _check_tracker_libraries(cfg: Any) -> None:
     import importlib.util
 
-    for name in enabled_trackers(train):
+    for name in enabled_trackers(cfg):
         if importlib.util.find_spec(name) is None:
             raise ConfigError(
                 f"train.writers.{name} is set, but the '{name}' package is not installed: "
@@ -470,8 +290,8 @@ def _check_train_loader(node: Any, world_size: int) -> None:
         return
     batch = node.get("total_batch_size", _MISSING)
     if batch is not _MISSING:
-        if not _is_int(batch) or batch < 1:
-            raise ConfigError(f"dataloader.train.total_batch_size must be an integer >= 1, got {_shown(batch)}")
+        if not is_int(batch) or batch < 1:
+            raise ConfigError(f"dataloader.train.total_batch_size must be an integer >= 1, got {shown(batch)}")
         if batch % world_size:
             raise ConfigError(
                 f"dataloader.train.total_batch_size={batch} is not divisible by the world size {world_size} "
@@ -479,7 +299,7 @@ def _check_train_loader(node: Any, world_size: int) -> None:
             )
     workers = node.get("num_workers", _MISSING)
     if workers is not _MISSING:
-        _integer(0)("dataloader.train.num_workers", workers)
+        integer(0)("dataloader.train.num_workers", workers)
 
 
 def _check_optimizer(node: Any) -> None:
@@ -488,5 +308,5 @@ def _check_optimizer(node: Any) -> None:
     for key in _NON_NEGATIVE_OPTIMIZER_KEYS:
         if key in node:
             value = node[key]
-            if value is not None and not (_is_number(value) and value >= 0):
-                raise ConfigError(f"optimizer.{key} must be a number >= 0, got {_shown(value)}")
+            if value is not None and not (is_number(value) and value >= 0):
+                raise ConfigError(f"optimizer.{key} must be a number >= 0, got {shown(value)}")

@@ -40,6 +40,7 @@ from torch import nn
 
 from treadle.checkpoint import CheckpointError, Checkpointer, check_checkpoint_file
 from treadle.config import ConfigError, LazyConfig, get_config_file
+from treadle.config.train_keys import train_setting
 from treadle.engine.defaults import DefaultTrainer, default_argument_parser, default_setup, save_run_config
 from treadle.engine.launch import launch
 from treadle.engine.validation import check_run_config, check_world_size
@@ -129,13 +130,13 @@ def check_job(cfg: DictConfig, args: argparse.Namespace) -> Optional[str]:
         raise JobError("--move-aside starts a new training run; --eval-only trains nothing and writes into OUTPUT_DIR/eval/")
     world_size = check_world_size(args.num_gpus, args.num_machines, args.machine_rank)
     check_run_config(cfg, world_size=world_size, eval_only=args.eval_only)
-    check_output_dir(cfg.train.output_dir)
+    check_output_dir(train_setting(cfg, "output_dir"))
     if args.eval_only:
         weights = _eval_weights(cfg, args.resume)
         check_checkpoint_file(weights)
         return weights
-    init = cfg.train.get("init_checkpoint")
-    if init and not (args.resume and Checkpointer(nn.Module(), cfg.train.output_dir).has_checkpoint()):
+    init = train_setting(cfg, "init_checkpoint")
+    if init and not (args.resume and Checkpointer(nn.Module(), train_setting(cfg, "output_dir")).has_checkpoint()):
         check_checkpoint_file(init)  # the weights a fresh start loads
     return None
 
@@ -148,15 +149,17 @@ def _eval_weights(cfg: DictConfig, resume: bool) -> str:
         JobError: neither is there.
     """
     # Finding the file needs no model: the checkpointer only reads its pointer file.
-    finder = Checkpointer(nn.Module(), cfg.train.output_dir)
+    output_dir = train_setting(cfg, "output_dir")
+    finder = Checkpointer(nn.Module(), output_dir)
     latest = finder.latest_checkpoint_file() if resume else ""
     if latest:
         return latest
-    if cfg.train.get("init_checkpoint"):
-        return cfg.train.init_checkpoint
+    init = train_setting(cfg, "init_checkpoint")
+    if init:
+        return init
     raise JobError(
         "--eval-only needs weights: set train.init_checkpoint=PATH, or add --resume to evaluate the "
-        f"last checkpoint in {cfg.train.output_dir}"
+        f"last checkpoint in {output_dir}"
     )
 
 
@@ -189,9 +192,10 @@ def _evaluate(cfg: DictConfig, args: argparse.Namespace, weights: str) -> Dict[s
     log go to a new ``OUTPUT_DIR/eval/DATE-TIME/``, never over the run's files."""
     model = _build("the model", lambda: DefaultTrainer.build_model(cfg))
     # The weights to evaluate must be this model's, every key of them.
-    Checkpointer(model, cfg.train.output_dir).load(weights, checkpointables=[], strict=True)
+    output_dir = train_setting(cfg, "output_dir")
+    Checkpointer(model, output_dir).load(weights, checkpointables=[], strict=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    eval_dir = comm.broadcast_object(_new_dir(os.path.join(cfg.train.output_dir, "eval", stamp)))
+    eval_dir = comm.broadcast_object(_new_dir(os.path.join(output_dir, "eval", stamp)))
     start_log_files(output=eval_dir)
     start_log_files("fvcore", output=eval_dir)
     save_run_config(cfg, eval_dir)
