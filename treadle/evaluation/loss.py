@@ -30,7 +30,7 @@ from .registry import register_metric
 from .results import Results
 from .statistics import StatisticsEvaluator, float_accumulator_dtype
 
-__all__ = ["LossEvaluator", "forward_loss", "as_losses", "loss_source", "MODEL", "LOSS_FN"]
+__all__ = ["LossEvaluator", "forward_loss", "as_losses"]
 
 LossFn = Callable[[Any, Any], Any]
 
