@@ -302,8 +302,8 @@ def test_bf16_autocast_on_cpu_runs_matmuls_in_bf16():
 
 
 def test_bf16_step_equals_the_hand_written_autocast_loop_bit_for_bit():
-    """The common case runs inline under one autocast context reused every
-    step: the updates must stay those of a loop that opens a new one each time."""
+    """The step's bf16 forward under autocast: the updates are those of the
+    hand-written torch.amp loop, bit for bit."""
     torch.manual_seed(0)
     data = [(torch.randn(16, 4), torch.randint(0, 3, (16,))) for _ in range(12)]
 

@@ -267,7 +267,8 @@ class Trainer(TrainerBase):
         if callbacks and not epoch_length:
             raise ValueError("callbacks are called at each epoch's end, and this train_loader has no length (no epochs)")
 
-        overridden = type(self).compute_loss is not Trainer.compute_loss
+        # A subclass's compute_loss is the loss of training and evaluation alike.
+        self._own_loss = self.compute_loss if type(self).compute_loss is not Trainer.compute_loss else None
         compile_options = compile if isinstance(compile, dict) else None
         step = build_step(
             "compiled" if compile else "eager",
@@ -279,7 +280,7 @@ class Trainer(TrainerBase):
             grad_accum_steps=grad_accum_steps,
             clip_grad_norm=clip_grad_norm,
             precision=precision,
-            compute_loss=self.compute_loss if overridden else None,
+            compute_loss=self._own_loss,
         )
         super().__init__(step, history_length=min(max(run_length, 10_000), _MAX_HISTORY))
         self.max_iter = run_length
@@ -293,7 +294,7 @@ class Trainer(TrainerBase):
         # compute_loss runs the model itself, so there only metrics other
         # than the loss need the outputs.
         only_loss = all(isinstance(m, str) and m == "loss" for m in self.metrics)
-        self._forward = forward_for(loss_fn) if not overridden else _no_outputs if only_loss else default_forward
+        self._forward = forward_for(loss_fn) if self._own_loss is None else _no_outputs if only_loss else default_forward
         self.checkpointer: Optional[Checkpointer] = None
         self.run_folder: Optional[RunFolder] = None
         if output_dir is not None:
@@ -340,8 +341,8 @@ class Trainer(TrainerBase):
         """How evaluation computes the loss (:class:`LossEvaluator`'s options):
         as training does, by a subclass's :meth:`compute_loss`, else ``loss_fn``,
         else from the model's outputs."""
-        if type(self).compute_loss is not Trainer.compute_loss:
-            return {"compute_loss": self.compute_loss}
+        if self._own_loss is not None:
+            return {"compute_loss": self._own_loss}
         return {"loss_fn": self.loss_fn} if self.loss_fn is not None else {}
 
     def _watched_metric(self, best_metric: Optional[str], best_mode: Optional[str], patience: Optional[int]) -> Any:

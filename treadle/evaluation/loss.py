@@ -56,7 +56,7 @@ def forward_loss(model: Callable[..., Any], loss_fn: Optional[LossFn], batch: An
     except (TypeError, AttributeError) as e:
         if isinstance(batch, (tuple, list)) and len(batch) == 2:
             # The usual cause: a model that returns predictions, trained without a loss function.
-            raise type(e)(
+            raise (TypeError if isinstance(e, TypeError) else AttributeError)(
                 f"the model was given the whole (inputs, targets) batch, as there is no loss_fn, and raised: "
                 f"{e}. A model that returns predictions needs a loss_fn (train.step.loss_fn in a config)"
             ) from e
