@@ -10,7 +10,7 @@ with variants of the hand-written loop that each do one thing
 - ``hand+clone``: the same, and the loss cloned out of the graph's output
   each iteration (``CompiledStep`` keeps a copy: the next replay overwrites
   the output, and the storage reads losses only at the flush);
-- ``hand+arg``: treadle's compiled function, the model passed as an argument;
+- ``hand+arg``: the loss contract's ``forward_loss`` compiled, the model passed as an argument;
 - ``hand+arg+clone``: both;
 - ``treadle``: ``TrainerBase(CompiledStep(...))``, no hooks.
 
@@ -50,14 +50,14 @@ def _model_and_optimizer() -> Tuple[nn.Module, torch.optim.Optimizer]:
 
 
 def _hand(data: List[Tuple[torch.Tensor, torch.Tensor]], *, as_argument: bool, clone: bool) -> Loop:
-    from treadle.engine.steps import _forward_losses
+    from treadle.evaluation.loss import forward_loss
 
     model, optimizer = _model_and_optimizer()
     if as_argument:
-        compiled = torch.compile(_forward_losses, mode="reduce-overhead")
+        compiled = torch.compile(forward_loss, mode="reduce-overhead")
 
         def loss_of(batch: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-            return compiled(model, F.cross_entropy, batch)["total_loss"]
+            return compiled(model, F.cross_entropy, batch)
     else:
         closed = torch.compile(lambda x, y: F.cross_entropy(model(x), y), mode="reduce-overhead")
 

@@ -75,7 +75,7 @@ def test_a_cpu_run_without_writers_holds_at_most_max_pending_cpu_losses():
 
     class Watch(HookBase):
         def after_step(self):
-            held.append(len(self.trainer.step._loss_points))
+            held.append(len(self.trainer.step._series["total_loss"]))
 
     trainer.register_hooks([Watch()])
     trainer.train(0, 200)

@@ -43,12 +43,15 @@ def test_dict_of_scalar_losses_is_summed_and_object_with_loss():
 
 
 def test_errors():
-    with pytest.raises(TypeError, match="without loss_fn the model must return a loss .* got list. Pass loss_fn="):
+    # The training step's messages (one contract), naming where the loss came from.
+    with pytest.raises(TypeError, match="the model returned list; expected a scalar loss tensor.*needs a loss_fn"):
         LossEvaluator().process(torch.zeros(1), [1.0])
-    with pytest.raises(ValueError, match=r"got a dict with keys \['logits'\]"):
+    with pytest.raises(ValueError, match=r"the model returned a dict with keys \['logits'\], no 'loss' among them"):
         LossEvaluator().process(torch.zeros(1), {"logits": torch.zeros(1, 3)})
-    with pytest.raises(TypeError, match="the loss must be a tensor, got float"):
+    with pytest.raises(TypeError, match="loss_fn returned float; expected a scalar loss tensor"):
         LossEvaluator(loss_fn=lambda o, t: 1.0).process((None, torch.zeros(1)), torch.zeros(1))
+    with pytest.raises(ValueError, match="loss_fn or compute_loss, not both"):
+        LossEvaluator(loss_fn=F.mse_loss, compute_loss=lambda batch: torch.zeros(()))
     with pytest.raises(ValueError, match=r"LossEvaluator computes only \['loss'\], got \['mse'\]"):
         LossEvaluator(["mse"])
     with pytest.raises(ValueError, match="no samples were processed"):
@@ -80,3 +83,45 @@ def test_tensor_loss_attribute_is_read_before_the_mapping():
     ev = LossEvaluator()
     ev.process(torch.zeros(2, 1), Output(loss_cls=torch.tensor(1.0), loss_box=torch.tensor(2.0)))
     assert ev.evaluate() == {"loss": 0.5}
+
+
+# ---------------------------------------------------------------------- the loss contract, shared with training
+def test_logits_are_not_taken_for_a_loss():
+    # A model that returns predictions, evaluated without loss_fn: the mean of
+    # its logits used to be reported as the loss. Training refuses it, and so
+    # does evaluation, in one line naming the source.
+    with pytest.raises(ValueError) as error:
+        LossEvaluator().process((torch.zeros(4, 3), torch.zeros(4)), torch.randn(4, 2))
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith("the model returned loss 'total_loss' of shape (4, 2); a loss must be a scalar")
+    assert message.endswith("a model that returns predictions needs a loss_fn")
+    with pytest.raises(ValueError, match=r"the model returned loss 'loss' of shape \(4,\)"):
+        LossEvaluator().process(torch.zeros(4, 3), {"loss": torch.ones(4), "logits": torch.zeros(4, 2)})
+
+
+def test_compute_loss_is_the_loss_and_the_outputs_are_not_read():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    batches = [(torch.randn(4, 3), torch.randint(0, 2, (4,))), (torch.randn(2, 3), torch.randint(0, 2, (2,)))]
+
+    def compute_loss(batch):
+        x, y = batch
+        return {"ce": F.cross_entropy(model(x), y), "zero": torch.zeros(())}
+
+    ev = LossEvaluator(compute_loss=compute_loss)
+    for batch in batches:
+        ev.process(batch, None)
+    x = torch.cat([b[0] for b in batches])
+    y = torch.cat([b[1] for b in batches])
+    expected = F.cross_entropy(model(x), y, reduction="sum").item() / 6
+    assert ev.evaluate()["loss"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_compute_loss_that_is_not_a_scalar_is_named():
+    class MyTrainer:
+        def compute_loss(self, batch):
+            return torch.ones(len(batch[0]), 2)
+
+    with pytest.raises(ValueError, match=r"^MyTrainer.compute_loss returned loss 'total_loss' of shape \(4, 2\); a loss must be a scalar \(reduce it, e\.g\. with \.mean\(\)\)$"):
+        LossEvaluator(compute_loss=MyTrainer().compute_loss).process((torch.zeros(4, 3), torch.zeros(4)), None)

@@ -302,8 +302,8 @@ def test_bf16_autocast_on_cpu_runs_matmuls_in_bf16():
 
 
 def test_bf16_step_equals_the_hand_written_autocast_loop_bit_for_bit():
-    """The common case runs inline under one autocast context reused every
-    step: the updates must stay those of a loop that opens a new one each time."""
+    """The step's bf16 forward under autocast: the updates are those of the
+    hand-written torch.amp loop, bit for bit."""
     torch.manual_seed(0)
     data = [(torch.randn(16, 4), torch.randint(0, 3, (16,))) for _ in range(12)]
 
@@ -583,3 +583,73 @@ def test_train_on_batch_is_one_update_outside_a_loop():
     for a, b in zip(model.parameters(), twin.parameters()):
         torch.testing.assert_close(a, b)
     assert losses["total_loss"] == pytest.approx(loss.item())
+
+
+# ---------------------------------------------------------------------- one update sequence
+def test_run_step_accumulation_and_train_on_batch_make_the_same_update():
+    """run_step (one batch or two micro-batches) and train_on_batch share one
+    update sequence: the weights are those of the hand-written loop."""
+    data = regression_data(n_batches=8, seed=2)
+    pairs = [(torch.cat([data[i][0], data[i + 1][0]]), torch.cat([data[i][1], data[i + 1][1]])) for i in range(0, 8, 2)]
+    options = dict(loss_fn=nn.functional.mse_loss, clip_grad_norm=0.5)
+
+    def optimizer(model):
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    hand = make_model(4)
+    hand_opt = optimizer(hand)
+    for x, y in pairs:
+        hand_opt.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(hand(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(list(hand.parameters()), 0.5)
+        hand_opt.step()
+
+    whole, accumulated, one_by_one = make_model(4), make_model(4), make_model(4)
+    train(EagerStep(whole, pairs, optimizer(whole), **options), 4)
+    train(EagerStep(accumulated, data, optimizer(accumulated), grad_accum_steps=2, **options), 4)
+    step = EagerStep(one_by_one, [], optimizer(one_by_one), grad_accum_steps=2, **options)
+    for batch in pairs:
+        step.train_on_batch(batch)  # the whole batch, not grad_accum_steps micro-batches
+    for model in (whole, one_by_one):
+        for p, q in zip(model.parameters(), hand.parameters()):
+            assert torch.equal(p, q)
+    for p, q in zip(accumulated.parameters(), hand.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_an_overridden_next_batch_feeds_every_step():
+    """run_step takes its batches from next_batch, overridden or not (the
+    inline fetch of the common case used to skip an override)."""
+    data = regression_data(n_batches=4)
+
+    class Doubled(EagerStep):
+        def next_batch(self):
+            x, y = super().next_batch()
+            return 2 * x, y
+
+    model, hand = make_model(), make_model()
+    train(Doubled(model, data, torch.optim.SGD(model.parameters(), lr=0.05), loss_fn=nn.functional.mse_loss), 4)
+    opt = torch.optim.SGD(hand.parameters(), lr=0.05)
+    for x, y in data:
+        opt.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(hand(2 * x), y).backward()
+        opt.step()
+    for p, q in zip(model.parameters(), hand.parameters()):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_a_non_scalar_loss_of_an_overridden_compute_loss_is_named(accumulate):
+    class PerSample(EagerStep):
+        def compute_loss(self, batch):
+            x, y = batch
+            return nn.functional.mse_loss(self.model(x), y, reduction="none")
+
+    model = make_model()
+    step = PerSample(model, regression_data(), torch.optim.SGD(model.parameters(), lr=0.1), grad_accum_steps=accumulate)
+    with pytest.raises(ValueError, match=r"^PerSample\.compute_loss returned loss 'total_loss' of shape \(8, 1\); a loss must be a scalar") as error:
+        TrainerBase(step).train(0, 1)
+    assert "\n" not in str(error.value)
+    given = EagerStep(model, regression_data(), torch.optim.SGD(model.parameters(), lr=0.1), compute_loss=lambda batch: batch[1])
+    with pytest.raises(ValueError, match=r"^compute_loss=<lambda> returned loss 'total_loss' of shape \(8, 1\)"):
+        given.train_on_batch(regression_data()[0])

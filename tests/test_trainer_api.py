@@ -372,6 +372,89 @@ def test_compute_loss_overridden_in_a_trainer_subclass():
     assert {"ce", "l2", "total_loss"} <= set(history.iterations)
 
 
+
+class SmoothedTrainer(Trainer):
+    """A loss of its own, without loss_fn: label-smoothed cross-entropy."""
+
+    def compute_loss(self, batch):
+        x, y = batch
+        return nn.functional.cross_entropy(self.model(x), y, label_smoothing=0.2)
+
+
+def _smoothed_ce(model, x, y):
+    """SmoothedTrainer's loss by hand, over all of (x, y) at once: the mean per sample."""
+    with torch.no_grad():
+        return nn.functional.cross_entropy(model(x), y, label_smoothing=0.2).item()
+
+
+def test_an_overridden_compute_loss_is_the_loss_of_eval_step_evaluate_and_the_best_checkpoint(tmp_path):
+    # Before, evaluate() and eval_step took the model's logits for the loss and
+    # reported their mean; a best checkpoint on the loss followed that number.
+    eval_set = classification(96, seed=1)
+    x, y = eval_set.tensors
+    trainer = SmoothedTrainer(mlp(), "sgd", classification(), batch_size=32, lr=0.5, max_iter=12, eval_loader=eval_set,
+                              eval_batch_size=40, eval_period=3, best_metric="eval/loss", output_dir=str(tmp_path),
+                              progress_bar=False, seed=0)
+    # Batches of 40, 40 and 16, weighted by their size: the mean over the 96 samples.
+    assert trainer.evaluate()["loss"] == pytest.approx(_smoothed_ce(trainer.model, x, y), rel=1e-6)
+    assert trainer.eval_step((x[:10], y[:10]))["loss"] == pytest.approx(_smoothed_ce(trainer.model, x[:10], y[:10]), rel=1e-6)
+    assert trainer.model.training  # evaluation ran in eval mode and restored it
+
+    trainer.train()
+    assert trainer.evaluate()["loss"] == pytest.approx(_smoothed_ce(trainer.model, x, y), rel=1e-6)
+    best = next(h for h in trainer.hooks if type(h).__name__ == "BestCheckpointer")
+    scored = mlp()
+    scored.load_state_dict(torch.load(tmp_path / "model_best.pth", weights_only=True)["model"])
+    # model_best holds the weights whose smoothed loss is the best value kept, at an evaluation iteration.
+    assert best.best_metric == pytest.approx(_smoothed_ce(scored, x, y), rel=1e-6)
+    assert best.best_iter in (2, 5, 8, 11)
+
+
+class _PredictionsOfTheWholeBatch(nn.Module):
+    """A model that takes the whole (inputs, targets) batch and returns logits, not a loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, batch):
+        return self.net(batch[0])
+
+
+class PerSampleTrainer(Trainer):
+    def compute_loss(self, batch):
+        x, y = batch
+        return nn.functional.cross_entropy(self.model(x), y, reduction="none")
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("loss_fn", r"^loss_fn returned loss 'total_loss' of shape \(32,\); a loss must be a scalar \(reduce it, e\.g\. with \.mean\(\)\)"),
+        ("model", r"^the model returned loss 'total_loss' of shape \(32, 2\); a loss must be a scalar .*needs a loss_fn"),
+        ("compute_loss", r"^PerSampleTrainer\.compute_loss returned loss 'total_loss' of shape \(32,\); a loss must be a scalar"),
+    ],
+)
+def test_a_loss_that_is_not_a_scalar_is_refused_in_one_line_naming_its_source(source, message):
+    options = dict(batch_size=32, lr=0.1, max_iter=2, progress_bar=False, seed=0)
+    cls, model = Trainer, mlp
+    if source == "loss_fn":
+        options["loss_fn"] = lambda out, y: nn.functional.cross_entropy(out, y, reduction="none")
+    elif source == "model":
+        model = _PredictionsOfTheWholeBatch
+    else:
+        cls = PerSampleTrainer
+    batch = next(iter(torch.utils.data.DataLoader(classification(), batch_size=32)))
+    # train_step, train() (one update each) and, but for a loss_fn's per-sample
+    # losses that LossEvaluator averages, eval_step.
+    runs = [lambda t: t.train_step(batch), lambda t: t.train()] + ([lambda t: t.eval_step(batch)] if source != "loss_fn" else [])
+    for run in runs:
+        trainer = cls(model(), "sgd", classification(), **options)
+        with pytest.raises(ValueError, match=message) as error:
+            run(trainer)
+        assert "\n" not in str(error.value)  # one line (the loop may add a note naming the iteration)
+
+
 # ---------------------------------------------------------------------- layout
 def test_hezar_layout_and_csv_logs(tmp_path):
     trainer = make(max_epochs=2, output_dir=str(tmp_path), checkpoints_dir="checkpoints", logs_dir="logs",

@@ -19,10 +19,10 @@ from torch import nn
 from treadle.checkpoint import Checkpointer
 from treadle.checkpoint import init_weights_from as load_matching_weights
 from treadle.data import build_test_loader, build_train_loader
-from treadle.evaluation import build_evaluator, forward_for, inference_on_dataset, metric_mode
-from treadle.evaluation.batch import get_targets, move_to_device
+from treadle.evaluation import build_evaluator, default_forward, forward_for, inference_on_dataset, metric_mode
+from treadle.evaluation.batch import move_to_device
 from treadle.evaluation.inference import inference_context
-from treadle.evaluation.loss import _loss_from_outputs
+from treadle.evaluation.loss import LossEvaluator
 from treadle.events import CommonMetricPrinter, CSVWriter, EventWriter, JSONWriter, MLflowWriter, TensorboardWriter, WandbWriter
 from treadle.hooks import HookBase, LRScheduler
 from treadle.utils import comm
@@ -257,7 +257,8 @@ class Trainer(TrainerBase):
         if callbacks and not epoch_length:
             raise ValueError("callbacks are called at each epoch's end, and this train_loader has no length (no epochs)")
 
-        overridden = type(self).compute_loss is not Trainer.compute_loss
+        # A subclass's compute_loss is the loss of training and evaluation alike.
+        self._own_loss = self.compute_loss if type(self).compute_loss is not Trainer.compute_loss else None
         compile_options = compile if isinstance(compile, dict) else None
         step = build_step(
             "compiled" if compile else "eager",
@@ -269,7 +270,7 @@ class Trainer(TrainerBase):
             grad_accum_steps=grad_accum_steps,
             clip_grad_norm=clip_grad_norm,
             precision=precision,
-            compute_loss=self.compute_loss if overridden else None,
+            compute_loss=self._own_loss,
         )
         super().__init__(step, history_length=min(max(run_length, 10_000), _MAX_HISTORY))
         self.max_iter = run_length
@@ -277,7 +278,13 @@ class Trainer(TrainerBase):
         self.history = TrainingHistory()
         self.metrics = list(metrics) or (["loss"] if self.eval_loader is not None else [])
         self.evaluator = self._build_evaluator() if self.eval_loader is not None else None
-        self._forward = forward_for(loss_fn if not overridden else True)
+        # The loss of an evaluation batch, computed as training computes it.
+        self._eval_loss = LossEvaluator(**self._loss_options())
+        # The evaluation forward feeds batches as training does; a subclass's
+        # compute_loss runs the model itself, so there only metrics other
+        # than the loss need the outputs.
+        only_loss = all(isinstance(m, str) and m == "loss" for m in self.metrics)
+        self._forward = forward_for(loss_fn) if self._own_loss is None else _no_outputs if only_loss else default_forward
         self.checkpointer: Optional[Checkpointer] = None
         self.run_folder: Optional[RunFolder] = None
         if output_dir is not None:
@@ -326,10 +333,15 @@ class Trainer(TrainerBase):
 
     def _build_evaluator(self) -> Any:
         names = [m if isinstance(m, str) else m[0] if isinstance(m, (tuple, list)) else None for m in self.metrics]
-        options: Dict[str, Any] = {}
-        if "loss" in names and self.loss_fn is not None:
-            options["loss_fn"] = self.loss_fn
-        return build_evaluator(self.metrics, **options)
+        return build_evaluator(self.metrics, **(self._loss_options() if "loss" in names else {}))
+
+    def _loss_options(self) -> Dict[str, Any]:
+        """How evaluation computes the loss (:class:`LossEvaluator`'s options):
+        as training does, by a subclass's :meth:`compute_loss`, else ``loss_fn``,
+        else from the model's outputs."""
+        if self._own_loss is not None:
+            return {"compute_loss": self._own_loss}
+        return {"loss_fn": self.loss_fn} if self.loss_fn is not None else {}
 
     def _watched_metric(self, best_metric: Optional[str], best_mode: Optional[str], patience: Optional[int]) -> Any:
         """The storage name and direction of the metric that best checkpoints
@@ -439,11 +451,15 @@ class Trainer(TrainerBase):
 
     # ------------------------------------------------------------------ one batch
     def compute_loss(self, batch: Any) -> Any:
-        """The loss of one training batch (already on the device). Override it
-        in a subclass for a custom loss (pytorch-accelerated's
+        """The loss of one batch (already on the device). Override it in a
+        subclass for a custom loss (pytorch-accelerated's
         ``calculate_train_batch_loss``): return a scalar tensor, a dict of
-        losses or an object with ``.loss``. Precision, gradient accumulation,
-        clipping and the optimizer step stay the step's."""
+        scalar losses or an object with ``.loss``. Precision, gradient
+        accumulation, clipping and the optimizer step stay the step's. The
+        override is the loss everywhere: training, :meth:`train_step`,
+        :meth:`eval_step` and the ``loss`` of :meth:`evaluate` (run in eval
+        mode without gradients there), hence of ``best_metric`` and early
+        stopping on it."""
         return self.step.compute_loss(batch)
 
     def train_step(self, batch: Any) -> Dict[str, float]:
@@ -457,18 +473,16 @@ class Trainer(TrainerBase):
 
     @torch.no_grad()
     def eval_step(self, batch: Any) -> Dict[str, float]:
-        """The loss and ``metrics`` of one batch, in eval mode: floats, by name."""
+        """The loss and ``metrics`` of one batch, in eval mode: floats, by
+        name. The loss is computed as in training (:meth:`compute_loss`)."""
         batch = move_to_device(batch, self.device)
         with inference_context(self.model):
             outputs = self._forward(self.model, batch)
-        if self.loss_fn is not None:
-            loss = self.loss_fn(outputs, get_targets(batch, "labels", "Trainer.eval_step"))
-        else:
-            loss = _loss_from_outputs(outputs, "Trainer.eval_step")
-        out = {"loss": float(loss.float().mean())}
+            out = {"loss": float(self._eval_loss.batch_loss(batch, outputs).float().mean())}
+            if self.evaluator is not None:
+                self.evaluator.reset()
+                self.evaluator.process(batch, outputs)
         if self.evaluator is not None:
-            self.evaluator.reset()
-            self.evaluator.process(batch, outputs)
             out.update({k: v for k, v in _flat_floats(self.evaluator.evaluate() or {}).items() if k != "loss"})
         return out
 
@@ -500,6 +514,11 @@ class Trainer(TrainerBase):
 
 
 # ---------------------------------------------------------------------- helpers
+def _no_outputs(model: Any, batch: Any) -> None:
+    """The evaluation forward where nothing reads the outputs (the loss is a compute_loss's)."""
+    return None
+
+
 def _inside(output_dir: Optional[str], sub: Optional[str]) -> Optional[str]:
     if output_dir is None:
         if sub:

@@ -25,7 +25,7 @@ from .statistics import StatisticsEvaluator, all_reduce_statistics, float_accumu
 
 # The built-in evaluators register their metric names when imported.
 from .classification import ClassificationEvaluator
-from .loss import LossEvaluator
+from .loss import LossEvaluator, as_losses, forward_loss
 from .perplexity import PerplexityEvaluator
 from .regression import RegressionEvaluator
 from .sequence import SequenceEvaluator, edit_distance
@@ -38,6 +38,8 @@ __all__ = [
     "ClassificationEvaluator",
     "RegressionEvaluator",
     "LossEvaluator",
+    "as_losses",
+    "forward_loss",
     "SequenceEvaluator",
     "PerplexityEvaluator",
     "TorchMetricsEvaluator",

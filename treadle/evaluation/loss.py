@@ -1,4 +1,22 @@
-"""Validation loss over a dataset."""
+"""The loss of a batch, one contract for training and evaluation, and its
+mean over a dataset (:class:`LossEvaluator`).
+
+The contract (``docs/engine.md``, "Step objects"), used by the training step
+(:class:`~treadle.engine.EagerStep`), the plain ``Trainer``'s ``train_step``,
+``eval_step`` and ``evaluate()``, and :class:`LossEvaluator`:
+
+1. with ``loss_fn``, the batch is ``(inputs, targets)`` and the loss is
+   ``loss_fn(model(inputs), targets)``;
+2. without it, the model gets the whole batch (``model(**batch)`` for a
+   mapping, see :mod:`treadle.evaluation.batch`) and returns its loss;
+3. a ``compute_loss(batch)`` of the user's replaces both.
+
+What comes out is read by :func:`as_losses`: a scalar tensor; an object with
+a tensor ``.loss`` (Hugging Face outputs, which are also dicts, so this comes
+first); a dict with a ``"loss"`` beside other outputs (logits); or a dict of
+scalar losses, summed. Anything else, a loss that is not a scalar among it,
+is refused in one line naming where it came from.
+"""
 
 from __future__ import annotations
 
@@ -6,62 +24,120 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 import torch
 
-from .batch import batch_size, get_targets
+from .batch import batch_size, call_model, get_targets
 from .evaluator import metric_names
 from .registry import register_metric
 from .results import Results
 from .statistics import StatisticsEvaluator, float_accumulator_dtype
 
-__all__ = ["LossEvaluator"]
+__all__ = ["LossEvaluator", "forward_loss", "as_losses"]
 
 LossFn = Callable[[Any, Any], Any]
 
+#: Where a loss comes from, as errors name it (besides a ``compute_loss``).
+MODEL = "the model"
+LOSS_FN = "loss_fn"
 
-def _loss_from_outputs(outputs: Any, who: str) -> torch.Tensor:
-    # Mirrors the training step without a loss_fn (treadle.engine.steps._as_losses,
-    # not imported: evaluation sits below the engine), so that the validation
-    # loss is the quantity training minimizes. The order matters: an object
-    # with a tensor .loss (a Hugging Face ModelOutput, itself a Mapping) is
-    # read before being treated as a dict.
-    if isinstance(outputs, torch.Tensor):
-        return outputs
-    loss = getattr(outputs, "loss", None)
+
+def forward_loss(model: Callable[..., Any], loss_fn: Optional[LossFn], batch: Any) -> Any:
+    """What the contract computes from a training batch, before
+    :func:`as_losses` reads it: ``loss_fn(model(inputs), targets)``, or without
+    ``loss_fn`` the model's output for the whole batch."""
+    if loss_fn is not None:
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            raise TypeError(
+                "With loss_fn, each batch must be an (inputs, targets) pair; got "
+                f"{type(batch).__name__}" + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
+            )
+        inputs, targets = batch
+        return loss_fn(model(inputs), targets)
+    try:
+        return call_model(model, batch)
+    except (TypeError, AttributeError) as e:
+        if isinstance(batch, (tuple, list)) and len(batch) == 2:
+            # The usual cause: a model that returns predictions, trained without a loss function.
+            raise (TypeError if isinstance(e, TypeError) else AttributeError)(
+                f"the model was given the whole (inputs, targets) batch, as there is no loss_fn, and raised: "
+                f"{e}. A model that returns predictions needs a loss_fn (train.step.loss_fn in a config)"
+            ) from e
+        raise
+
+
+def as_losses(out: Any, source: str) -> Dict[str, torch.Tensor]:
+    """The losses in ``out`` by name, their sum under ``"total_loss"``.
+
+    ``source`` names where ``out`` came from (:data:`MODEL`, :data:`LOSS_FN`,
+    ``"MyTrainer.compute_loss"``) in the error raised when ``out`` is not a
+    loss by the contract (see the module docstring).
+    """
+    if isinstance(out, torch.Tensor):
+        return {"total_loss": _scalar(out, source, "total_loss")}
+    loss = getattr(out, "loss", None)
     if isinstance(loss, torch.Tensor):
-        return loss
-    if isinstance(outputs, Mapping):
-        tensors = [v for v in outputs.values() if isinstance(v, torch.Tensor)]
-        # A dict of scalars is a dict of losses, summed as training sums them
-        # ({"loss": ..., "aux": ...}); a dict that also holds non-scalar
-        # tensors (logits) is a model output whose loss is under "loss".
-        if tensors and all(v.numel() == 1 for v in tensors):
-            return torch.stack([v.reshape(()).float() for v in tensors]).sum()
-        if "loss" in outputs:
-            return outputs["loss"]
-        raise ValueError(
-            f"{who}: without loss_fn the model must return a loss: a tensor, a dict with 'loss' "
-            f"or a dict of scalar losses; got a dict with keys {sorted(map(str, outputs))}"
-        )
+        return {"total_loss": _scalar(loss, source, "loss")}
+    if isinstance(out, Mapping) and out:
+        if "loss" in out and not all(isinstance(v, torch.Tensor) and v.numel() == 1 for v in out.values()):
+            # A model output that holds more than losses ({"loss": ..., "logits": ...}).
+            loss = out["loss"]
+            if not isinstance(loss, torch.Tensor):
+                raise TypeError(f"{source} returned a dict whose 'loss' is a {type(loss).__name__}, not a loss tensor")
+            return {"total_loss": _scalar(loss, source, "loss")}
+        for name, value in out.items():
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"{source} returned a dict whose entry '{name}' is a {type(value).__name__}, not a loss tensor")
+            if value.numel() != 1:
+                raise ValueError(
+                    f"{source} returned a dict with keys {sorted(map(str, out))}, no 'loss' among them, and "
+                    f"'{name}' of shape {tuple(value.shape)} is not a scalar loss{_hint(source)}"
+                )
+        if "total_loss" in out:
+            raise ValueError(f"{source} returned a loss named 'total_loss'; that name is kept for the sum of the losses")
+        losses = dict(out)
+        losses["total_loss"] = sum(out.values())
+        return losses
     raise TypeError(
-        f"{who}: without loss_fn the model must return a loss (a tensor, a dict, or an object "
-        f"with .loss); got {type(outputs).__name__}. Pass loss_fn=..."
+        f"{source} returned {type(out).__name__}; expected a scalar loss tensor, a dict of scalar "
+        f"losses, or an object with a .loss attribute{_hint(source)}"
     )
+
+
+def _scalar(value: torch.Tensor, source: str, name: str) -> torch.Tensor:
+    if value.numel() != 1:
+        raise ValueError(
+            f"{source} returned loss '{name}' of shape {tuple(value.shape)}; a loss must be a scalar "
+            f"(reduce it, e.g. with .mean()){_hint(source)}"
+        )
+    return value
+
+
+def _hint(source: str) -> str:
+    return "; a model that returns predictions needs a loss_fn" if source == MODEL else ""
+
+
+def loss_source(compute_loss: Callable[..., Any]) -> str:
+    """How errors name a ``compute_loss`` of the user's: ``"MyTrainer.compute_loss"``
+    for a method, ``"compute_loss=fn"`` for a function."""
+    owner = getattr(compute_loss, "__self__", None)
+    name = getattr(compute_loss, "__name__", type(compute_loss).__name__)
+    return f"{type(owner).__name__}.{name}" if owner is not None else f"compute_loss={name}"
 
 
 @register_metric("loss", higher_is_better=False)
 class LossEvaluator(StatisticsEvaluator):
-    """``loss``: the mean loss per sample over the dataset.
+    """``loss``: the mean loss per sample over the dataset, by the training
+    step's loss contract (the module docstring).
 
     With ``loss_fn``, each batch is ``(inputs, targets)`` (or a dict with
-    ``target_key``) and its loss is ``loss_fn(outputs, targets)``; without it,
-    the model's outputs are the loss, as in training (a tensor, an object with
-    a tensor ``.loss``, or a dict: of scalar losses, summed, else with a
-    ``"loss"`` entry, e.g. next to the logits).
+    ``target_key``) and its loss is ``loss_fn(outputs, targets)``. With
+    ``compute_loss`` (a ``Trainer`` subclass's), the loss is
+    ``compute_loss(batch)`` and the model's outputs are not read. Without
+    either, the model's outputs are the loss.
 
     A scalar loss is taken as the batch's mean and weighted by the batch size
-    (the first dimension of the targets, or of the batch's first tensor without
-    ``loss_fn``), so a short last batch counts for what it holds. A loss with
-    one value per sample (or per element) is summed and counted element by
-    element. Sums are kept in float64.
+    (the first dimension of the targets, or of the batch's first tensor
+    without ``loss_fn``), so a short last batch counts for what it holds. A
+    ``loss_fn`` may also return one loss per sample (``reduction="none"``),
+    which is summed and counted element by element. Sums are kept in float64.
     """
 
     def __init__(
@@ -70,14 +146,19 @@ class LossEvaluator(StatisticsEvaluator):
         *,
         loss_fn: Optional[LossFn] = None,
         target_key: str = "labels",
+        compute_loss: Optional[Callable[[Any], Any]] = None,
     ) -> None:
         names = metric_names(metrics)
         if names != ["loss"]:
             raise ValueError(f"LossEvaluator computes only ['loss'], got {names}")
-        if loss_fn is not None and not callable(loss_fn):
-            raise TypeError(f"loss_fn must be callable, got {loss_fn!r}")
+        for name, fn in (("loss_fn", loss_fn), ("compute_loss", compute_loss)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be callable, got {fn!r}")
+        if loss_fn is not None and compute_loss is not None:
+            raise ValueError("LossEvaluator takes loss_fn or compute_loss, not both (compute_loss replaces loss_fn)")
         self.loss_fn = loss_fn
         self.target_key = target_key
+        self.compute_loss = compute_loss
         super().__init__()
 
     def init_statistics(self) -> Dict[str, torch.Tensor]:
@@ -86,26 +167,31 @@ class LossEvaluator(StatisticsEvaluator):
             "count": torch.zeros((), dtype=torch.int64),
         }
 
+    def batch_loss(self, inputs: Any, outputs: Any) -> torch.Tensor:
+        """The loss of one batch (``outputs`` are the model's for ``inputs``):
+        a scalar, or one value per sample from a ``loss_fn`` that returns them."""
+        if self.compute_loss is not None:
+            return as_losses(self.compute_loss(inputs), loss_source(self.compute_loss))["total_loss"]
+        if self.loss_fn is None:
+            return as_losses(outputs, MODEL)["total_loss"]
+        loss = self.loss_fn(outputs, get_targets(inputs, self.target_key, type(self).__name__))
+        if isinstance(loss, torch.Tensor) and loss.dim() > 0 and loss.numel() > 1:
+            return loss  # one loss per sample: counted element by element
+        return as_losses(loss, LOSS_FN)["total_loss"]
+
     def process(self, inputs: Any, outputs: Any) -> None:
         who = type(self).__name__
-        if self.loss_fn is not None:
-            targets = get_targets(inputs, self.target_key, who)
-            loss = self.loss_fn(outputs, targets)
-            size_source = targets
-        else:
-            loss = _loss_from_outputs(outputs, who)
-            size_source = inputs
-        if not isinstance(loss, torch.Tensor):
-            raise TypeError(f"{who}: the loss must be a tensor, got {type(loss).__name__}")
-        loss = loss.detach().to(float_accumulator_dtype(loss.device))
-        if loss.dim() == 0:
+        loss = self.batch_loss(inputs, outputs).detach()
+        loss = loss.to(float_accumulator_dtype(loss.device))
+        if loss.numel() == 1:
+            size_source = get_targets(inputs, self.target_key, who) if self.loss_fn is not None else inputs
             n = batch_size(size_source)
             if n is None:
                 raise ValueError(
                     f"{who}: cannot tell the batch size of a {type(size_source).__name__} to weight "
                     "the batch's mean loss; return one loss per sample instead"
                 )
-            self.update("loss_sum", loss * n)
+            self.update("loss_sum", loss.reshape(()) * n)
         else:
             n = loss.numel()
             self.update("loss_sum", loss.sum())

@@ -50,7 +50,7 @@ class SAMStep(EagerStep):
     def run_step(self) -> None:
         storage = self.storage
         t0 = time.perf_counter()
-        batch = self._next_batch()
+        batch = self.next_batch()
         data_time = time.perf_counter() - t0
 
         self.optimizer.zero_grad(set_to_none=True)
