@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from treadle.checkpoint.fsdp import is_fsdp_model
+from treadle.config.train_keys import PRECISIONS
 from treadle.evaluation.loss import LOSS_FN, MODEL, as_losses, forward_loss, loss_source
 from treadle.events import ScalarKind, get_event_storage
 from treadle.events.storage import EventStorage
@@ -30,7 +31,6 @@ __all__ = ["StepBase", "EagerStep", "CompiledStep", "PRECISIONS"]
 
 logger = logging.getLogger(__name__)
 
-PRECISIONS = ("fp32", "bf16", "fp16")
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _NO_CONTEXT = contextlib.nullcontext()
 
