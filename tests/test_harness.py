@@ -13,7 +13,7 @@ def what_a_module_fixture_sees():
 
 def test_module_scoped_fixtures_run_as_on_a_machine_without_a_gpu(what_a_module_fixture_sees):
     # A module fixture that trains a job with --num-gpus 2 must start gloo
-    # processes on a GPU machine too (tests/test_dcp_distributed.py did not).
+    # processes on a GPU machine too (tests/checkpoint/test_dcp_distributed.py did not).
     assert what_a_module_fixture_sees == ("", False, 0)
 
 

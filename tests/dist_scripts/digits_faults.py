@@ -1,6 +1,6 @@
 """The digits example (``configs/digits_mlp.py``) with a fault injected on one rank.
 
-A config for ``tools/train_net.py``, used by ``tests/test_distributed_jobs.py``.
+A config for ``tools/train_net.py``, used by ``tests/engine/test_distributed_jobs.py``.
 The model is the digits MLP inside a wrapper that, on rank ``model.rank``,
 during training (the iteration read from the event storage, so it holds
 after a resume), can:

@@ -8,7 +8,7 @@ with ``trainer=`` and ``resume_or_load``, ``create_ddp_model`` from
 hooks in detectron2's standard order (IterationTimer, LRScheduler, PreciseBN,
 PeriodicCheckpointer, EvalHook, PeriodicWriter). Written with
 ``from detectron2...`` imports it would run under detectron2; here the module
-names are treadle's. tests/test_ported.py runs it, kills it with kill -9,
+names are treadle's. tests/ported/test_ported.py runs it, kills it with kill -9,
 resumes it and compares the weights with an uninterrupted run.
 """
 

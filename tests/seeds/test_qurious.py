@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from treadle.engine import Trainer
 
-from tiny_models import CountingTokens, tiny_gpt2
+from tests.tiny_models import CountingTokens, tiny_gpt2
 
 
 def regression_data(n=1000, seed=0):

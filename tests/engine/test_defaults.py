@@ -1,0 +1,169 @@
+"""DefaultTrainer from a config, default_setup, and subclassing as in detectron2."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from treadle.config import LazyConfig
+from treadle.engine.defaults import DefaultTrainer, default_argument_parser, default_setup
+from treadle.hooks import (
+    BestCheckpointer,
+    EarlyStopping,
+    EMA,
+    EvalHook,
+    IterationTimer,
+    LRMonitor,
+    LRScheduler,
+    PeriodicCheckpointer,
+    PeriodicWriter,
+    RunSummary,
+    PreemptionHandler,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def digits_cfg(tmp_path, *overrides):
+    cfg = LazyConfig.load(str(ROOT / "configs" / "digits_mlp.py"))
+    return LazyConfig.apply_overrides(
+        cfg, [f"train.output_dir={tmp_path}", "train.max_iter=30", "lr_multiplier.warmup_iters=3", *overrides]
+    )
+
+
+def test_default_hooks_in_documented_order(tmp_path):
+    cfg = digits_cfg(tmp_path, "train.ema.enabled=true", "train.early_stopping.metric=accuracy")
+    trainer = DefaultTrainer(cfg)
+    assert [type(h) for h in trainer.hooks] == [
+        IterationTimer, LRScheduler, EMA, EvalHook, BestCheckpointer, EarlyStopping,
+        PeriodicCheckpointer, PreemptionHandler, PeriodicWriter, RunSummary,
+    ]
+    decays = sorted({g["weight_decay"] for g in trainer.optimizer.param_groups})
+    assert decays == [0.0, 1e-4]  # biases without weight decay
+
+
+def test_a_config_without_lr_multiplier_publishes_the_rate_it_does_not_set(tmp_path):
+    cfg = digits_cfg(tmp_path, "train.max_iter=6", "train.eval_period=0", "train.log_period=3")
+    cfg.lr_multiplier = None
+    trainer = DefaultTrainer(cfg)
+    assert [type(h) for h in trainer.hooks][:2] == [IterationTimer, LRMonitor]
+    trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.json").read_text().splitlines()]
+    assert [(r["iteration"], r["lr"]) for r in rows if "total_loss" in r] == [(2, 0.05), (5, 0.05)]
+
+
+def test_default_setup_logs_and_seeds_but_writes_nothing_until_training_starts(tmp_path, treadle_caplog):
+    cfg = digits_cfg(tmp_path, "train.seed=-1", "train.max_iter=4", "train.eval_period=0")
+    default_setup(cfg)
+    assert cfg.train.seed >= 0  # the picked seed is written back
+    assert "Using a generated random seed" in treadle_caplog.text
+    assert "PyTorch" in treadle_caplog.text  # the environment table
+    trainer = DefaultTrainer(cfg)
+    assert not tmp_path.exists() or os.listdir(tmp_path) == []  # built, checked: still nothing written
+    trainer.train()
+    saved = LazyConfig.load(str(tmp_path / "config.yaml"))
+    assert saved.train.seed == cfg.train.seed and saved.train.max_iter == 4
+    # The log starts with what was logged before the folder was claimed.
+    log = (tmp_path / "log.txt").read_text()
+    assert log.count("Environment info") == 1 and log.index("Environment info") < log.index("Starting training")
+
+
+def test_subclass_overrides_builders(tmp_path):
+    built = []
+
+    class MyTrainer(DefaultTrainer):
+        @classmethod
+        def build_model(cls, cfg, device=None):
+            built.append("model")
+            torch.manual_seed(0)
+            return nn.Sequential(nn.Linear(64, 10)).to(device)
+
+        def build_hooks(self):
+            hooks = super().build_hooks()
+            return [h for h in hooks if not isinstance(h, EvalHook) and not isinstance(h, BestCheckpointer)]
+
+    trainer = MyTrainer(digits_cfg(tmp_path, "train.eval_period=0"))
+    trainer.resume_or_load(resume=False)
+    trainer.train()
+    assert built == ["model"]
+    assert not any(isinstance(h, EvalHook) for h in trainer.hooks)
+    weights = torch.load(tmp_path / "model_final.pth", weights_only=True)["model"]
+    assert set(weights) == {"0.weight", "0.bias"}
+    results = MyTrainer.test(trainer.cfg, trainer.model)
+    assert 0.0 <= results["accuracy"] <= 1.0
+
+
+def test_init_checkpoint_loads_weights_only(tmp_path):
+    first = DefaultTrainer(digits_cfg(tmp_path / "a", "train.eval_period=0"))
+    first.train()
+    cfg = digits_cfg(tmp_path / "b", f"train.init_checkpoint={tmp_path / 'a' / 'model_final.pth'}")
+    second = DefaultTrainer(cfg)
+    second.resume_or_load(resume=False)
+    assert second.start_iter == 0
+    for p, q in zip(first.model.parameters(), second.model.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_compiled_bf16_step_from_config(tmp_path):
+    cfg = digits_cfg(tmp_path, "train.step.kind=compiled", "train.step.precision=bf16", "train.step.compile.backend=aot_eager", "train.eval_period=0", "train.max_iter=5")
+    trainer = DefaultTrainer(cfg)
+    from treadle.engine import CompiledStep
+
+    assert isinstance(trainer.step, CompiledStep) and trainer.step.precision == "bf16"
+    trainer.train()
+    assert trainer.step.compiled
+
+
+def test_argument_parser_defaults_and_intermixed_options():
+    parser = default_argument_parser()
+    args = parser.parse_intermixed_args(["train.max_iter=5", "--resume", "optimizer.lr=0.1"])
+    assert args.resume and args.opts == ["train.max_iter=5", "optimizer.lr=0.1"]
+    assert args.config_file.endswith("configs/digits_mlp.py") and Path(args.config_file).exists()
+    assert (args.num_gpus, args.num_machines, args.machine_rank, args.dist_url) == (1, 1, 0, "auto")
+
+
+def test_missing_or_null_ddp_section_means_defaults(tmp_path):
+    from omegaconf import open_dict
+
+    cfg = digits_cfg(tmp_path, "train.ddp=null")
+    assert isinstance(DefaultTrainer(cfg).model, nn.Module)
+    with open_dict(cfg.train):
+        del cfg.train["ddp"]
+    assert "ddp" not in cfg.train
+    assert isinstance(DefaultTrainer(cfg).model, nn.Module)
+
+
+def test_plain_dataloader_gives_the_epoch_length(tmp_path):
+    from treadle.data.datasets import DigitsDataset
+
+    class PlainLoaderTrainer(DefaultTrainer):
+        @classmethod
+        def build_train_loader(cls, cfg):
+            return torch.utils.data.DataLoader(DigitsDataset(split="train"), batch_size=64)
+
+    trainer = PlainLoaderTrainer(digits_cfg(tmp_path, "train.step.grad_accum_steps=2"))
+    batches = len(trainer.train_loader)
+    assert batches > 2
+    assert trainer.epoch_length == batches // 2  # optimizer steps per pass, as Trainer counts them
+
+
+def test_weight_decay_override_reaches_the_decayed_param_group():
+    small = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+    for name in ("digits_mlp.py", "charlm_transformer.py"):  # the SGD and AdamW presets
+        cfg = LazyConfig.load(str(ROOT / "configs" / name))
+        cfg = LazyConfig.apply_overrides(cfg, ["optimizer.weight_decay=0.5"])
+        optimizer = DefaultTrainer.build_optimizer(cfg, small)
+        decays = sorted(g["weight_decay"] for g in optimizer.param_groups)
+        assert decays == [0.0, pytest.approx(0.5)], name
+
+
+def test_charlm_corpus_overrides_reach_the_datasets_and_the_model():
+    cfg = LazyConfig.load(str(ROOT / "configs" / "charlm_transformer.py"))
+    cfg = LazyConfig.apply_overrides(cfg, ["corpus.seq_len=64", "corpus.max_chars=20000"])
+    assert cfg.model.seq_len == 64
+    for split in ("train", "test"):
+        dataset = cfg.dataloader[split].dataset
+        assert (dataset.seq_len, dataset.max_chars) == (64, 20000)

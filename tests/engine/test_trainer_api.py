@@ -1,0 +1,474 @@
+"""The plain Trainer with what the seeds' users bring: Hugging Face models,
+torchmetrics, datasets, callbacks, checkpoints by path, one-batch calls."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+from torch import nn
+
+from treadle.engine import Trainer
+from treadle.hooks import LRMonitor
+
+from tests.tiny_models import CountingTokens, classification, tiny_gpt2
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+
+
+def make(**kwargs):
+    options = dict(batch_size=32, lr=0.1, loss_fn=nn.functional.cross_entropy, progress_bar=False, seed=0)
+    options.update(kwargs)
+    return Trainer(options.pop("model", None) or mlp(), options.pop("optimizer", "sgd"), options.pop("data", None) or classification(), **options)
+
+
+# ---------------------------------------------------------------------- Hugging Face
+def test_hugging_face_gpt2_trains_evaluates_resumes_and_loads_back_bare(tmp_path):
+    def gpt2_trainer(out, max_iter):
+        return Trainer(
+            tiny_gpt2(), "adamw", CountingTokens(64), batch_size=8, lr=3e-3, eval_loader=CountingTokens(16, seed=1),
+            eval_batch_size=8, metrics=["perplexity", "loss"], max_iter=max_iter, checkpoint_period=10,
+            output_dir=str(out), progress_bar=False, seed=0,
+        )
+
+    straight = gpt2_trainer(tmp_path / "a", 30)
+    history = straight.train()
+    losses = history["total_loss"]
+    assert losses[-1] < losses[0] * 0.7  # it learns to count
+    first = gpt2_trainer(tmp_path / "b", 30)
+    first.max_iter = 20  # stopped after 20 iterations, then resumed to 30
+    first.train()
+    resumed = gpt2_trainer(tmp_path / "b", 30)
+    resumed.train(resume=True)
+    a = torch.load(tmp_path / "a" / "model_final.pth", weights_only=True)["model"]
+    b = torch.load(tmp_path / "b" / "model_final.pth", weights_only=True)["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # The weights load into a bare Hugging Face model: no wrapper prefix.
+    bare = tiny_gpt2(seed=1)
+    assert not bare.load_state_dict(a, strict=True).missing_keys
+    assert resumed.evaluate()["perplexity"] < 32  # better than uniform over the vocabulary
+
+
+# ---------------------------------------------------------------------- metrics
+def test_torchmetrics_metric_beside_metric_names():
+    from torchmetrics.classification import MulticlassAUROC
+
+    trainer = make(eval_loader=classification(128, seed=1), eval_batch_size=64, max_epochs=2,
+                   metrics=["accuracy", MulticlassAUROC(num_classes=2), ("auc_named", MulticlassAUROC(num_classes=2))])
+    history = trainer.train()
+    row = history.epochs[-1]
+    assert isinstance(row["multiclass_auroc"], float) and 0.5 < row["multiclass_auroc"] <= 1.0
+    assert row["auc_named"] == pytest.approx(row["multiclass_auroc"])
+    assert trainer.evaluate()["accuracy"] == pytest.approx(row["accuracy"])
+
+
+def test_best_metric_of_a_torchmetrics_metric_follows_its_declared_direction(tmp_path):
+    from torchmetrics.regression import MeanSquaredError
+
+    trainer = make(eval_loader=classification(64, seed=1), max_epochs=2, output_dir=str(tmp_path),
+                   metrics=[("calibration", MeanSquaredError())], best_metric="calibration")
+    best = next(h for h in trainer.hooks if type(h).__name__ == "BestCheckpointer")
+    assert best.mode == "min"  # torchmetrics says lower is better; the name says nothing
+
+
+def test_unknown_metric_fails_when_the_trainer_is_built():
+    with pytest.raises(KeyError, match="unknown metric 'acuracy'"):
+        make(eval_loader=classification(64), max_iter=1, metrics=["acuracy"])
+    with pytest.raises(ValueError, match="best_metric='acuracy' is not a result of the evaluation; did you mean 'accuracy'"):
+        make(eval_loader=classification(64), max_iter=1, metrics=["accuracy", "f1"], best_metric="acuracy", output_dir="unused")
+
+
+def test_metric_with_its_own_options():
+    """Hezar's cer needs a decoder from predictions to text."""
+    decode = lambda logits: ["".join("ab"[i] for i in row) for row in logits.argmax(-1).reshape(-1, 1).tolist()]  # noqa: E731
+    targets = lambda y: ["ab"[int(i)] for i in y]  # noqa: E731
+    trainer = make(eval_loader=classification(64, seed=1), eval_batch_size=64, max_iter=8,
+                   metrics=[("cer", {"decode": decode, "decode_targets": targets}), "accuracy"])
+    trainer.train()
+    results = trainer.evaluate()
+    assert results["cer"] == pytest.approx(1 - results["accuracy"])
+
+
+@pytest.mark.parametrize("name", ["accuracy", "eval/accuracy", "evaluation.accuracy", "eval_accuracy"])
+def test_best_metric_prefixes(tmp_path, name):
+    trainer = make(eval_loader=classification(64, seed=1), max_epochs=1, metrics=["accuracy"], best_metric=name,
+                   output_dir=str(tmp_path))
+    best = next(h for h in trainer.hooks if type(h).__name__ == "BestCheckpointer")
+    assert (best.metric, best.mode) == ("accuracy", "max")
+
+
+def test_early_stopping_on_the_best_metric():
+    class Flat(nn.Module):  # never improves: the evaluation loss is the same every epoch
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(1))
+
+        def forward(self, x):
+            return torch.zeros(len(x), 2) + 0 * self.w
+
+    trainer = make(model=Flat(), eval_loader=classification(64, seed=1), max_epochs=20, early_stopping_patience=2)
+    history = trainer.train()
+    assert len(history.epochs) == 3  # the first evaluation, then two without improvement
+    assert trainer.stop_reason is not None and "loss" in trainer.stop_reason
+
+
+# ---------------------------------------------------------------------- data
+def test_datasets_with_shuffle_collate_fn_and_eval_batch_size():
+    sizes, first = [], []
+
+    def collate(samples):
+        sizes.append(len(samples))
+        if not first:
+            first.extend(samples)
+        x = torch.stack([s[0] for s in samples])
+        y = torch.stack([s[1] for s in samples])
+        return x, y
+
+    trainer = make(data=classification(64), batch_size=16, shuffle=False, collate_fn=collate,
+                   eval_loader=classification(40, seed=1), eval_batch_size=20, max_epochs=1)
+    trainer.train()
+    assert sizes[:4] == [16, 16, 16, 16] and sizes[4:6] == [20, 20]  # train batches, then evaluation's
+    data = classification(64)
+    assert all(torch.equal(first[i][0], data[i][0]) for i in range(16))  # shuffle=False: in order
+
+
+def test_eval_batch_size_for_an_eval_loader_that_is_not_a_dataset_is_refused_before_anything_is_written(tmp_path):
+    """A list of examples is taken as a list of batches, as for train_loader:
+    the batch size given with it would be silently ignored (the model saw one
+    example at a time, and Hugging Face-style dict examples failed at the
+    first evaluation, after an epoch of training)."""
+    examples = [classification(12, seed=1)[i] for i in range(12)]
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"eval_batch_size is for a dataset; this eval_loader \(list\) is taken as its own batches"):
+        make(eval_loader=examples, eval_batch_size=4, max_iter=2, output_dir=str(out))
+    assert not out.exists()
+    # Batches made by the user stay welcome, with or without the training batch_size.
+    batches = [tuple(torch.stack(t) for t in zip(*examples[i:i + 4])) for i in range(0, 12, 4)]
+    trainer = make(eval_loader=batches, metrics=["accuracy"], max_iter=2)
+    assert set(trainer.evaluate()) == {"accuracy"}
+
+
+def test_reduce_lr_on_plateau_is_refused_when_the_trainer_is_built_not_after_an_epoch(tmp_path):
+    """torch's ReduceLROnPlateau is an LRScheduler by class, but its step needs
+    a metric: it used to be taken, then fail after the first epoch of training."""
+    from functools import partial
+
+    out = tmp_path / "run"
+    plateau = partial(torch.optim.lr_scheduler.ReduceLROnPlateau, mode="min", patience=1)
+    with pytest.raises(TypeError, match=r"^ReduceLROnPlateau is not supported: it steps on a metric value"):
+        make(scheduler=plateau, scheduler_interval="epoch", eval_loader=classification(16, seed=1), max_epochs=2,
+             output_dir=str(out))
+    assert not out.exists()
+
+
+def test_epochs_whose_batches_do_not_divide_into_accumulated_updates_are_announced(treadle_caplog):
+    """10 batches, 4 per update: an epoch is 2 updates and 2 batches carry
+    over (the peers end each epoch with a short update instead); said when
+    the trainer is built, and what training then does matches the line."""
+    trainer = make(data=classification(80), batch_size=8, grad_accum_steps=4, max_epochs=2)
+    warnings = [r.getMessage() for r in treadle_caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        "10 batches per epoch is not a multiple of grad_accum_steps=4: an epoch is 2 updates (8 batches), "
+        "and the 2 batches left over begin the next epoch's first update"
+    ]
+    assert trainer.max_iter == 4
+    treadle_caplog.clear()
+    make(data=classification(64), batch_size=8, grad_accum_steps=4, max_epochs=2)  # 8 batches: 2 whole updates
+    make(data=classification(80), batch_size=8, grad_accum_steps=4, max_iter=3)  # no epochs asked for
+    assert [r for r in treadle_caplog.records if r.levelname == "WARNING"] == []
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(lr="fast"), "lr must be a positive number, got 'fast'"),
+    (dict(lr=0), "lr must be a positive number, got 0"),
+    (dict(batch_size=0), "batch_size must be an integer >= 1, got 0"),
+    (dict(eval_loader=classification(8, seed=1), eval_batch_size=2.5), "eval_batch_size must be an integer >= 1, got 2.5"),
+])
+def test_bad_numbers_are_named_by_the_trainers_own_argument(tmp_path, options, message):
+    out = tmp_path / "run"
+    with pytest.raises(ValueError) as caught:
+        make(max_iter=2, output_dir=str(out), **options)
+    assert str(caught.value) == message
+    assert not out.exists()
+
+
+def test_a_sequence_of_batches_without_iter_is_a_train_loader_and_anything_else_is_refused():
+    """Python iterates an object with __getitem__ and __len__ alone (the
+    sequence protocol); the Trainer must take it as it takes a list."""
+    torch.manual_seed(0)
+    batches = [(torch.randn(8, 6), torch.randint(0, 2, (8,))) for _ in range(4)]
+
+    class Batches:
+        def __len__(self):
+            return len(batches)
+
+        def __getitem__(self, i):
+            return batches[i]
+
+    model = nn.Linear(6, 2)
+    trainer = Trainer(model, "sgd", Batches(), loss_fn=nn.functional.cross_entropy, lr=0.1, max_epochs=2,
+                      device="cpu", progress_bar=False)
+    assert trainer.max_iter == 8
+    trainer.train()
+    assert len(trainer.history.epochs) == 2
+    with pytest.raises(TypeError, match="train_loader must be an iterable of batches or a dataset, got int"):
+        Trainer(nn.Linear(6, 2), "sgd", 3, loss_fn=nn.functional.cross_entropy, lr=0.1, max_iter=2, device="cpu")
+
+
+def test_max_iter_and_max_epochs_whichever_first():
+    assert make(max_iter=5, max_epochs=3).max_iter == 5
+    assert make(max_iter=500, max_epochs=3).max_iter == 24
+
+
+# ---------------------------------------------------------------------- epochs, callbacks, history
+def test_callbacks_see_each_epochs_metrics_the_last_one_included():
+    seen = []
+    trainer = make(eval_loader=classification(64, seed=1), metrics=["accuracy", "loss"], max_epochs=3,
+                   callbacks=[lambda t, epoch, metrics: seen.append((epoch, t.iter, sorted(metrics)))])
+    history = trainer.train()
+    assert [(e, it) for e, it, _ in seen] == [(0, 7), (1, 15), (2, 24)]
+    for _, _, names in seen:
+        assert {"accuracy", "eval_loss", "loss", "train_loss", "total_loss", "lr", "epoch", "iteration"} <= set(names)
+    table = history.to_dict()
+    assert table["epoch"] == [0, 1, 2] and len(table["accuracy"]) == 3 and len(table["train_loss"]) == 3
+    assert table["train_loss"] == [e["total_loss"] for e in history.epochs]
+
+
+def _halve_lr(trainer, epoch, metrics):
+    for group in trainer.optimizer.param_groups:
+        group["lr"] *= 0.5
+
+
+def test_without_a_scheduler_a_rate_changed_by_a_callback_stays_changed():
+    # A hand-written loop's "lr *= 0.5 after each epoch": without a scheduler
+    # nothing sets the rate back. The same halving from StepLR every epoch
+    # (8 iterations) trains the same weights.
+    by_hand = make(max_epochs=3, callbacks=[_halve_lr])
+    history = by_hand.train()
+    scheduled = make(max_epochs=3, scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 8, 0.5))
+    scheduled.train()
+    assert [e["lr"] for e in history.epochs] == [0.1, 0.05, 0.025]
+    assert history["lr"] == [0.1] * 8 + [0.05] * 8 + [0.025] * 8
+    assert all(torch.equal(a, b) for a, b in zip(by_hand.model.parameters(), scheduled.model.parameters()))
+
+
+def test_without_a_scheduler_the_rate_is_read_by_the_loop_and_no_hook_runs_between_the_writers(monkeypatch):
+    # LRMonitor is not called at every iteration to publish the rate (the
+    # loop reads it: TrainerBase.record_every_iteration), so the default
+    # hooks run nothing between the writers' flushes; every iteration still
+    # has the rate its step used, a callback's change included.
+    called_at = []
+    publish = LRMonitor.after_step
+
+    def counted(self):
+        called_at.append(self.trainer.iter)
+        publish(self)
+
+    monkeypatch.setattr(LRMonitor, "after_step", counted)
+    trainer = make(max_epochs=3, log_period=5, callbacks=[_halve_lr], output_dir=None)
+    history = trainer.train()
+    assert history["lr"] == [0.1] * 8 + [0.05] * 8 + [0.025] * 8
+    # Its declared period is 0: called after the last iteration only, not
+    # where the writer (every 5) is due.
+    assert called_at == [23], called_at
+
+
+def test_without_a_scheduler_a_float_rate_a_callback_makes_a_tensor_is_published_too():
+    def to_tensor(trainer, epoch, metrics):
+        for group in trainer.optimizer.param_groups:
+            group["lr"] = group["lr"] * 0.5 if isinstance(group["lr"], torch.Tensor) else torch.tensor(group["lr"] * 0.5)
+
+    history = make(max_epochs=2, callbacks=[to_tensor]).train()
+    assert history["lr"] == pytest.approx([0.1] * 8 + [0.05] * 8)
+    assert all(type(lr) is float for lr in history["lr"])
+
+
+def test_without_a_scheduler_a_tensor_rate_changed_in_place_is_published_and_its_start_kept():
+    model = mlp()
+    optimizer = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.01))
+    halve = lambda t, epoch, m: [g["lr"].mul_(0.5) for g in t.optimizer.param_groups]  # noqa: E731
+    history = make(model=model, optimizer=optimizer, lr=None, max_epochs=2, callbacks=[halve]).train()
+    assert history["lr"] == pytest.approx([0.01] * 8 + [0.005] * 8)
+    # The starting rate a resume compares with is a copy, not the tensor halved since.
+    assert optimizer.param_groups[0]["initial_lr"].item() == pytest.approx(0.01)
+
+
+def test_without_a_scheduler_a_resume_goes_on_at_the_rate_a_callback_left(tmp_path, treadle_caplog):
+    straight = make(max_epochs=3, callbacks=[_halve_lr], output_dir=str(tmp_path / "a"))
+    straight.train()
+    resumed = make(max_epochs=3, callbacks=[_halve_lr], output_dir=str(tmp_path / "b"))
+    # Taken at the end of the second epoch, after its callback halved the rate twice.
+    resumed.train(resume=str(tmp_path / "a" / "model_0000015.pth"))
+    assert resumed.start_iter == 16
+    assert resumed.history["lr"] == [0.1] * 8 + [0.05] * 8 + [0.025] * 8  # the restored history, then its own
+    # The checkpoint's rate is where the run was, not a hyperparameter the trainer changed.
+    assert "Resuming with" not in treadle_caplog.text
+    a = torch.load(tmp_path / "a" / "model_final.pth", weights_only=True)["model"]
+    b = torch.load(tmp_path / "b" / "model_final.pth", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_callback_may_stop_training():
+    trainer = make(max_epochs=10, callbacks=[lambda t, epoch, m: t.request_stop("enough") if epoch == 1 else None])
+    history = trainer.train()
+    assert len(history.epochs) == 2 and trainer.iter == 16
+
+
+# ---------------------------------------------------------------------- checkpoints
+def test_resume_from_a_given_checkpoint(tmp_path):
+    straight = make(max_iter=24, checkpoint_period=8, output_dir=str(tmp_path / "a"))
+    straight.train()
+    resumed = make(max_iter=24, output_dir=str(tmp_path / "b"))
+    resumed.train(resume=str(tmp_path / "a" / "model_0000015.pth"))
+    assert resumed.start_iter == 16
+    a = torch.load(tmp_path / "a" / "model_final.pth", weights_only=True)["model"]
+    b = torch.load(tmp_path / "b" / "model_final.pth", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_save_and_load_checkpoint_without_an_output_dir(tmp_path):
+    trainer = make(max_iter=10, scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 3, 0.5))
+    trainer.train()
+    path = tmp_path / "ckpt" / "my.pt"
+    assert trainer.save_checkpoint(str(path), note="qurious") == str(path)
+    other = make(max_iter=10, scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 3, 0.5))
+    extra = other.load_checkpoint(str(path))
+    assert extra["note"] == "qurious" and extra["iteration"] == 9
+    assert all(torch.equal(a, b) for a, b in zip(trainer.model.parameters(), other.model.parameters()))
+    assert other.optimizer.state_dict()["state"].keys() == trainer.optimizer.state_dict()["state"].keys()
+    lr_hook = next(h for h in other.hooks if type(h).__name__ == "LRScheduler")
+    assert lr_hook.state_dict()["last_epoch"] == 10  # the schedule's position came back
+    weights_only = make(max_iter=10)
+    weights_only.load_checkpoint(str(path), load_optimizer=False, load_scheduler=False)
+    assert weights_only.optimizer.state_dict()["state"] == {}
+
+
+# ---------------------------------------------------------------------- one batch at a time
+def test_train_step_and_eval_step_return_floats_outside_train():
+    trainer = make(eval_loader=classification(64, seed=1), metrics=["accuracy"], max_iter=1)
+    batch = next(iter(torch.utils.data.DataLoader(classification(), batch_size=32)))
+    before = trainer.eval_step(batch)
+    for _ in range(30):
+        step = trainer.train_step(batch)
+    after = trainer.eval_step(batch)
+    assert isinstance(step["loss"], float) and set(after) == {"loss", "accuracy"}
+    assert after["loss"] < before["loss"] and after["accuracy"] >= before["accuracy"]
+    assert trainer.model.training  # eval_step restored the mode
+
+
+def test_compute_loss_overridden_in_a_trainer_subclass():
+    class Regularized(Trainer):
+        def compute_loss(self, batch):
+            x, y = batch
+            return {"ce": nn.functional.cross_entropy(self.model(x), y), "l2": 1e-3 * self.model[0].weight.pow(2).sum()}
+
+    trainer = Regularized(mlp(), "sgd", classification(), batch_size=32, lr=0.1, max_iter=5, grad_accum_steps=2,
+                          clip_grad_norm=1.0, progress_bar=False)
+    history = trainer.train()
+    assert {"ce", "l2", "total_loss"} <= set(history.iterations)
+
+
+
+class SmoothedTrainer(Trainer):
+    """A loss of its own, without loss_fn: label-smoothed cross-entropy."""
+
+    def compute_loss(self, batch):
+        x, y = batch
+        return nn.functional.cross_entropy(self.model(x), y, label_smoothing=0.2)
+
+
+def _smoothed_ce(model, x, y):
+    """SmoothedTrainer's loss by hand, over all of (x, y) at once: the mean per sample."""
+    with torch.no_grad():
+        return nn.functional.cross_entropy(model(x), y, label_smoothing=0.2).item()
+
+
+def test_an_overridden_compute_loss_is_the_loss_of_eval_step_evaluate_and_the_best_checkpoint(tmp_path):
+    # Before, evaluate() and eval_step took the model's logits for the loss and
+    # reported their mean; a best checkpoint on the loss followed that number.
+    eval_set = classification(96, seed=1)
+    x, y = eval_set.tensors
+    trainer = SmoothedTrainer(mlp(), "sgd", classification(), batch_size=32, lr=0.5, max_iter=12, eval_loader=eval_set,
+                              eval_batch_size=40, eval_period=3, best_metric="eval/loss", output_dir=str(tmp_path),
+                              progress_bar=False, seed=0)
+    # Batches of 40, 40 and 16, weighted by their size: the mean over the 96 samples.
+    assert trainer.evaluate()["loss"] == pytest.approx(_smoothed_ce(trainer.model, x, y), rel=1e-6)
+    assert trainer.eval_step((x[:10], y[:10]))["loss"] == pytest.approx(_smoothed_ce(trainer.model, x[:10], y[:10]), rel=1e-6)
+    assert trainer.model.training  # evaluation ran in eval mode and restored it
+
+    trainer.train()
+    assert trainer.evaluate()["loss"] == pytest.approx(_smoothed_ce(trainer.model, x, y), rel=1e-6)
+    best = next(h for h in trainer.hooks if type(h).__name__ == "BestCheckpointer")
+    scored = mlp()
+    scored.load_state_dict(torch.load(tmp_path / "model_best.pth", weights_only=True)["model"])
+    # model_best holds the weights whose smoothed loss is the best value kept, at an evaluation iteration.
+    assert best.best_metric == pytest.approx(_smoothed_ce(scored, x, y), rel=1e-6)
+    assert best.best_iter in (2, 5, 8, 11)
+
+
+class _PredictionsOfTheWholeBatch(nn.Module):
+    """A model that takes the whole (inputs, targets) batch and returns logits, not a loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, batch):
+        return self.net(batch[0])
+
+
+class PerSampleTrainer(Trainer):
+    def compute_loss(self, batch):
+        x, y = batch
+        return nn.functional.cross_entropy(self.model(x), y, reduction="none")
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("loss_fn", r"^loss_fn returned loss 'total_loss' of shape \(32,\); a loss must be a scalar \(reduce it, e\.g\. with \.mean\(\)\)"),
+        ("model", r"^the model returned loss 'total_loss' of shape \(32, 2\); a loss must be a scalar .*needs a loss_fn"),
+        ("compute_loss", r"^PerSampleTrainer\.compute_loss returned loss 'total_loss' of shape \(32,\); a loss must be a scalar"),
+    ],
+)
+def test_a_loss_that_is_not_a_scalar_is_refused_in_one_line_naming_its_source(source, message):
+    options = dict(batch_size=32, lr=0.1, max_iter=2, progress_bar=False, seed=0)
+    cls, model = Trainer, mlp
+    if source == "loss_fn":
+        options["loss_fn"] = lambda out, y: nn.functional.cross_entropy(out, y, reduction="none")
+    elif source == "model":
+        model = _PredictionsOfTheWholeBatch
+    else:
+        cls = PerSampleTrainer
+    batch = next(iter(torch.utils.data.DataLoader(classification(), batch_size=32)))
+    # train_step, train() (one update each) and, but for a loss_fn's per-sample
+    # losses that LossEvaluator averages, eval_step.
+    runs = [lambda t: t.train_step(batch), lambda t: t.train()] + ([lambda t: t.eval_step(batch)] if source != "loss_fn" else [])
+    for run in runs:
+        trainer = cls(model(), "sgd", classification(), **options)
+        with pytest.raises(ValueError, match=message) as error:
+            run(trainer)
+        assert "\n" not in str(error.value)  # one line (the loop may add a note naming the iteration)
+
+
+# ---------------------------------------------------------------------- layout
+def test_hezar_layout_and_csv_logs(tmp_path):
+    trainer = make(max_epochs=2, output_dir=str(tmp_path), checkpoints_dir="checkpoints", logs_dir="logs",
+                   loggers=["csv", "tensorboard"])
+    trainer.train()
+    assert (tmp_path / "checkpoints" / "model_final.pth").exists()
+    assert (tmp_path / "checkpoints" / "last_checkpoint").exists()
+    assert list((tmp_path / "logs").glob("events.out.tfevents.*")) and (tmp_path / "logs" / "log.txt").exists()
+    rows = list(csv.DictReader((tmp_path / "logs" / "metrics.csv").open()))
+    assert rows and "total_loss" in rows[0]
+    assert not (tmp_path / "metrics.json").exists() and not (tmp_path / "logs" / "metrics.json").exists()
+    with pytest.raises(Exception, match="holds an earlier run"):
+        make(max_epochs=1, output_dir=str(tmp_path), checkpoints_dir="checkpoints", logs_dir="logs").train()
+    make(max_epochs=3, output_dir=str(tmp_path), checkpoints_dir="checkpoints", logs_dir="logs",
+         loggers=["csv"]).train(resume=True)
+    rows = list(csv.DictReader((tmp_path / "logs" / "metrics.csv").open()))
+    assert [int(r["iteration"]) for r in rows if r.get("total_loss")] == [7, 15, 19, 23]  # continued to epoch 3

@@ -1,0 +1,241 @@
+"""tools/train_net.py end to end, and its one-line errors for bad input."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from treadle.config import LazyConfig
+from treadle.tools.train_net import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN_NET = ROOT / "tools" / "train_net.py"
+DIGITS = ROOT / "configs" / "digits_mlp.py"
+
+
+def run_job(*args, timeout=300):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run(
+        [sys.executable, str(TRAIN_NET), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env
+    )
+
+
+def metrics(path):
+    return [json.loads(line) for line in (path / "metrics.json").read_text().splitlines()]
+
+
+def test_train_resume_to_larger_max_iter_then_eval_only(tmp_path):
+    out = tmp_path / "run"
+    common = [f"train.output_dir={out}", "train.eval_period=20", "train.checkpointer.period=20", "train.log_period=10", "lr_multiplier.warmup_iters=5"]
+    first = run_job(*common, "train.max_iter=40")
+    assert first.returncode == 0, first.stderr[-3000:]
+    for name in ("metrics.json", "config.yaml", "last_checkpoint", "model_final.pth", "model_0000019.pth", "log.txt"):
+        assert (out / name).exists(), name
+    assert list(out.glob("events.out.tfevents.*"))
+    assert LazyConfig.load(str(out / "config.yaml")).train.max_iter == 40
+    lines = metrics(out)
+    assert [line["iteration"] for line in lines if "total_loss" in line] == [9, 19, 29, 39]
+    assert [line["iteration"] for line in lines if "accuracy" in line] == [19, 40]
+    assert (out / "last_checkpoint").read_text().strip() == "model_final.pth"
+
+    second = run_job(*common, "train.max_iter=60", "--resume")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "Starting training from iteration 40" in second.stdout
+    lines = metrics(out)
+    train_iters = [line["iteration"] for line in lines if "total_loss" in line]
+    assert train_iters == [9, 19, 29, 39, 49, 59]  # each once
+    final = torch.load(out / "model_final.pth", weights_only=True)
+    assert final["iteration"] == 59 and final["trainer"]["iteration"] == 59
+
+    acc = EventAccumulator(str(out))
+    acc.Reload()
+    steps = [e.step for e in acc.Scalars("total_loss")]
+    assert steps == sorted(set(steps)) and steps[-1] == 59
+
+    third = run_job(*common, "--eval-only", f"train.init_checkpoint={out / 'model_final.pth'}")
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "accuracy" in third.stdout and "Evaluation of" in third.stdout
+
+    # Resuming the finished run says so and trains nothing.
+    again = run_job(*common, "train.max_iter=60", "--resume")
+    assert again.returncode == 0
+    assert "has finished already" in again.stdout
+    assert [line["iteration"] for line in metrics(out) if "total_loss" in line] == train_iters
+
+
+@pytest.mark.slow
+def test_default_digits_job_reaches_95_percent(tmp_path):
+    out = tmp_path / "digits"
+    result = run_job(f"train.output_dir={out}", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    final_eval = [line for line in metrics(out) if "accuracy" in line][-1]
+    assert final_eval["iteration"] == 1500
+    assert final_eval["accuracy"] >= 0.95, final_eval
+
+
+def error_of(argv, capsys):
+    code = cli(argv)
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+def test_missing_config_file(capsys, tmp_path):
+    code, err = error_of(["--config-file", str(tmp_path / "nope.py")], capsys)
+    assert code == 2 and "nope.py" in err and len(err.splitlines()) == 1
+
+
+def test_syntax_error_names_file_and_line(capsys, tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("train = dict(\n    max_iter=3,\n    oops oops\n)\n")
+    code, err = error_of(["--config-file", str(bad)], capsys)
+    assert code == 2 and "bad.py" in err and "line 3" in err and len(err.splitlines()) == 1
+
+
+def test_unknown_override_key_suggests_the_closest(capsys, tmp_path):
+    code, err = error_of([f"train.output_dir={tmp_path}", "train.max_iters=5"], capsys)
+    assert code == 2 and "train.max_iters" in err and "train.max_iter" in err and len(err.splitlines()) == 1
+
+
+def test_malformed_override(capsys):
+    code, err = error_of(["train.max_iter"], capsys)
+    assert code == 2 and "train.max_iter" in err and len(err.splitlines()) == 1
+
+
+def test_target_that_cannot_be_imported(capsys, tmp_path):
+    code, err = error_of([f"train.output_dir={tmp_path}", "model._target_=treadle.models.NoSuchModel"], capsys)
+    assert code == 2 and "treadle.models.NoSuchModel" in err and "model" in err and len(err.splitlines()) == 1
+
+
+def test_wrong_argument_to_a_target_names_the_node(capsys, tmp_path):
+    code, err = error_of([f"train.output_dir={tmp_path}", "+model.num_layers=3"], capsys)
+    assert code == 2 and "'model'" in err and "num_layers" in err and len(err.splitlines()) == 1
+
+
+def test_unwritable_output_directory(capsys, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    code, err = error_of([f"train.output_dir={blocker / 'out'}", "train.max_iter=1"], capsys)
+    assert code == 2 and "cannot be written" in err and str(blocker) in err and len(err.splitlines()) == 1
+
+
+def test_eval_only_without_weights(capsys, tmp_path):
+    code, err = error_of(["--eval-only", f"train.output_dir={tmp_path}"], capsys)
+    assert code == 2 and "--eval-only needs weights" in err and "train.init_checkpoint" in err
+
+
+def test_eval_only_without_weights_leaves_the_runs_config_alone(capsys, tmp_path):
+    """The weights are looked for before anything is written to the run's directory."""
+    (tmp_path / "config.yaml").write_text("the training run's config\n")
+    code, err = error_of(["--eval-only", f"train.output_dir={tmp_path}"], capsys)
+    assert code == 2 and "--eval-only needs weights" in err
+    assert (tmp_path / "config.yaml").read_text() == "the training run's config\n"
+    assert sorted(os.listdir(tmp_path)) == ["config.yaml"]
+
+
+def test_resume_without_checkpoint_warns_and_starts_fresh(tmp_path, treadle_caplog):
+    code = cli(["--resume", f"train.output_dir={tmp_path}", "train.max_iter=5", "train.eval_period=0", "lr_multiplier.warmup_iters=0"])
+    assert code == 0
+    assert "No checkpoint found" in treadle_caplog.text or "no checkpoint" in treadle_caplog.text.lower()
+    assert (tmp_path / "model_final.pth").exists()
+    assert "Starting training from iteration 0" in treadle_caplog.text
+
+
+def test_research_loop_config_replaces_the_step(tmp_path):
+    cfg = LazyConfig.load(str(ROOT / "configs" / "digits_sam.py"))
+    cfg = LazyConfig.apply_overrides(cfg, [f"train.output_dir={tmp_path}", "train.max_iter=60", "train.eval_period=0", "lr_multiplier.warmup_iters=5"])
+    from treadle.engine.defaults import DefaultTrainer, default_setup
+    from treadle.examples import SAMStep
+
+    default_setup(cfg)
+    trainer = DefaultTrainer(cfg)
+    assert isinstance(trainer.step, SAMStep)
+    results = trainer.train()
+    assert results["accuracy"] > 0.5
+    assert {"total_loss", "loss_perturbed"} <= set(trainer.storage.latest())
+
+
+CONFIGS = sorted((ROOT / "configs").glob("*.py"))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_every_shipped_config_runs_shorter_than_its_warmup(config, tmp_path, treadle_caplog):
+    """train.max_iter=30 with the presets' 50 warm-up iterations: clipped with one warning, then the whole job runs."""
+    out = tmp_path / "run"
+    code = cli(["--config-file", str(config), f"train.output_dir={out}", "train.max_iter=30"])
+    assert code == 0, treadle_caplog.text[-3000:]
+    final = torch.load(out / "model_final.pth", weights_only=True)
+    assert final["iteration"] == 29 and final["model"]
+    clipped = [r.getMessage() for r in treadle_caplog.records if "warmup_iters" in r.getMessage()]
+    assert clipped == [
+        "lr_multiplier.warmup_iters=50 is not shorter than the run (max_iter=30): warming up over 15 iterations, "
+        "half the run, instead."
+    ]
+    assert [r.levelname for r in treadle_caplog.records if "warmup_iters" in r.getMessage()] == ["WARNING"]
+    # The evaluation after training ran too (the configs' eval_period is longer than the run).
+    assert [line["iteration"] for line in metrics(out) if "total_loss" not in line] == [30]
+
+
+def test_config_evaluator_with_a_torchmetrics_metric(tmp_path, capsys):
+    """A torchmetrics object in the config's metrics: built once the run is
+    built, its result name checked against the best checkpointer's metric."""
+    config = tmp_path / "tm.py"
+    config.write_text(
+        "from torchmetrics.classification import MulticlassAccuracy\n"
+        "from treadle.config import LazyCall as L, LazyConfig\n"
+        f"_base = LazyConfig.load({str(DIGITS)!r})\n"
+        "model, optimizer, lr_multiplier, dataloader, train = _base.model, _base.optimizer, _base.lr_multiplier, "
+        "_base.dataloader, _base.train\n"
+        "dataloader.evaluator.metrics = ['accuracy', 'loss', L(MulticlassAccuracy)(num_classes=10, average='micro')]\n"
+        "train.best_checkpointer.metric = 'multiclass_accuracy'\n"
+    )
+    out = tmp_path / "run"
+    common = ["--config-file", str(config), f"train.output_dir={out}", "train.max_iter=40", "train.eval_period=20",
+              "lr_multiplier.warmup_iters=5"]
+    assert cli(common) == 0
+    lines = metrics(out)
+    evaluations = [line for line in lines if "accuracy" in line]
+    assert all(line["multiclass_accuracy"] == pytest.approx(line["accuracy"]) for line in evaluations)
+    assert (out / "model_best.pth").exists()
+    assert cli(common[:2] + [f"train.output_dir={tmp_path / 'other'}", "train.best_checkpointer.metric=multiclass_acc"]) == 2
+    assert "train.best_checkpointer.metric='multiclass_acc' is not a result" in capsys.readouterr().err
+
+
+def test_an_unknown_train_key_is_warned_about_once(tmp_path):
+    """train_net checks a job before it starts its processes and again in each;
+    on one process the console showed the warning twice."""
+    out = tmp_path / "run"
+    result = run_job("--config-file", str(DIGITS), "+train.new_key=1", "train.max_iter=2", "train.eval_period=0",
+                     f"train.output_dir={out}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("train.new_key is not a key that DefaultTrainer reads") == 1
+    # In log.txt once: the check that printed it ran before the job set up its log file.
+    assert (out / "log.txt").read_text().count("train.new_key is not a key that DefaultTrainer reads") == 1
+
+
+def test_an_override_that_does_not_parse_is_warned_about_once(tmp_path):
+    # The override is parsed by both checks of the job; the console and
+    # log.txt said it twice.
+    out = tmp_path / "run"
+    result = run_job("--config-file", str(DIGITS), "+train.new_key=[1,", "train.max_iter=2", "train.eval_period=0",
+                     f"train.output_dir={out}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    warning = "Override value '[1,' does not parse"
+    assert result.stdout.count(warning) == 1, result.stdout
+    log = (out / "log.txt").read_text().splitlines()
+    assert [line for line in log if warning in line] == log[:1]
+
+
+def test_a_second_job_in_one_process_warns_about_its_config_again(tmp_path, capsys):
+    # A notebook that runs two jobs with the same unknown key: the second was
+    # silent (the key had been warned about once per process).
+    for run in ("first", "second"):
+        code = cli(["--config-file", str(DIGITS), "+train.new_key=1", "train.max_iter=2", "train.eval_period=0",
+                    f"train.output_dir={tmp_path / run}"])
+        assert code == 0
+        assert capsys.readouterr().out.count("train.new_key is not a key that DefaultTrainer reads") == 1, run
+        assert (tmp_path / run / "log.txt").read_text().count("train.new_key is not a key that DefaultTrainer reads") == 1
