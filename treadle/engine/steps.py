@@ -350,7 +350,7 @@ class EagerStep(StepBase):
     def _published(self, value: torch.Tensor) -> torch.Tensor:
         """What is kept of a loss after the step: no autograd graph outlives
         it (a kept graph keeps each parameter's gradient accumulator with its
-        old shape, wrong once a hook resizes the parameter; tests/test_steps.py)."""
+        old shape, wrong once a hook resizes the parameter; tests/engine/test_steps.py)."""
         return value.detach()
 
     def _parameters(self) -> List[torch.Tensor]:

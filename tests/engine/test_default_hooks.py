@@ -11,9 +11,9 @@ from treadle.engine.default_hooks import default_hooks
 from treadle.engine.defaults import DefaultTrainer
 from treadle.hooks import HookBase, PreciseBN, RunSummary
 
-from tiny_models import classification
+from tests.tiny_models import classification
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def described(hooks):

@@ -27,7 +27,7 @@ from treadle.config.train_keys import (
 from treadle.engine.defaults import DefaultTrainer
 from treadle.engine.validation import check_run_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NAMES = [key.name for key in KEYS]
 
 
