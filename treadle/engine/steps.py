@@ -51,10 +51,6 @@ class StepBase:
     """
 
     trainer: Optional["TrainerBase"] = None
-    # Whether the trainer has anything to run in after_backward (a hook has
-    # one, or its class overrides it): set by the trainer when the step is
-    # assigned and when hooks are registered, so that a step can skip the call.
-    calls_after_backward: bool = False
 
     def run_step(self) -> None:
         raise NotImplementedError
@@ -71,8 +67,9 @@ class StepBase:
             raise KeyError(f"{type(self).__name__} keeps no state but got keys {sorted(state)}")
 
     def _after_backward(self) -> None:
-        if self.calls_after_backward:
-            self.trainer.after_backward()  # type: ignore[union-attr]
+        """The trainer's ``after_backward``, when the step runs in a trainer."""
+        if self.trainer is not None:
+            self.trainer.after_backward()
 
 
 class EagerStep(StepBase):

@@ -124,7 +124,6 @@ class TrainerBase:
             raise TypeError(f"trainer.step must be a StepBase, got {type(step).__name__}")
         step.trainer = weakref.proxy(self)
         self._step = step
-        self._tell_step_about_hooks()
 
     @property
     def hooks(self) -> List[HookBase]:
@@ -142,14 +141,6 @@ class TrainerBase:
             # A proxy, not a reference: the trainer holds its hooks, and a
             # cycle would keep both alive after the trainer is dropped.
             h.trainer = weakref.proxy(self)
-        self._tell_step_about_hooks()
-
-    def _tell_step_about_hooks(self) -> None:
-        """Lets the step skip ``after_backward`` when nothing would run there."""
-        if self._step is not None:
-            self._step.calls_after_backward = bool(self._table.calls["after_backward"]) or (
-                type(self).after_backward is not TrainerBase.after_backward
-            )
 
     def request_stop(self, reason: str, *, interrupted: bool = False) -> None:
         """Ends training after the current iteration; ``after_train`` runs as on success.
