@@ -74,7 +74,7 @@ def one_run(work: Workload, period: int, records: bool) -> Dict[str, float]:
     with tempfile.TemporaryDirectory() as folder, open(os.devnull, "w") as devnull:
         trainer = Trainer(model, optimizer, loader, loss_fn=F.cross_entropy, max_iter=work.iters, log_period=period,
                           output_dir=os.path.join(folder, "run"), device="cpu", progress_bar=False)
-        writers = next(h for h in trainer._hooks if isinstance(h, PeriodicWriter)).writers
+        writers = next(h for h in trainer.hooks if isinstance(h, PeriodicWriter)).writers
         for writer in writers:
             writer.write = _timed(writer.write, type(writer).__name__, seconds)  # type: ignore[method-assign]
         tensorboard = next(w for w in writers if isinstance(w, TensorboardWriter))
