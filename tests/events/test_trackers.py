@@ -35,41 +35,76 @@ def _env() -> Dict[str, str]:
     return env
 
 
-@pytest.fixture
-def mlflow_server(tmp_path):
+class _MlflowServer:
+    """An MLflow tracking server in a subprocess, started when first asked
+    for and shared by the module's tests (its start is several seconds of
+    imports and database migrations); started again when a test stopped it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.server = None
+        self.uri = ""
+        self.starts = 0
+
+    def __call__(self):
+        if self.server is None or self.server.poll() is not None:
+            self._start()
+        return self.uri, self.server
+
+    def _start(self) -> None:
+        self.stop()
+        self.starts += 1
+        store = self.folder / f"mlflow-store-{self.starts}"
+        store.mkdir()
+        self.log_path = self.folder / f"mlflow-server-{self.starts}.log"
+        self.log = open(self.log_path, "w")
+        port = find_free_port()
+        self.server = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+             "--backend-store-uri", f"sqlite:///{store}/mlflow.db", "--default-artifact-root", str(store / "artifacts"),
+             "--workers", "1"],
+            stdout=self.log, stderr=subprocess.STDOUT, env=_env(), start_new_session=True,
+        )
+        self.uri = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if self.server.poll() is not None or time.monotonic() > deadline:
+                self.log.close()
+                pytest.fail(f"mlflow server did not start:\n{self.log_path.read_text()[-3000:]}")
+            time.sleep(0.3)
+
+    def stop(self) -> None:
+        if self.server is None:
+            return
+        if self.server.poll() is None:
+            os.killpg(self.server.pid, signal.SIGTERM)
+            try:
+                self.server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.server.pid, signal.SIGKILL)
+                self.server.wait()
+        self.log.close()
+        self.server = None
+
+
+@pytest.fixture(scope="module")
+def mlflow_servers(tmp_path_factory):
     pytest.importorskip("mlflow")
-    port = find_free_port()
-    store = tmp_path / "mlflow-store"
-    store.mkdir()
-    log = open(tmp_path / "mlflow-server.log", "w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{store}/mlflow.db", "--default-artifact-root", str(store / "artifacts"),
-         "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, env=_env(), start_new_session=True,
-    )
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
-                if response.status == 200:
-                    break
-        except OSError:
-            pass
-        if server.poll() is not None or time.monotonic() > deadline:
-            log.close()
-            pytest.fail(f"mlflow server did not start:\n{(tmp_path / 'mlflow-server.log').read_text()[-3000:]}")
-        time.sleep(0.3)
-    yield uri, server
-    if server.poll() is None:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-    log.close()
+    servers = _MlflowServer(tmp_path_factory.mktemp("mlflow"))
+    yield servers
+    servers.stop()
+
+
+@pytest.fixture
+def mlflow_server(mlflow_servers):
+    """``(uri, server process)`` of a running tracking server (each test uses its own experiment or run)."""
+    return mlflow_servers()
 
 
 def _train_net(run: Path, *args: str, expect_rc: int = 0) -> subprocess.CompletedProcess:
