@@ -45,5 +45,10 @@ setup(
         "mlflow": ["mlflow"],
         "wandb": ["wandb"],
     },
-    entry_points={"console_scripts": ["treadle-train=treadle.tools.script:main"]},
+    entry_points={
+        "console_scripts": [
+            "treadle-train=treadle.tools.script:main",
+            "treadle-plot=treadle.tools.plot_metrics:main",
+        ]
+    },
 )

@@ -1,6 +1,10 @@
-"""A plain (non-editable) ``pip install .``: the default job runs from any
-directory, through ``treadle-train`` and through ``python tools/train_net.py``,
-with the configs that ship inside the package."""
+"""A plain (non-editable) ``pip install .`` into a fresh venv without ``wheel``:
+the default job runs from any directory, through ``treadle-train`` and through
+``python tools/train_net.py``, with the configs that ship inside the package,
+and ``treadle-plot`` draws a run's metrics.json from any directory.
+
+pip builds the wheel in an isolated environment with pyproject.toml's build
+requirements (setuptools and wheel), fetched from the package index."""
 
 from __future__ import annotations
 
@@ -16,14 +20,28 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # What setup.py and MANIFEST.in read; a copy, so that the build leaves nothing in the checkout.
-SOURCES = ["setup.py", "MANIFEST.in", "README.md", "constraints.txt", "treadle", "tools", "docs"]
+SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "constraints.txt", "treadle", "tools", "docs"]
 SHORT_JOB = ["train.max_iter=12", "train.eval_period=6", "train.log_period=6", "train.checkpointer.period=6"]
+
+
+def run(command, cwd, timeout=300):
+    # Without PYTHONPATH: the venv must import its own treadle, not this checkout's.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+
+
+def has_module(python: Path, name: str, cwd: Path) -> bool:
+    found = run([str(python), "-c", f"import importlib.util as u; print(u.find_spec({name!r}) is not None)"], cwd)
+    assert found.returncode == 0, found.stderr
+    return found.stdout.strip() == "True"
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """A venv that sees this machine's packages (torch and the rest) but holds
-    its own, non-editable copy of treadle."""
+    """A venv made as ``python -m venv --system-site-packages`` makes it: it sees
+    this machine's packages (torch and the rest, so nothing big is downloaded)
+    and has its own pip and, after ``pip install .``, its own non-editable copy
+    of treadle. Returns ``(venv, whether wheel was importable in it)``."""
     base = tmp_path_factory.mktemp("install")
     source = base / "source"
     source.mkdir()
@@ -34,21 +52,18 @@ def installed(tmp_path_factory):
         else:
             shutil.copy2(origin, source / name)
     env_dir = base / "venv"
-    # Without its own pip: the venv's bundled setuptools would shadow this machine's (newer) one.
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
-    build = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(source)],
-        capture_output=True, text=True, timeout=300, cwd=base,
-    )
+    wheel_visible = has_module(python, "wheel", base)
+    build = run([str(python), "-m", "pip", "install", "-q", str(source)], base)
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
     shutil.rmtree(source)  # nothing may come from the source tree after the install
-    return env_dir
+    return env_dir, wheel_visible
 
 
-def run(command, cwd, timeout=300):
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+@pytest.fixture(scope="module")
+def venv_dir(installed):
+    return installed[0]
 
 
 def check_default_job(result, out: Path, env_dir: Path):
@@ -62,22 +77,52 @@ def check_default_job(result, out: Path, env_dir: Path):
 
 
 @pytest.mark.slow
-def test_installed_package_is_not_the_checkout(installed, tmp_path):
-    where = run([str(installed / "bin" / "python"), "-c", "import treadle; print(treadle.__file__)"], tmp_path)
+def test_installed_package_is_not_the_checkout(venv_dir, tmp_path):
+    where = run([str(venv_dir / "bin" / "python"), "-c", "import treadle; print(treadle.__file__)"], tmp_path)
     assert where.returncode == 0, where.stderr
-    assert str(installed) in where.stdout and str(ROOT) not in where.stdout
+    assert str(venv_dir) in where.stdout and str(ROOT) not in where.stdout
 
 
 @pytest.mark.slow
-def test_treadle_train_runs_the_default_job_from_another_directory(installed, tmp_path):
+def test_treadle_train_runs_the_default_job_from_another_directory(venv_dir, tmp_path):
     out = tmp_path / "run"
-    result = run([str(installed / "bin" / "treadle-train"), f"train.output_dir={out}", *SHORT_JOB], tmp_path)
-    check_default_job(result, out, installed)
+    result = run([str(venv_dir / "bin" / "treadle-train"), f"train.output_dir={out}", *SHORT_JOB], tmp_path)
+    check_default_job(result, out, venv_dir)
 
 
 @pytest.mark.slow
-def test_tools_train_net_runs_the_default_job_from_another_directory(installed, tmp_path):
+def test_tools_train_net_runs_the_default_job_from_another_directory(venv_dir, tmp_path):
     out = tmp_path / "run"
     script = ROOT / "tools" / "train_net.py"
-    result = run([str(installed / "bin" / "python"), str(script), f"train.output_dir={out}", *SHORT_JOB], tmp_path)
-    check_default_job(result, out, installed)
+    result = run([str(venv_dir / "bin" / "python"), str(script), f"train.output_dir={out}", *SHORT_JOB], tmp_path)
+    check_default_job(result, out, venv_dir)
+
+
+def test_pip_install_dot_needs_no_wheel_in_the_venv(installed, tmp_path):
+    env_dir, wheel_visible = installed
+    if wheel_visible:
+        pytest.skip("this interpreter has wheel, so the venv saw it: the install was not tried without it")
+    # The fixture's `pip install .` succeeded in this venv, which has no wheel; the commands are there.
+    assert not has_module(env_dir / "bin" / "python", "wheel", tmp_path)
+    assert (env_dir / "bin" / "treadle-train").is_file() and (env_dir / "bin" / "treadle-plot").is_file()
+
+
+@pytest.mark.parametrize("command", ["treadle-train", "treadle-plot"])
+def test_commands_print_their_help_from_another_directory(venv_dir, tmp_path, command):
+    result = run([str(venv_dir / "bin" / command), "--help"], tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.stdout.startswith("usage: ")
+    expected = "--config-file" if command == "treadle-train" else "RUN_DIR_OR_METRICS_JSON"
+    assert expected in result.stdout
+
+
+def test_treadle_plot_draws_a_run_from_another_directory(venv_dir, tmp_path):
+    pytest.importorskip("matplotlib")  # the [plot] extra; the venv sees this interpreter's packages
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    records = [{"iteration": it, "total_loss": 2.0 / (it + 1), "lr": 0.1} for it in range(0, 40, 5)]
+    (run_dir / "metrics.json").write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = run([str(venv_dir / "bin" / "treadle-plot"), "run", "-o", "curves.png"], tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.stdout.strip() == "plot_metrics: wrote curves.png (2 plot(s), 1 run(s))"
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
