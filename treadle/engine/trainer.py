@@ -132,7 +132,8 @@ class Trainer(TrainerBase):
             ``"mlflow"`` and ``"wandb"`` (optional extras); or
             :class:`~treadle.events.EventWriter` objects, e.g.
             ``MLflowWriter(tracking_uri=..., experiment_name=...)``.
-        precision, grad_accum_steps, clip_grad_norm: as ``EagerStep``.
+        precision, grad_accum_steps, clip_grad_norm, clip_grad_value: as
+            ``EagerStep`` (clipping by norm or by value, not both).
         compile: use ``CompiledStep``; a dict is passed to ``torch.compile``.
         device: ``"auto"`` (cuda, mps, cpu), or a device.
         seed: seeds python, numpy and torch before training, and the data order.
@@ -184,6 +185,7 @@ class Trainer(TrainerBase):
         precision: str = "fp32",
         grad_accum_steps: int = 1,
         clip_grad_norm: Optional[float] = None,
+        clip_grad_value: Optional[float] = None,
         compile: Union[bool, Dict[str, Any]] = False,
         device: Union[str, torch.device] = "auto",
         seed: Optional[int] = None,
@@ -269,6 +271,7 @@ class Trainer(TrainerBase):
             loss_fn=loss_fn,
             grad_accum_steps=grad_accum_steps,
             clip_grad_norm=clip_grad_norm,
+            clip_grad_value=clip_grad_value,
             precision=precision,
             compute_loss=self._own_loss,
         )
