@@ -116,6 +116,22 @@ def test_early_stopping_on_the_best_metric():
     assert trainer.stop_reason is not None and "loss" in trainer.stop_reason
 
 
+def test_evaluate_a_loader_without_metrics_reports_the_loss_over_it():
+    """No eval_loader, no metrics: evaluate(loader) is the loss per sample over
+    the loader (a short last batch counts for what it holds), not a refusal."""
+    trainer = make(max_iter=3, loggers=())
+    trainer.train()
+    data = classification(100, seed=1)
+    loader = torch.utils.data.DataLoader(data, batch_size=32)  # 32, 32, 32, 4
+    results = trainer.evaluate(loader)
+    x, y = data.tensors
+    with torch.no_grad():
+        by_hand = sum(nn.functional.cross_entropy(trainer.model(xb), yb, reduction="sum")
+                      for xb, yb in zip(x.split(32), y.split(32))) / len(y)
+    assert set(results) == {"loss"}
+    assert results["loss"] == pytest.approx(float(by_hand), rel=1e-6)
+
+
 # ---------------------------------------------------------------------- data
 def test_datasets_with_shuffle_collate_fn_and_eval_batch_size():
     sizes, first = [], []

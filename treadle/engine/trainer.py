@@ -279,7 +279,8 @@ class Trainer(TrainerBase):
         self.max_iter = run_length
         self.epoch_length = epoch_length
         self.history = TrainingHistory()
-        self.metrics = list(metrics) or (["loss"] if self.eval_loader is not None else [])
+        # Without metrics, evaluation (eval_loader's or evaluate(loader)'s) reports the loss.
+        self.metrics = list(metrics) or ["loss"]
         self.evaluator = self._build_evaluator() if self.eval_loader is not None else None
         # The loss of an evaluation batch, computed as training computes it.
         self._eval_loss = LossEvaluator(**self._loss_options())
@@ -445,7 +446,8 @@ class Trainer(TrainerBase):
         return self.history
 
     def evaluate(self, loader: Optional[Iterable[Any]] = None) -> Dict[str, Any]:
-        """Evaluates the model on ``loader`` (default: ``eval_loader``) with ``metrics``."""
+        """Evaluates the model on ``loader`` (default: ``eval_loader``) with
+        ``metrics``; without metrics, its ``loss`` (computed as in training)."""
         loader = loader if loader is not None else self.eval_loader
         if loader is None:
             raise ValueError("Trainer.evaluate needs a loader: pass one or give eval_loader to the Trainer")
