@@ -255,6 +255,12 @@ def check_run_config(cfg: DictConfig, *, world_size: int = 1, eval_only: bool = 
                 "train.step.precision='fp16' needs a CUDA device (it trains with a GradScaler); "
                 "use 'bf16' on this machine"
             )
+    clip_norm, clip_value = train_setting(cfg, "step.clip_grad_norm"), train_setting(cfg, "step.clip_grad_value")
+    if not own_step and clip_norm is not None and clip_value is not None:
+        raise ConfigError(
+            f"train.step.clip_grad_norm={clip_norm!r} and train.step.clip_grad_value={clip_value!r}: clip by norm "
+            "or by value, not both (set the other to None)"
+        )
     if not eval_only:
         _check_train_loader(cfg.dataloader.train, world_size)
         _check_optimizer(cfg.optimizer)
