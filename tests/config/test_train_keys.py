@@ -180,7 +180,8 @@ def test_train_section_fills_the_defaults_and_keeps_the_configs_own_keys():
     cfg = OmegaConf.create({"train": {"step": {"precision": "bf16", "compile": {"mode": "default"}, "extra": 1}}})
     step = train_section(cfg, "step")
     assert step == {
-        "kind": "eager", "precision": "bf16", "grad_accum_steps": 1, "clip_grad_norm": None, "loss_fn": None,
+        "kind": "eager", "precision": "bf16", "grad_accum_steps": 1, "clip_grad_norm": None, "clip_grad_value": None,
+        "loss_fn": None,
         "compile": {"mode": "default", "backend": "inductor", "fullgraph": False, "dynamic": None},
         "extra": 1,
     }

@@ -112,3 +112,18 @@ def test_the_run_summary_counts_the_samples_of_every_accumulated_batch():
     summary = next(h for h in trainer.hooks if isinstance(h, RunSummary))
     assert summary.samples_per_iter == 8  # one iteration is one update: two batches of 4
 
+
+
+def test_a_config_mode_against_the_metrics_direction_is_warned_about_in_one_line(tmp_path, treadle_caplog):
+    from treadle.engine.validation import check_run_config
+
+    cfg = LazyConfig.load(str(ROOT / "configs" / "digits_mlp.py"))
+    cfg = LazyConfig.apply_overrides(cfg, [
+        f"train.output_dir={tmp_path}", "train.best_checkpointer.metric=accuracy", "train.best_checkpointer.mode=min",
+        "train.early_stopping.metric=accuracy", "train.early_stopping.mode=max",
+    ])
+    check_run_config(cfg)
+    assert [r.getMessage() for r in treadle_caplog.records if r.levelname == "WARNING"] == [
+        "train.best_checkpointer.mode='min' contradicts train.best_checkpointer.metric='accuracy', which is better "
+        "when higher: the best checkpoint and early stopping will favour its lowest values"
+    ]

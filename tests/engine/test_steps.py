@@ -290,6 +290,40 @@ def test_clip_grad_norm_ignores_optimizer_parameters_without_a_gradient():
     assert unused.grad is None and torch.equal(unused.detach(), torch.ones(3))
 
 
+def test_clip_grad_value_updates_as_the_hand_written_loop_with_clip_grad_value_():
+    data = [(x * 50, y * 50) for x, y in regression_data(n_batches=6, seed=3)]  # gradients well above 0.01
+    hand = make_model()
+    hand_opt = torch.optim.SGD(hand.parameters(), lr=0.05, momentum=0.9)
+    clipped = []
+    for x, y in data:
+        hand_opt.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(hand(x), y).backward()
+        clipped.append(max(float(p.grad.abs().max()) for p in hand.parameters()) > 0.01)
+        torch.nn.utils.clip_grad_value_(list(hand.parameters()), 0.01)
+        hand_opt.step()
+    assert all(clipped)  # the clipping is not a no-op here
+    model = make_model()
+    step = EagerStep(model, data, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                     loss_fn=nn.functional.mse_loss, clip_grad_value=0.01)
+    history = train(step, len(data))
+    assert "grad_norm" not in history  # only clipping by norm measures a norm
+    for p, q in zip(model.parameters(), hand.parameters()):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("value", [0, -1.0, "0.1", True])
+def test_a_bad_clip_grad_value_is_one_line_naming_it(value):
+    model = make_model()
+    with pytest.raises(ValueError, match=r"^clip_grad_value must be a positive number or None, got "):
+        EagerStep(model, [], torch.optim.SGD(model.parameters(), lr=0.1), clip_grad_value=value)
+
+
+def test_clip_grad_norm_and_clip_grad_value_together_are_refused():
+    model = make_model()
+    with pytest.raises(ValueError, match=r"^Give clip_grad_norm \(1.0\) or clip_grad_value \(0.5\), not both$"):
+        EagerStep(model, [], torch.optim.SGD(model.parameters(), lr=0.1), clip_grad_norm=1.0, clip_grad_value=0.5)
+
+
 def test_bf16_autocast_on_cpu_runs_matmuls_in_bf16():
     model = make_model()
     dtypes = []

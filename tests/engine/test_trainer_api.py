@@ -116,6 +116,70 @@ def test_early_stopping_on_the_best_metric():
     assert trainer.stop_reason is not None and "loss" in trainer.stop_reason
 
 
+def test_evaluate_a_loader_without_metrics_reports_the_loss_over_it():
+    """No eval_loader, no metrics: evaluate(loader) is the loss per sample over
+    the loader (a short last batch counts for what it holds), not a refusal."""
+    trainer = make(max_iter=3, loggers=())
+    trainer.train()
+    data = classification(100, seed=1)
+    loader = torch.utils.data.DataLoader(data, batch_size=32)  # 32, 32, 32, 4
+    results = trainer.evaluate(loader)
+    x, y = data.tensors
+    with torch.no_grad():
+        by_hand = sum(nn.functional.cross_entropy(trainer.model(xb), yb, reduction="sum")
+                      for xb, yb in zip(x.split(32), y.split(32))) / len(y)
+    assert set(results) == {"loss"}
+    assert results["loss"] == pytest.approx(float(by_hand), rel=1e-6)
+
+
+def _warnings(caplog):
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_best_mode_against_the_metrics_direction_is_warned_about_in_one_line(tmp_path, treadle_caplog):
+    trainer = make(eval_loader=classification(64, seed=1), metrics=["accuracy"], max_iter=2, best_metric="accuracy",
+                   best_mode="min", output_dir=str(tmp_path / "a"))
+    assert _warnings(treadle_caplog) == [
+        "best_mode='min' contradicts best_metric='accuracy', which is better when higher: the best checkpoint "
+        "and early stopping will favour its lowest values"
+    ]
+    best = next(h for h in trainer.hooks if type(h).__name__ == "BestCheckpointer")
+    assert best.mode == "min"  # a warning: what the user asked for is kept
+    treadle_caplog.clear()
+    make(eval_loader=classification(64, seed=1), max_iter=2, early_stopping_patience=2, best_mode="max")
+    make(max_iter=2, best_metric="train/loss", best_mode="max", output_dir=str(tmp_path / "b"))
+    assert _warnings(treadle_caplog) == [
+        "best_mode='max' contradicts early stopping's metric='loss', which is better when lower: the best "
+        "checkpoint and early stopping will favour its highest values",
+        "best_mode='max' contradicts best_metric='train/loss', which is better when lower: the best "
+        "checkpoint and early stopping will favour its highest values",
+    ]
+    treadle_caplog.clear()
+    # Agreeing, or a metric whose direction nothing tells: nothing said.
+    make(eval_loader=classification(64, seed=1), metrics=["accuracy"], max_iter=2, best_metric="accuracy",
+         best_mode="max", output_dir=str(tmp_path / "c"))
+    make(eval_loader=classification(64, seed=1), max_iter=2, early_stopping_patience=2, best_mode="min")
+    assert _warnings(treadle_caplog) == []
+
+
+def test_early_stopping_on_a_loss_the_metrics_leave_out_warns_and_evaluates_the_loss(treadle_caplog):
+    """early_stopping_patience without best_metric watches the loss; with
+    metrics=["accuracy"] this was an error about a best_metric='loss' that the
+    user never set."""
+    trainer = make(eval_loader=classification(64, seed=1), metrics=["accuracy"], max_iter=2, early_stopping_patience=3)
+    assert _warnings(treadle_caplog) == [
+        "early_stopping_patience=3 watches the evaluation 'loss' (no best_metric is given), which the metrics "
+        "leave out (the evaluation computes: accuracy): the loss is evaluated too; give best_metric= to watch "
+        "another metric"
+    ]
+    stop = next(h for h in trainer.hooks if type(h).__name__ == "EarlyStopping")
+    assert (stop.metric, stop.mode) == ("loss", "min")
+    assert set(trainer.evaluate()) == {"accuracy", "loss"}
+    treadle_caplog.clear()
+    make(eval_loader=classification(64, seed=1), metrics=["accuracy", "loss"], max_iter=2, early_stopping_patience=3)
+    assert _warnings(treadle_caplog) == []
+
+
 # ---------------------------------------------------------------------- data
 def test_datasets_with_shuffle_collate_fn_and_eval_batch_size():
     sizes, first = [], []

@@ -152,3 +152,86 @@ def test_a_model_computing_its_own_loss_is_called_alike_in_training_and_evaluati
     history = trainer.train()
     assert [set(e) >= {"accuracy", "loss"} for e in history.epochs] == [True] * 3
     assert history.epochs[-1]["accuracy"] > 0.8
+
+
+def _batches(n=6, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(16, 6, generator=g) * 20, torch.randint(0, 2, (16,), generator=g)) for _ in range(n)]
+
+
+def _clipped_by_value_by_hand(model, optimizer, batches, value):
+    for x, y in batches:
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(x), y).backward()
+        torch.nn.utils.clip_grad_value_(list(model.parameters()), value)
+        optimizer.step()
+
+
+def test_trainer_clip_grad_value_updates_as_clip_grad_value_by_hand():
+    batches = _batches()
+    hand = mlp()
+    _clipped_by_value_by_hand(hand, torch.optim.SGD(hand.parameters(), lr=0.1, momentum=0.9), batches, 0.01)
+    unclipped = mlp()
+    _clipped_by_value_by_hand(unclipped, torch.optim.SGD(unclipped.parameters(), lr=0.1, momentum=0.9), batches, 1e9)
+    model = mlp()
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), batches,
+                      loss_fn=nn.functional.cross_entropy, max_iter=len(batches), clip_grad_value=0.01,
+                      loggers=(), progress_bar=False)
+    trainer.train()
+    for p, q in zip(model.parameters(), hand.parameters()):
+        assert torch.equal(p, q)
+    assert not all(torch.equal(p, q) for p, q in zip(hand.parameters(), unclipped.parameters()))
+
+
+@pytest.mark.parametrize("value", [0, -0.5, "0.01"])
+def test_trainer_refuses_a_bad_clip_grad_value_in_one_line(value):
+    with pytest.raises(ValueError, match=r"^clip_grad_value must be a positive number or None, got "):
+        Trainer(mlp(), "sgd", _batches(), lr=0.1, loss_fn=nn.functional.cross_entropy, max_iter=2,
+                clip_grad_value=value, loggers=(), progress_bar=False)
+
+
+def _digits_cfg(tmp_path, *overrides):
+    from pathlib import Path
+
+    from treadle.config import LazyConfig
+
+    cfg = LazyConfig.load(str(Path(__file__).resolve().parents[2] / "configs" / "digits_mlp.py"))
+    cfg = LazyConfig.apply_overrides(cfg, [
+        f"train.output_dir={tmp_path}", "train.max_iter=5", "train.eval_period=0", "model.dropout=0.0", *overrides,
+    ])
+    cfg.lr_multiplier = None  # a constant rate: the hand loop has no schedule
+    return cfg
+
+
+def test_config_clip_grad_value_updates_as_clip_grad_value_by_hand(tmp_path):
+    import copy
+
+    from treadle.engine.defaults import DefaultTrainer
+
+    trainer = DefaultTrainer(_digits_cfg(tmp_path, "train.step.clip_grad_value=0.01"))
+    assert trainer.step.clip_grad_value == 0.01
+    # One deepcopy: the copied optimizer holds the copied model's parameters.
+    hand, hand_opt = copy.deepcopy((trainer.model, trainer.optimizer))
+    seen = []
+    next_batch = trainer.step.next_batch
+    trainer.step.next_batch = lambda: seen.append(next_batch()) or seen[-1]
+    trainer.train()
+    assert len(seen) == 5
+    for x, y in seen:
+        hand_opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(hand(x), y).backward()
+        torch.nn.utils.clip_grad_value_(list(hand.parameters()), 0.01)
+        hand_opt.step()
+    for p, q in zip(trainer.model.parameters(), hand.parameters()):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "abc"])
+def test_config_refuses_a_bad_clip_grad_value_naming_the_key(tmp_path, value):
+    """train_net's check of the config (check_run_config) names the key."""
+    from treadle.config.errors import ConfigError
+    from treadle.engine.validation import check_run_config
+
+    with pytest.raises(ConfigError, match=r"^train.step.clip_grad_value must be") as info:
+        check_run_config(_digits_cfg(tmp_path, f"train.step.clip_grad_value={value}"))
+    assert "\n" not in str(info.value)

@@ -115,6 +115,8 @@ KEYS: Tuple[TrainKey, ...] = (
        "'fp32', 'bf16' (autocast, CPU or GPU) or 'fp16' (autocast on CUDA, with a GradScaler)."),
     _K("step.grad_accum_steps", 1, integer(1), "Micro-batches whose gradients make one optimizer update."),
     _K("step.clip_grad_norm", None, positive_number(none=True), "Clip the gradients' total norm to this; None: no clipping."),
+    _K("step.clip_grad_value", None, positive_number(none=True),
+       "Clamp each gradient element to [-value, value]; None: no clipping. Not with clip_grad_norm."),
     _K("step.loss_fn", None, anything,
        "loss = loss_fn(model(inputs), targets) on (inputs, targets) batches; None: the model returns its loss."),
     _K("step.compile.mode", None, choice(_COMPILE_MODES),

@@ -334,8 +334,8 @@ class DefaultTrainer(TrainerBase):
 
     def build_step(self, cfg: DictConfig, model: nn.Module, data_loader: Any, optimizer: torch.optim.Optimizer) -> StepBase:
         """The step object of ``cfg.train.step``: ``kind`` eager or compiled,
-        with ``precision``, ``grad_accum_steps``, ``clip_grad_norm``,
-        ``loss_fn`` and ``compile`` options; or a node with ``_target_``, a
+        with ``precision``, ``grad_accum_steps``, ``clip_grad_norm`` or
+        ``clip_grad_value``, ``loss_fn`` and ``compile`` options; or a node with ``_target_``, a
         user's ``StepBase`` class called with ``model``, ``data_loader`` and
         ``optimizer`` plus its own arguments (a research loop)."""
         step_cfg = cfg.train.get("step")

@@ -35,6 +35,10 @@ _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _NO_CONTEXT = contextlib.nullcontext()
 
 
+def _is_positive_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
 class StepBase:
     """One training iteration.
 
@@ -106,6 +110,11 @@ class EagerStep(StepBase):
         grad_accum_steps: micro-batches per optimizer update.
         clip_grad_norm: clip the total gradient norm to this value; the norm
             before clipping is published as ``grad_norm``.
+        clip_grad_value: clamp each gradient element to
+            ``[-clip_grad_value, clip_grad_value]``
+            (``torch.nn.utils.clip_grad_value_``). Exclusive with
+            ``clip_grad_norm``: which runs first changes the result, so the
+            step refuses both rather than choose silently.
         precision: ``"fp32"``, ``"bf16"`` (autocast, CPU or GPU) or ``"fp16"``
             (autocast and a ``GradScaler``; needs CUDA).
         grad_scaler: a ``torch.amp.GradScaler`` for fp16 (one is made if not given).
@@ -124,6 +133,7 @@ class EagerStep(StepBase):
         loss_fn: Optional[Callable[[Any, Any], Any]] = None,
         grad_accum_steps: int = 1,
         clip_grad_norm: Optional[float] = None,
+        clip_grad_value: Optional[float] = None,
         precision: str = "fp32",
         grad_scaler: Optional["torch.amp.GradScaler"] = None,
         device: Optional[torch.device | str] = None,
@@ -133,6 +143,12 @@ class EagerStep(StepBase):
             raise ValueError(f"grad_accum_steps must be an integer >= 1, got {grad_accum_steps!r}")
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise ValueError(f"clip_grad_norm must be positive or None, got {clip_grad_norm!r}")
+        if clip_grad_value is not None and not _is_positive_number(clip_grad_value):
+            raise ValueError(f"clip_grad_value must be a positive number or None, got {clip_grad_value!r}")
+        if clip_grad_norm is not None and clip_grad_value is not None:
+            raise ValueError(
+                f"Give clip_grad_norm ({clip_grad_norm!r}) or clip_grad_value ({clip_grad_value!r}), not both"
+            )
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         self.model = model
@@ -141,6 +157,7 @@ class EagerStep(StepBase):
         self.loss_fn = loss_fn
         self.grad_accum_steps = grad_accum_steps
         self.clip_grad_norm = clip_grad_norm
+        self.clip_grad_value = clip_grad_value
         self.precision = precision
         self._device = torch.device(device) if device is not None else None
         if precision == "fp16":
@@ -219,7 +236,7 @@ class EagerStep(StepBase):
         (``next_batch()``), forward and backward of its loss divided by
         ``count``, gradients synced across ranks on the last one only;
         unscale them (fp16); the trainer's ``after_backward`` (with
-        ``hooks``); clip them; the optimizer step.
+        ``hooks``); clip them (by norm or by value); the optimizer step.
 
         Returns the losses averaged over the micro-batches (detached), the
         gradient norm before clipping (``None`` without ``clip_grad_norm``)
@@ -254,6 +271,8 @@ class EagerStep(StepBase):
         grad_norm = None
         if self.clip_grad_norm is not None:
             grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters(), self.clip_grad_norm)
+        elif self.clip_grad_value is not None:
+            torch.nn.utils.clip_grad_value_(self._parameters(), self.clip_grad_value)
         if scaler is None:
             optimizer.step()
         else:

@@ -19,7 +19,14 @@ from torch import nn
 from treadle.checkpoint import Checkpointer
 from treadle.checkpoint import init_weights_from as load_matching_weights
 from treadle.data import build_test_loader, build_train_loader
-from treadle.evaluation import build_evaluator, default_forward, forward_for, inference_on_dataset, metric_mode
+from treadle.evaluation import (
+    build_evaluator,
+    default_forward,
+    forward_for,
+    inference_on_dataset,
+    known_metric_mode,
+    metric_mode,
+)
 from treadle.evaluation.batch import move_to_device
 from treadle.evaluation.inference import inference_context
 from treadle.evaluation.loss import LossEvaluator
@@ -132,7 +139,8 @@ class Trainer(TrainerBase):
             ``"mlflow"`` and ``"wandb"`` (optional extras); or
             :class:`~treadle.events.EventWriter` objects, e.g.
             ``MLflowWriter(tracking_uri=..., experiment_name=...)``.
-        precision, grad_accum_steps, clip_grad_norm: as ``EagerStep``.
+        precision, grad_accum_steps, clip_grad_norm, clip_grad_value: as
+            ``EagerStep`` (clipping by norm or by value, not both).
         compile: use ``CompiledStep``; a dict is passed to ``torch.compile``.
         device: ``"auto"`` (cuda, mps, cpu), or a device.
         seed: seeds python, numpy and torch before training, and the data order.
@@ -146,7 +154,9 @@ class Trainer(TrainerBase):
             names a training scalar. ``best_mode`` (``"min"``/``"max"``)
             overrides the direction inferred from the metric.
         early_stopping_patience: stop after that many evaluations without
-            improvement of ``best_metric`` (or of the evaluation ``loss``).
+            improvement of ``best_metric`` (or of the evaluation ``loss``,
+            evaluated with a warning where ``metrics`` leave it out). A
+            ``best_mode`` against the metric's known direction is warned about.
         init_weights_from: a checkpoint whose matching weights are loaded
             into the model first (Hezar's ``init_weights_from``; a new head
             is fine: mismatched keys are reported and skipped).
@@ -184,6 +194,7 @@ class Trainer(TrainerBase):
         precision: str = "fp32",
         grad_accum_steps: int = 1,
         clip_grad_norm: Optional[float] = None,
+        clip_grad_value: Optional[float] = None,
         compile: Union[bool, Dict[str, Any]] = False,
         device: Union[str, torch.device] = "auto",
         seed: Optional[int] = None,
@@ -269,6 +280,7 @@ class Trainer(TrainerBase):
             loss_fn=loss_fn,
             grad_accum_steps=grad_accum_steps,
             clip_grad_norm=clip_grad_norm,
+            clip_grad_value=clip_grad_value,
             precision=precision,
             compute_loss=self._own_loss,
         )
@@ -276,8 +288,10 @@ class Trainer(TrainerBase):
         self.max_iter = run_length
         self.epoch_length = epoch_length
         self.history = TrainingHistory()
-        self.metrics = list(metrics) or (["loss"] if self.eval_loader is not None else [])
+        # Without metrics, evaluation (eval_loader's or evaluate(loader)'s) reports the loss.
+        self.metrics = list(metrics) or ["loss"]
         self.evaluator = self._build_evaluator() if self.eval_loader is not None else None
+        self._watch_loss_for_early_stopping(best_metric, early_stopping_patience)
         # The loss of an evaluation batch, computed as training computes it.
         self._eval_loss = LossEvaluator(**self._loss_options())
         # The evaluation forward feeds batches as training does; a subclass's
@@ -356,6 +370,11 @@ class Trainer(TrainerBase):
             raise ValueError("best_metric and early_stopping_patience watch an evaluation: give eval_loader")
         if best_metric and self.checkpointer is None:
             raise ValueError("best_metric saves model_best.pth: give output_dir")
+        # validation.py checks configs (OmegaConf), which a plain Trainer never imports otherwise.
+        from .validation import check_watched_metric, warn_contradicting_mode
+
+        # The key the warnings name: the metric given, or the one early stopping watches without it.
+        given = ("best_metric", best_metric) if best_metric is not None else ("early stopping's metric", "loss")
         name = best_metric or "loss"
         for prefix in _EVAL_PREFIXES:
             if name.startswith(prefix):
@@ -366,14 +385,31 @@ class Trainer(TrainerBase):
                 if name.startswith(prefix):
                     name = name[len(prefix):]
                     name = "total_loss" if name == "loss" else name
+                    warn_contradicting_mode("best_mode", best_mode, *given, known_metric_mode(name))
                     return name, best_mode or metric_mode(name)
-        # validation.py checks configs (OmegaConf), which a plain Trainer never imports otherwise.
-        from .validation import check_watched_metric
-
         check_watched_metric("best_metric", name, getattr(self.evaluator, "result_names", None))
         declared = _declared_direction(self.evaluator, name)
-        mode = best_mode or (("max" if declared else "min") if declared is not None else metric_mode(name))
-        return name, mode
+        known = ("max" if declared else "min") if declared is not None else known_metric_mode(name)
+        warn_contradicting_mode("best_mode", best_mode, *given, known)
+        return name, best_mode or known or metric_mode(name)
+
+    def _watch_loss_for_early_stopping(self, best_metric: Optional[str], patience: Optional[int]) -> None:
+        """Early stopping without ``best_metric`` watches the evaluation
+        ``loss``; where ``metrics`` leave it out, it is added to the
+        evaluation, with a warning naming the settings (rather than an error
+        about a ``best_metric`` the user never set)."""
+        if best_metric is not None or not patience or self.evaluator is None:
+            return
+        known = getattr(self.evaluator, "result_names", None)
+        if known is None or "loss" in known:
+            return
+        logger.warning(
+            "early_stopping_patience=%r watches the evaluation 'loss' (no best_metric is given), which the "
+            "metrics leave out (the evaluation computes: %s): the loss is evaluated too; give best_metric= to "
+            "watch another metric", patience, ", ".join(sorted(known)),
+        )
+        self.metrics.append("loss")
+        self.evaluator = self._build_evaluator()
 
     def _writers(self, loggers: Sequence[Any], *, console: bool) -> List[Any]:
         """The writers ``loggers`` names, and the console printer where no
@@ -442,7 +478,8 @@ class Trainer(TrainerBase):
         return self.history
 
     def evaluate(self, loader: Optional[Iterable[Any]] = None) -> Dict[str, Any]:
-        """Evaluates the model on ``loader`` (default: ``eval_loader``) with ``metrics``."""
+        """Evaluates the model on ``loader`` (default: ``eval_loader``) with
+        ``metrics``; without metrics, its ``loss`` (computed as in training)."""
         loader = loader if loader is not None else self.eval_loader
         if loader is None:
             raise ValueError("Trainer.evaluate needs a loader: pass one or give eval_loader to the Trainer")
@@ -615,3 +652,4 @@ def _run_length(max_iter: Optional[int], max_epochs: Optional[int], epoch_length
 def _iteration_history(trainer: Trainer) -> Dict[str, List[Any]]:
     histories = trainer.storage.histories()  # the one read of this run's values
     return {name: [(int(it), v) for v, it in h.values()] for name, h in histories.items()}
+

@@ -32,7 +32,14 @@ from treadle.config.locate import target_name
 from treadle.config.rules import integer, is_int, is_number, shown
 from treadle.config.train_keys import STEP_KINDS, train_rules, train_setting
 
-__all__ = ["check_run_config", "check_world_size", "check_watched_metric", "TRAIN_KEYS", "STEP_KINDS"]
+__all__ = [
+    "check_run_config",
+    "check_world_size",
+    "check_watched_metric",
+    "warn_contradicting_mode",
+    "TRAIN_KEYS",
+    "STEP_KINDS",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -181,6 +188,25 @@ def check_watched_metric(key: str, metric: str, known: Optional[Iterable[str]]) 
     raise ConfigError(f"{key}={metric!r} is not a result of the evaluation; {hint}it computes: {', '.join(names)}")
 
 
+def warn_contradicting_mode(mode_key: str, mode: Optional[str], metric_key: str, metric: str,
+                            known_mode: Optional[str]) -> None:
+    """Warns, in one line naming both settings, when ``mode`` (given by
+    ``mode_key``) goes against the direction ``known_mode`` in which
+    ``metric`` improves (``None``: not known, nothing said).
+
+    A warning, not an error: a user may mean it (a metric named like
+    ``accuracy`` that is lower-is-better), but usually the best checkpoint
+    would keep the worst evaluation and early stopping would stop on progress."""
+    if mode is None or known_mode is None or mode == known_mode:
+        return
+    better = "higher" if known_mode == "max" else "lower"
+    logger.warning(
+        "%s=%r contradicts %s=%r, which is better when %s: the best checkpoint and early stopping will "
+        "favour its %s values",
+        mode_key, mode, metric_key, metric, better, "lowest" if known_mode == "max" else "highest",
+    )
+
+
 def check_run_config(cfg: DictConfig, *, world_size: int = 1, eval_only: bool = False) -> None:
     """Checks a runnable config before anything is built or written.
 
@@ -229,6 +255,12 @@ def check_run_config(cfg: DictConfig, *, world_size: int = 1, eval_only: bool = 
                 "train.step.precision='fp16' needs a CUDA device (it trains with a GradScaler); "
                 "use 'bf16' on this machine"
             )
+    clip_norm, clip_value = train_setting(cfg, "step.clip_grad_norm"), train_setting(cfg, "step.clip_grad_value")
+    if not own_step and clip_norm is not None and clip_value is not None:
+        raise ConfigError(
+            f"train.step.clip_grad_norm={clip_norm!r} and train.step.clip_grad_value={clip_value!r}: clip by norm "
+            "or by value, not both (set the other to None)"
+        )
     if not eval_only:
         _check_train_loader(cfg.dataloader.train, world_size)
         _check_optimizer(cfg.optimizer)
@@ -246,6 +278,11 @@ def check_run_config(cfg: DictConfig, *, world_size: int = 1, eval_only: bool = 
             )
         if metric and has_test:
             check_watched_metric(f"train.{section}.metric", metric, known)
+        if metric:
+            from treadle.evaluation import known_metric_mode
+
+            warn_contradicting_mode(f"train.{section}.mode", train_setting(cfg, f"{section}.mode"),
+                                    f"train.{section}.metric", metric, known_metric_mode(metric))
 
 
 def enabled_trackers(cfg: Any) -> List[str]:

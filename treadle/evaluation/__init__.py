@@ -19,7 +19,15 @@ from .batch import (
 )
 from .evaluator import DatasetEvaluator, DatasetEvaluators
 from .inference import inference_context, inference_on_dataset
-from .registry import MetricSpec, available_metrics, build_evaluator, metric_mode, register_metric, unregister_metric
+from .registry import (
+    MetricSpec,
+    available_metrics,
+    build_evaluator,
+    known_metric_mode,
+    metric_mode,
+    register_metric,
+    unregister_metric,
+)
 from .results import Results, flatten_results, format_results, print_csv_format
 from .statistics import StatisticsEvaluator, all_reduce_statistics, float_accumulator_dtype
 
@@ -56,6 +64,7 @@ __all__ = [
     "unregister_metric",
     "available_metrics",
     "metric_mode",
+    "known_metric_mode",
     "Results",
     "flatten_results",
     "format_results",

@@ -18,7 +18,15 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Pattern, Sequen
 
 from .evaluator import DatasetEvaluator, DatasetEvaluators
 
-__all__ = ["register_metric", "unregister_metric", "available_metrics", "build_evaluator", "metric_mode", "MetricSpec"]
+__all__ = [
+    "register_metric",
+    "unregister_metric",
+    "available_metrics",
+    "build_evaluator",
+    "metric_mode",
+    "known_metric_mode",
+    "MetricSpec",
+]
 
 F = TypeVar("F", bound=Callable[..., DatasetEvaluator])
 
@@ -156,6 +164,9 @@ def _lookup(metric: str) -> _Entry:
 # else is taken as better when higher (accuracy, f1, auc, bleu, ...).
 _LOWER_IS_BETTER_NAMES = frozenset({"loss", "mse", "mae", "rmse", "cer", "wer", "perplexity", "ppl", "nll"})
 _LOWER_IS_BETTER_PARTS = ("loss", "error", "err", "distance")
+# Parts of names that say a metric is better when higher (checked after the
+# ones above): what a contradicting best_mode is warned about.
+_HIGHER_IS_BETTER_PARTS = ("acc", "f1", "auc", "precision", "recall", "bleu", "rouge", "iou")
 
 
 def metric_mode(name: str) -> str:
@@ -168,6 +179,14 @@ def metric_mode(name: str) -> str:
     ``perplexity`` and any name containing ``loss``, ``error``, ``err`` or
     ``distance`` are ``"min"``; every other name is ``"max"``.
     """
+    return known_metric_mode(name) or "max"
+
+
+def known_metric_mode(name: str) -> Optional[str]:
+    """The direction of :func:`metric_mode` where something tells it: a
+    registered metric's declaration, a lower-is-better name, or a name
+    containing ``acc``, ``f1``, ``auc``, ``precision``, ``recall``, ``bleu``,
+    ``rouge`` or ``iou`` (``"max"``); ``None`` for any other name."""
     last = name.split("/")[-1]
     try:
         entry = _lookup(last)
@@ -178,7 +197,9 @@ def metric_mode(name: str) -> str:
     lowered = last.lower()
     if lowered in _LOWER_IS_BETTER_NAMES or any(part in lowered for part in _LOWER_IS_BETTER_PARTS):
         return "min"
-    return "max"
+    if any(part in lowered for part in _HIGHER_IS_BETTER_PARTS):
+        return "max"
+    return None
 
 
 MetricSpec = Any

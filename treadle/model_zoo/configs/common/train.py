@@ -82,6 +82,9 @@ train.step.grad_accum_steps = 1
     Micro-batches whose gradients make one optimizer update.
 train.step.clip_grad_norm = None
     Clip the gradients' total norm to this; None: no clipping.
+train.step.clip_grad_value = None
+    Clamp each gradient element to [-value, value]; None: no clipping. Not with
+    clip_grad_norm.
 train.step.loss_fn = None
     loss = loss_fn(model(inputs), targets) on (inputs, targets) batches; None: the model
     returns its loss.
