@@ -382,6 +382,36 @@ def test_a_callback_may_stop_training():
     assert len(history.epochs) == 2 and trainer.iter == 16
 
 
+def test_history_after_a_resume_holds_every_epoch_and_calls_back_each_epoch_once(tmp_path):
+    from treadle.hooks import CallbackHook
+
+    def run(out, stop_at=None, resume=False):
+        seen = []
+        trainer = make(eval_loader=classification(64, seed=1), metrics=["accuracy"], max_epochs=3,
+                       output_dir=str(out), checkpoint_period=3, callbacks=[lambda t, e, m: seen.append(e)])
+        if stop_at is not None:  # cut in epoch 1 (iterations 8..15), after the checkpoint of iteration 11
+            trainer.register_hooks([CallbackHook(
+                after_step=lambda t: t.request_stop("cut", interrupted=True) if t.iter == stop_at else None)])
+        return trainer.train(resume=resume), seen
+
+    straight, _ = run(tmp_path / "a")
+    first, seen_first = run(tmp_path / "b", stop_at=12)
+    assert [row["epoch"] for row in first.epochs] == [0] and seen_first == [0]
+    resumed, seen_resumed = run(tmp_path / "b", resume=True)
+    # Epoch 0's row comes from the checkpoint; its callback ran in the first process only.
+    assert seen_resumed == [1, 2]
+    assert len(resumed.epochs) == 3
+    def values(rows):  # the timings differ from run to run
+        return [{k: v for k, v in row.items() if k not in ("time", "data_time")} for row in rows]
+
+    assert values(resumed.epochs) == values(straight.epochs)
+    assert set(resumed.epochs[0]) == set(straight.epochs[0]) >= {"train_loss", "accuracy", "lr", "time"}
+    # By hand: epoch 1's train_loss is the mean of its 8 iterations' losses.
+    losses = straight["total_loss"]
+    assert resumed.epochs[1]["train_loss"] == pytest.approx(sum(losses[8:16]) / 8, rel=1e-12)
+    assert resumed.to_dict()["accuracy"] == [row["accuracy"] for row in straight.epochs]
+
+
 # ---------------------------------------------------------------------- checkpoints
 def test_resume_from_a_given_checkpoint(tmp_path):
     straight = make(max_iter=24, checkpoint_period=8, output_dir=str(tmp_path / "a"))
