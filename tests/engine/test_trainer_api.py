@@ -412,6 +412,37 @@ def test_history_after_a_resume_holds_every_epoch_and_calls_back_each_epoch_once
     assert resumed.to_dict()["accuracy"] == [row["accuracy"] for row in straight.epochs]
 
 
+def test_train_epoch_trains_the_next_epoch_and_returns_its_row_as_one_train_would(tmp_path):
+    options = dict(eval_loader=classification(64, seed=1), metrics=["accuracy"], max_epochs=3, scheduler="cosine")
+    whole = make(output_dir=str(tmp_path / "a"), **options)
+    history = whole.train()
+    by_epoch = make(output_dir=str(tmp_path / "b"), **options)
+    rows = [by_epoch.train_epoch() for _ in range(3)]
+
+    def values(rows):  # the timings differ from run to run
+        return [{k: v for k, v in row.items() if k not in ("time", "data_time")} for row in rows]
+
+    assert [row["epoch"] for row in rows] == [0, 1, 2] and "accuracy" in rows[0]
+    assert values(rows) == values(history.epochs) == values(by_epoch.history.epochs)
+    # By hand: epoch 1's train_loss is the mean of its 8 iterations' losses.
+    losses = by_epoch.history["total_loss"]
+    assert len(losses) == 24
+    assert rows[1]["train_loss"] == pytest.approx(sum(losses[8:16]) / 8, rel=1e-12)
+    for p, q in zip(whole.model.parameters(), by_epoch.model.parameters()):
+        assert torch.equal(p, q)
+    # Paused between calls as a preempted run (no model_final), ended by the last one.
+    assert (tmp_path / "b" / "model_final.pth").exists()
+    with pytest.raises(RuntimeError, match="every iteration of the run"):
+        by_epoch.train_epoch()
+
+
+def test_train_epoch_pauses_without_the_end_of_training():
+    trainer = make(max_epochs=2)
+    row = trainer.train_epoch()
+    assert row["epoch"] == 0 and trainer.interrupted and not trainer.finished
+    assert trainer.train_epoch()["epoch"] == 1 and trainer.finished
+
+
 # ---------------------------------------------------------------------- checkpoints
 def test_resume_from_a_given_checkpoint(tmp_path):
     straight = make(max_iter=24, checkpoint_period=8, output_dir=str(tmp_path / "a"))

@@ -76,6 +76,10 @@ class Trainer(TrainerBase):
         history = trainer.train()
         print(history.epochs[-1]["accuracy"])
 
+    Or one epoch at a time (qurious' ``train_epoch``): ``row =
+    trainer.train_epoch()`` trains the next epoch and returns its row
+    (:meth:`train_epoch`).
+
     ``docs/migrating.md`` maps the arguments of Hezar's, pytorch-accelerated's
     and qurious' trainers, and of the Hugging Face Trainer, to these.
 
@@ -288,6 +292,7 @@ class Trainer(TrainerBase):
         self.max_iter = run_length
         self.epoch_length = epoch_length
         self.history = TrainingHistory()
+        self._pause_after_epoch: Optional[int] = None
         # Without metrics, evaluation (eval_loader's or evaluate(loader)'s) reports the loss.
         self.metrics = list(metrics) or ["loss"]
         self.evaluator = self._build_evaluator() if self.eval_loader is not None else None
@@ -454,11 +459,52 @@ class Trainer(TrainerBase):
             raise ValueError("resume=True needs an output_dir with checkpoints; or give resume='path/to/checkpoint.pth'")
         if not isinstance(resume, (bool, str, os.PathLike)):
             raise TypeError(f"resume must be True, False or a checkpoint path, got {resume!r}")
+        return self._run(resume, move_aside=move_aside)
+
+    def train_epoch(self) -> Dict[str, float]:
+        """Trains the next epoch and returns its row of the history (qurious'
+        ``train_epoch``): ``train_loss`` and the other training means, and the
+        evaluation results of the epoch's end when there is an ``eval_loader``.
+
+        Each call goes on where the last one stopped (epoch 0, 1, 2, ...; after
+        a ``train()`` stopped early, from where it stopped), in this process:
+        model, optimizer, schedule, data order and random states continue, so
+        ``n`` calls give the rows, and the weights, of one ``train()`` of
+        ``n`` epochs. Between calls the run is paused as a preempted one is
+        (no final evaluation, no ``model_final``, periodic checkpoints as
+        usual); the call that trains the run's last epoch ends it as
+        ``train()`` does. ``history.epochs`` holds every row so far.
+        """
+        if not self.epoch_length:
+            raise ValueError("train_epoch() needs data with a length (the epoch length is not known)")
+        start = self.last_run_iter + 1
+        if start >= self.max_iter:
+            raise RuntimeError(f"train_epoch(): every iteration of the run (max_iter={self.max_iter}) has been trained")
+        self._pause_after_epoch = start // self.epoch_length
+        try:
+            self._run(False, continuing=start > 0)
+        finally:
+            self._pause_after_epoch = None
+        return dict(self.history.epochs[-1])
+
+    def after_epoch(self) -> None:
+        super().after_epoch()
+        # train_epoch(): pause after its epoch, unless that is the run's last
+        # (then training ends as train() ends it).
+        if self._pause_after_epoch == self.epoch and (self.epoch + 1) * self.epoch_length < self.max_iter:
+            self.request_stop(f"train_epoch(): epoch {self.epoch} done", interrupted=True)
+
+    def _run(self, resume: Union[bool, str], *, move_aside: bool = False, continuing: bool = False) -> TrainingHistory:
+        """``train()``'s body; ``continuing``: go on from where this process's
+        last training stopped (``train_epoch()``), with its recent values."""
         if self.run_folder is not None:
-            claim_on_main_process(self.run_folder, resume=bool(resume), move_aside=move_aside)
+            claim_on_main_process(self.run_folder, resume=bool(resume) or continuing, move_aside=move_aside)
         try:
             start_iter = 0
-            if resume:
+            if continuing:
+                start_iter = self.last_run_iter + 1
+                self._restored_storage = self.storage.recent_state()
+            elif resume:
                 snapshot = take_hyperparameters(self.optimizer, self.hooks)
                 if resume is True:
                     extra = self.checkpointer.resume_or_load("", resume=True)  # type: ignore[union-attr]
