@@ -180,6 +180,66 @@ def test_early_stopping_on_a_loss_the_metrics_leave_out_warns_and_evaluates_the_
     assert _warnings(treadle_caplog) == []
 
 
+def test_evaluate_with_generate_scores_the_generated_tokens_cer_by_hand():
+    from tests.tiny_models import VOCAB
+
+    class Prompts(torch.utils.data.Dataset):  # the first 4 tokens of a count; the next 3 are to be generated
+        def __init__(self):
+            self.ids = CountingTokens(12, seed=1).ids[:, :4]
+
+        def __len__(self):
+            return len(self.ids)
+
+        def __getitem__(self, i):
+            ids = self.ids[i]
+            return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
+    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+    def text(rows):
+        return ["".join(letters[t % len(letters)] for t in row.tolist()) for row in rows]
+
+    def decode(generated):  # what was generated after the prompt
+        return text(generated[:, 4:])
+
+    def decode_targets(labels):  # the count goes on
+        return text((labels[:, -1:] + torch.arange(1, 4)) % VOCAB)
+
+    generate = {"max_new_tokens": 3, "do_sample": False, "pad_token_id": 0}
+    trainer = Trainer(tiny_gpt2(), "adamw", CountingTokens(64), batch_size=8, lr=3e-3, eval_loader=Prompts(),
+                      eval_batch_size=4, metrics=[("cer", {"decode": decode, "decode_targets": decode_targets}), "loss"],
+                      max_iter=10, progress_bar=False, seed=0, evaluate_with_generate=generate)
+    history = trainer.train()
+    got = history.epochs[-1] if history.epochs else trainer.evaluate()
+
+    def levenshtein(a, b):
+        row = list(range(len(b) + 1))
+        for i, x in enumerate(a, 1):
+            prev, row[0] = row[0], i
+            for j, y in enumerate(b, 1):
+                prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
+        return row[-1]
+
+    trainer.model.eval()
+    errors = chars = 0
+    losses = []
+    with torch.no_grad():
+        for start in range(0, 12, 4):
+            batch = torch.utils.data.default_collate([Prompts()[i] for i in range(start, start + 4)])
+            losses.append(trainer.model(**batch).loss.item())
+            out = trainer.model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **generate)
+            for hyp, ref in zip(decode(out), decode_targets(batch["labels"])):
+                errors, chars = errors + levenshtein(hyp, ref), chars + len(ref)
+    assert chars == 36
+    assert trainer.evaluate()["cer"] == pytest.approx(errors / chars)
+    assert got["cer"] == pytest.approx(errors / chars)
+    # The loss is the forward's (on the labels), beside the generated tokens' metric.
+    assert trainer.evaluate()["loss"] == pytest.approx(sum(losses) / 3, rel=1e-5)
+    assert got["loss"] == pytest.approx(sum(losses) / 3, rel=1e-5)
+    with pytest.raises(ValueError, match="needs a model with a generate"):
+        make(eval_loader=classification(32), evaluate_with_generate=True, max_iter=1)
+
+
 # ---------------------------------------------------------------------- data
 def test_datasets_with_shuffle_collate_fn_and_eval_batch_size():
     sizes, first = [], []

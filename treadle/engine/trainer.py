@@ -7,9 +7,11 @@ and checkpoints as :class:`~treadle.engine.DefaultTrainer`, from objects.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 import torch
@@ -166,6 +168,15 @@ class Trainer(TrainerBase):
             is fine: mismatched keys are reported and skipped).
         progress_bar: a tqdm bar; ``None`` shows it when stderr is a terminal
             (console metric lines are printed otherwise).
+        evaluate_with_generate: the metrics are computed on
+            ``model.generate(...)``'s outputs instead of the forward's
+            (Hezar's ``evaluate_with_generate``, Hugging Face's
+            ``predict_with_generate``): ``generate(**batch)`` without its
+            ``labels`` for a dict batch, ``generate(inputs)`` for an
+            ``(inputs, targets)`` pair; a dict is passed to ``generate``
+            (``{"max_new_tokens": 8}``). Give the metrics a ``decode`` (token
+            ids to strings: ``("cer", {"decode": fn, "decode_targets": fn})``).
+            The evaluation ``loss`` is still the forward's, as in training.
     """
 
     def __init__(
@@ -212,6 +223,7 @@ class Trainer(TrainerBase):
         early_stopping_patience: Optional[int] = None,
         init_weights_from: Optional[str] = None,
         progress_bar: Optional[bool] = None,
+        evaluate_with_generate: Union[bool, Dict[str, Any]] = False,
     ) -> None:
         unknown_loggers = [name for name in loggers if not isinstance(name, EventWriter) and name not in LOGGERS]
         if unknown_loggers:
@@ -293,6 +305,14 @@ class Trainer(TrainerBase):
         self.epoch_length = epoch_length
         self.history = TrainingHistory()
         self._pause_after_epoch: Optional[int] = None
+        if evaluate_with_generate:
+            if not isinstance(evaluate_with_generate, (bool, dict)):
+                raise TypeError(f"evaluate_with_generate must be True or a dict of generate() arguments, got {evaluate_with_generate!r}")
+            if not callable(getattr(getattr(self.model, "module", self.model), "generate", None)):
+                raise ValueError(f"evaluate_with_generate needs a model with a generate() method; {type(self.model).__name__} has none")
+        self._generate_options: Optional[Dict[str, Any]] = (
+            dict(evaluate_with_generate) if isinstance(evaluate_with_generate, dict) else {} if evaluate_with_generate else None
+        )
         # Without metrics, evaluation (eval_loader's or evaluate(loader)'s) reports the loss.
         self.metrics = list(metrics) or ["loss"]
         self.evaluator = self._build_evaluator() if self.eval_loader is not None else None
@@ -304,6 +324,8 @@ class Trainer(TrainerBase):
         # than the loss need the outputs.
         only_loss = all(isinstance(m, str) and m == "loss" for m in self.metrics)
         self._forward = forward_for(loss_fn) if self._own_loss is None else _no_outputs if only_loss else default_forward
+        if self._generate_options is not None:
+            self._forward = functools.partial(_generate_forward, options=self._generate_options)
         self.checkpointer: Optional[Checkpointer] = None
         self.run_folder: Optional[RunFolder] = None
         if output_dir is not None:
@@ -360,7 +382,15 @@ class Trainer(TrainerBase):
         else from the model's outputs."""
         if self._own_loss is not None:
             return {"compute_loss": self._own_loss}
+        if self._generate_options is not None:  # the evaluation forward's outputs are generated tokens
+            return {"compute_loss": self._forward_loss}
         return {"loss_fn": self.loss_fn} if self.loss_fn is not None else {}
+
+    def _forward_loss(self, batch: Any) -> torch.Tensor:
+        """The evaluation loss where the evaluation forward generates: the
+        training forward's (``evaluate_with_generate``)."""
+        plain = LossEvaluator(**({"loss_fn": self.loss_fn} if self.loss_fn is not None else {}))
+        return plain.batch_loss(batch, forward_for(self.loss_fn)(self.model, batch)).mean()
 
     def _watched_metric(self, best_metric: Optional[str], best_mode: Optional[str], patience: Optional[int]) -> Any:
         """The storage name and direction of the metric that best checkpoints
@@ -597,6 +627,17 @@ class Trainer(TrainerBase):
 
 
 # ---------------------------------------------------------------------- helpers
+def _generate_forward(model: Any, batch: Any, *, options: Dict[str, Any]) -> Any:
+    """The evaluation forward of ``evaluate_with_generate``: ``generate`` on the
+    batch's inputs (a DDP wrapper's module generates)."""
+    generate = getattr(model, "module", model).generate
+    if isinstance(batch, Mapping):
+        return generate(**{k: v for k, v in batch.items() if k != "labels"}, **options)
+    if isinstance(batch, (list, tuple)) and len(batch) == 2:
+        return generate(batch[0], **options)
+    return generate(batch, **options)
+
+
 def _no_outputs(model: Any, batch: Any) -> None:
     """The evaluation forward where nothing reads the outputs (the loss is a compute_loss's)."""
     return None
