@@ -117,6 +117,12 @@ class EpochHistory(HookBase):
     (qurious' and pytorch-accelerated's ``on_epoch_end``) with the row just
     recorded; a callback may call ``trainer.request_stop(...)``.
 
+    The rows are part of the checkpoint (:meth:`state_dict`): a resumed run's
+    history holds every epoch of the run, those before the interruption
+    included. The callbacks of those epochs are not called again: they ran
+    in the process that trained them (a callback that writes a file or a
+    tracker would otherwise write each of them twice).
+
     Args:
         epochs: the list rows are appended to (``TrainingHistory.epochs``).
         callbacks: functions called after each row is recorded.
@@ -128,6 +134,16 @@ class EpochHistory(HookBase):
         for fn in self.callbacks:
             if not callable(fn):
                 raise TypeError(f"callbacks must be functions fn(trainer, epoch, metrics), got {fn!r}")
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"epochs": [dict(row) for row in self.epochs]} if self.epochs else {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        unknown = set(state) - {"epochs"}
+        if unknown:
+            raise KeyError(f"{type(self).__name__} got unknown state keys {sorted(unknown)}")
+        # In place: the list is the trainer's TrainingHistory.epochs.
+        self.epochs[:] = [dict(row) for row in state.get("epochs", [])]
 
     def after_epoch(self) -> None:
         trainer = self.trainer
