@@ -27,7 +27,7 @@ from treadle.utils import comm
 from treadle.utils.device import resolve_device
 from treadle.utils.env import collect_env_info, seed_all_rng
 from treadle.utils.atomic import atomic_write
-from treadle.utils.file_io import PathManager
+from treadle.utils.file_io import PathManager, describe_os_error
 from treadle.utils.logger import setup_logger, start_log_files
 from treadle.utils.run_folder import RunFolder, check_output_dir, claim_on_main_process
 from treadle.utils.run_start import training_starts, when_training_starts
@@ -181,14 +181,24 @@ def _start_logs() -> None:
 
 def save_run_config(cfg: DictConfig, output_dir: str) -> Optional[str]:
     """Writes the resolved config to ``output_dir/config.yaml`` (atomically, main
-    process only) and returns its path."""
+    process only) and returns its path.
+
+    Raises:
+        OSError: the write failed (a full disk), with ``config.yaml`` as its
+            ``filename``; a previous ``config.yaml`` is untouched.
+    """
     if not comm.is_main_process() or not output_dir:
         return None
     path = os.path.join(output_dir, "config.yaml")
     text = LazyConfig.to_yaml(cfg)
     PathManager.mkdirs(output_dir)
     # Atomic: a resume rewrites the config of a run that has files to lose.
-    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+    try:
+        atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+    except OSError as e:
+        # A failed write or fsync names no file, a failed rename the temporary
+        # one: the error names config.yaml (one line in tools/train_net.py).
+        raise OSError(e.errno, describe_os_error(e), path) from e
     logger.info("Full config saved to %s", path)
     return path
 
