@@ -479,8 +479,9 @@ class DefaultTrainer(TrainerBase):
         start at iteration 0. ``--resume`` with nothing to resume warns and
         starts fresh.
 
-        The output directory is claimed first (see
-        :class:`~treadle.utils.run_folder.RunFolder`): a job already running
+        The output directory is claimed (see
+        :class:`~treadle.utils.run_folder.RunFolder`), before a resume reads it
+        and after a fresh start has loaded its weights: a job already running
         there, or a fresh start in a folder holding an earlier run, is refused
         in one line, unless ``move_aside`` renames the earlier run's folder.
         Values the config sets for the optimizer and the scheduler are kept
@@ -494,19 +495,26 @@ class DefaultTrainer(TrainerBase):
         """
         init = train_setting(self.cfg, "init_checkpoint") or ""
         resuming = resume and self.checkpointer.has_checkpoint()
-        if init and not resuming:
-            check_checkpoint_file(init)
+        if not resuming:
+            if init:
+                check_checkpoint_file(init)
+            # A fresh start reads nothing of the folder: the weights are loaded
+            # before the claim, so that a broken train.init_checkpoint is named
+            # as itself, also where the claim would refuse a used folder.
+            self.checkpointer.resume_or_load(init, resume=resume)
+            self._claim(resume=resume, move_aside=move_aside)
+            self.start_iter = 0
+            return
         self._claim(resume=resume, move_aside=move_aside)
-        snapshot = take_hyperparameters(self.optimizer, self.hooks) if resuming else None
+        snapshot = take_hyperparameters(self.optimizer, self.hooks)
         try:
             extra = self.checkpointer.resume_or_load(init, resume=resume)
         except BaseException:
             self._release()
             raise
-        if resuming and "iteration" in extra:
+        if "iteration" in extra:
             self.start_iter = int(extra["iteration"]) + 1
-            if snapshot is not None:
-                restore_hyperparameters(snapshot, self.optimizer, self.hooks)
+            restore_hyperparameters(snapshot, self.optimizer, self.hooks)
         else:
             self.start_iter = 0
 
