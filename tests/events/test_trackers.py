@@ -320,3 +320,54 @@ def test_mlflow_logs_images_and_params_to_a_local_store(tmp_path):
     artifacts = [a.path for a in client.list_artifacts(writer.run_id)]
     assert any("image" in path for path in artifacts), artifacts
     assert any((tmp_path / "artifacts").rglob("*.png")), "the image is a file of the experiment's artifact store"
+
+
+class _DownClient:
+    """An MLflow client whose server was never up: every call fails."""
+
+    def __getattr__(self, name):
+        def call(*args, **kwargs):
+            raise ConnectionError("Connection refused")
+
+        return call
+
+
+def test_a_tracking_server_never_reached_is_never_said_to_be_reachable_again(tmp_path, treadle_caplog):
+    # The calls with nothing to send (no run to finish, no model to log) say
+    # nothing about the server: they must not end the outage.
+    pytest.importorskip("mlflow")
+    from treadle.events import EventStorage, MLflowWriter
+
+    model = tmp_path / "model_final.pth"
+    writer = MLflowWriter("http://127.0.0.1:1", log_model=str(model), window_size=1, timeout=5)
+    writer._client = _DownClient()
+    with EventStorage(0) as storage:
+        for it in range(3):
+            storage.iter = it
+            storage.put_scalar("loss", float(it))
+            writer.write()
+    model.write_bytes(b"weights")
+    writer.close()
+    assert writer.run_id is None
+    assert treadle_caplog.text.count("the tracking server is unreachable") == 1
+    assert "reachable again" not in treadle_caplog.text and "reachable now" not in treadle_caplog.text
+    assert "3 point(s) could not be sent" in treadle_caplog.text
+
+
+def test_the_sender_says_again_only_after_the_server_was_reached(treadle_caplog):
+    from treadle.events.tracking import BackgroundSender
+
+    def down():
+        raise ConnectionError("Connection refused")
+
+    sender = BackgroundSender("Tracker")
+    try:
+        for fn in (down, lambda: BackgroundSender.NOTHING_SENT, lambda: None, down, lambda: None):
+            sender.submit(fn)
+        assert sender.drain(10)
+    finally:
+        sender.close()
+    said = [r.getMessage() for r in treadle_caplog.records if "reachable" in r.getMessage()]
+    assert [m.split(": the tracking server is ")[1][:16] for m in said] == [
+        "unreachable or r", "reachable now.", "unreachable or r", "reachable again.",
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -87,3 +88,14 @@ def test_train_net_writes_the_summary_with_its_checkpoints(tmp_path):
     assert summary["checkpoints"]["last_checkpoint"] == str(out / "model_final.pth")
     assert "model_final.pth" in summary["checkpoints"]["files"]
     assert summary["samples_per_second"] > 0
+
+
+def test_the_printed_summary_has_no_two_rows_with_the_same_name(tmp_path):
+    from treadle.hooks import IterationTimer
+
+    trainer, summary = train(tmp_path, IterationTimer(), Evaluations())
+    assert "time" in summary["final"]  # the timer's scalar, next to the run's wall time
+    table = RunSummary.describe(summary)
+    names = [re.split(r"\s{2,}", line.strip())[0] for line in table.splitlines()]
+    assert len(names) == len(set(names)), names
+    assert "wall time" in names and "time" in names

@@ -163,6 +163,8 @@ CASES: List[Case] = [
     case("--move-aside", "--eval-only", culprit="--eval-only trains nothing", modes=("fresh",)),
     case("--eval-only", culprit="--eval-only needs weights", modes=("fresh",)),
     case("--eval-only", "train.init_checkpoint=/no/such.pth", culprit="/no/such.pth", modes=("fresh",)),
+    # a broken train.init_checkpoint is named as itself, not the used folder
+    case("train.init_checkpoint=@run/log.txt", culprit="Cannot load checkpoint '@run/log.txt'", modes=("fresh",)),
     # the folder itself: a fresh start over a finished run
     case(culprit="holds an earlier run", modes=("fresh",)),
 ]
@@ -218,7 +220,7 @@ def test_bad_input_is_one_line_and_changes_nothing(bad_case, mode, finished_run,
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == bad_case.code, err[-2000:]
     assert len(lines) == 1, err[-2000:]
-    assert bad_case.culprit in lines[0], lines[0]
+    assert bad_case.culprit.replace("@run", str(finished_run)) in lines[0], lines[0]
     assert lines[0].startswith(("train_net.py: error: ", "__main__.py: error: ", "pytest: error: ")) or ": error: " in lines[0]
     assert "Traceback" not in out + err
     assert snapshot(finished_run) == before
@@ -260,3 +262,23 @@ def test_every_checkpoint_corrupt_on_resume_is_one_line_and_changes_nothing(fini
     assert code == 2 and len(lines) == 1 and "Cannot resume" in lines[0], err
     assert "Traceback" not in out + err
     assert snapshot(run) == before
+
+
+def test_a_full_disk_writing_config_yaml_is_one_line_naming_it(tmp_path, capfd, monkeypatch):
+    # As a full disk at a checkpoint is: the file and the OS error, not a bare "[Errno 28]".
+    import errno
+
+    from treadle.engine import defaults
+
+    def full_disk(path, write, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(defaults, "atomic_write", full_disk)
+    run = tmp_path / "run"
+    code = cli([f"train.output_dir={run}", *FAST, "train.max_iter=2"])
+    out, err = capfd.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1, err[-2000:]
+    assert f"'{run / 'config.yaml'}': No space left on device (ENOSPC)" in lines[0], lines[0]
+    assert "Traceback" not in out + err

@@ -63,3 +63,17 @@ def test_the_python_config_of_docs_config_md_trains_with_train_net(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert (out / "model_final.pth").exists()
     assert json.loads((out / "metrics.json").read_text().splitlines()[-1])["iteration"] == 9  # train.max_iter = 10
+
+
+def test_the_optional_cpu_index_is_a_footnote_that_says_it_can_block():
+    # A new user copies the quick start's commands: the extra index must not be
+    # in them, and where it is offered, the minutes pip waits without it are said.
+    text = README.read_text()
+    quick_start = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    commands = "".join(re.findall(r"```bash\n(.*?)```", quick_start, re.S))
+    assert "pip install" in commands and "--extra-index-url" not in commands
+    mentions = [p for p in re.split(r"\n\s*\n", text) if "--extra-index-url" in p]
+    assert mentions, "the CPU build is still offered"
+    for paragraph in mentions:
+        assert paragraph.lstrip().startswith("[^"), paragraph  # a footnote
+        assert "blocks for minutes" in " ".join(paragraph.split()), paragraph

@@ -1,7 +1,12 @@
 """to_device: the one walker that moves batches, for training and evaluation."""
 
+import pytest
 import torch
+from torch import nn
 
+from tests.tiny_models import classification
+from treadle.engine import Trainer
+from treadle.evaluation import build_evaluator, inference_on_dataset
 from treadle.utils.device import to_device
 
 
@@ -49,3 +54,17 @@ def test_other_objects_with_to_are_moved_and_leaves_kept():
     assert moved[1:] == ["text", b"raw", 3, None]
     # A class is not an object to move, even if it defines .to.
     assert to_device(_Movable, "meta") is _Movable
+
+
+def test_cuda_asked_for_without_cuda_is_one_line_at_every_entry_point():
+    # The tests run as on a machine without CUDA (conftest): docs/evaluation.md's
+    # device="cuda" must say so in one line, not end in torch's assertion.
+    expected = "device='cuda' was asked for, but CUDA is not available on this machine"
+    batches = [(torch.randn(4, 6), torch.randint(0, 2, (4,)))]
+    with pytest.raises(ValueError) as raised:
+        inference_on_dataset(nn.Linear(6, 2), batches, build_evaluator(["accuracy"]), device="cuda")
+    assert str(raised.value) == expected
+    with pytest.raises(ValueError) as raised:
+        Trainer(nn.Linear(6, 2), "sgd", classification(), batch_size=4, lr=0.1,
+                loss_fn=nn.functional.cross_entropy, max_epochs=1, device="cuda")
+    assert str(raised.value) == expected

@@ -326,3 +326,25 @@ def test_the_printer_writes_its_line_to_the_log_file_and_names_itself_in_records
     finally:
         _close(logger)
         logging.getLogger("treadle").propagate = True
+
+
+def test_a_log_file_that_cannot_be_started_is_one_warning_naming_it(tmp_path, capfd, monkeypatch):
+    # log.txt is started when training starts (default_setup defers it): a full
+    # disk then is said as later, naming the file, and the run goes on.
+    from treadle.utils import logger as logger_module
+    from treadle.utils.logger import start_log_files
+
+    name = "treadle"
+    logger = setup_logger(str(tmp_path), name=name, defer_file=True)
+    logger.info("before the start")
+    monkeypatch.setattr(logger_module.PathManager, "open", lambda path, mode="r", **kw: _FullDisk(path))
+    try:
+        start_log_files(name)
+        logger.info("after the start")
+        out, err = capfd.readouterr()
+        assert err == ""
+        (warning,) = [line for line in out.splitlines() if "Cannot write the log file" in line]
+        assert str(tmp_path / "log.txt") in warning and "No space left on device (ENOSPC)" in warning
+        assert "after the start" in out
+    finally:
+        _close(logger)

@@ -10,12 +10,12 @@ OS error, e.g. ``No space left on device (ENOSPC)``.
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 from typing import Any, Dict, Optional
 
 from treadle.utils.atomic import atomic_write, is_local_path
+from treadle.utils.file_io import describe_os_error
 
 from .serialization import CheckpointError, first_line, save_with_checksums
 
@@ -60,14 +60,6 @@ def make_dir(directory: str, path_manager: Any) -> None:
         path_manager.mkdirs(directory)
     except OSError as e:
         raise CheckpointError(f"Cannot create the checkpoint directory '{directory}': {describe_os_error(e)}.") from e
-
-
-def describe_os_error(error: OSError) -> str:
-    """One line: ``No space left on device (ENOSPC)``."""
-    name = errno.errorcode.get(error.errno) if error.errno is not None else None
-    if error.strerror:
-        return f"{error.strerror} ({name})" if name else error.strerror
-    return first_line(error)
 
 
 def _os_error_in(error: BaseException) -> Optional[OSError]:

@@ -27,7 +27,7 @@ from treadle.utils import comm
 from treadle.utils.device import resolve_device
 from treadle.utils.env import collect_env_info, seed_all_rng
 from treadle.utils.atomic import atomic_write
-from treadle.utils.file_io import PathManager
+from treadle.utils.file_io import PathManager, describe_os_error
 from treadle.utils.logger import setup_logger, start_log_files
 from treadle.utils.run_folder import RunFolder, check_output_dir, claim_on_main_process
 from treadle.utils.run_start import training_starts, when_training_starts
@@ -181,14 +181,24 @@ def _start_logs() -> None:
 
 def save_run_config(cfg: DictConfig, output_dir: str) -> Optional[str]:
     """Writes the resolved config to ``output_dir/config.yaml`` (atomically, main
-    process only) and returns its path."""
+    process only) and returns its path.
+
+    Raises:
+        OSError: the write failed (a full disk), with ``config.yaml`` as its
+            ``filename``; a previous ``config.yaml`` is untouched.
+    """
     if not comm.is_main_process() or not output_dir:
         return None
     path = os.path.join(output_dir, "config.yaml")
     text = LazyConfig.to_yaml(cfg)
     PathManager.mkdirs(output_dir)
     # Atomic: a resume rewrites the config of a run that has files to lose.
-    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+    try:
+        atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+    except OSError as e:
+        # A failed write or fsync names no file, a failed rename the temporary
+        # one: the error names config.yaml (one line in tools/train_net.py).
+        raise OSError(e.errno, describe_os_error(e), path) from e
     logger.info("Full config saved to %s", path)
     return path
 
@@ -469,8 +479,9 @@ class DefaultTrainer(TrainerBase):
         start at iteration 0. ``--resume`` with nothing to resume warns and
         starts fresh.
 
-        The output directory is claimed first (see
-        :class:`~treadle.utils.run_folder.RunFolder`): a job already running
+        The output directory is claimed (see
+        :class:`~treadle.utils.run_folder.RunFolder`), before a resume reads it
+        and after a fresh start has loaded its weights: a job already running
         there, or a fresh start in a folder holding an earlier run, is refused
         in one line, unless ``move_aside`` renames the earlier run's folder.
         Values the config sets for the optimizer and the scheduler are kept
@@ -484,19 +495,26 @@ class DefaultTrainer(TrainerBase):
         """
         init = train_setting(self.cfg, "init_checkpoint") or ""
         resuming = resume and self.checkpointer.has_checkpoint()
-        if init and not resuming:
-            check_checkpoint_file(init)
+        if not resuming:
+            if init:
+                check_checkpoint_file(init)
+            # A fresh start reads nothing of the folder: the weights are loaded
+            # before the claim, so that a broken train.init_checkpoint is named
+            # as itself, also where the claim would refuse a used folder.
+            self.checkpointer.resume_or_load(init, resume=resume)
+            self._claim(resume=resume, move_aside=move_aside)
+            self.start_iter = 0
+            return
         self._claim(resume=resume, move_aside=move_aside)
-        snapshot = take_hyperparameters(self.optimizer, self.hooks) if resuming else None
+        snapshot = take_hyperparameters(self.optimizer, self.hooks)
         try:
             extra = self.checkpointer.resume_or_load(init, resume=resume)
         except BaseException:
             self._release()
             raise
-        if resuming and "iteration" in extra:
+        if "iteration" in extra:
             self.start_iter = int(extra["iteration"]) + 1
-            if snapshot is not None:
-                restore_hyperparameters(snapshot, self.optimizer, self.hooks)
+            restore_hyperparameters(snapshot, self.optimizer, self.hooks)
         else:
             self.start_iter = 0
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from treadle.utils import comm
+from treadle.utils.device import resolve_device
 from treadle.utils.frame_stack import call_with_frame_room
 
 from .batch import ForwardFn, default_forward, move_to_device
@@ -137,7 +138,8 @@ def inference_on_dataset(
             should not overlap or pad, or padded samples are counted twice.
         evaluator: a :class:`DatasetEvaluator`, a list of them, or ``None`` to
             only run the model (returns ``{}``).
-        device: where to move each batch.
+        device: where to move each batch (``"auto"`` picks cuda, mps or cpu;
+            a device this machine lacks is refused before the first batch).
         forward: ``forward(model, batch) -> outputs``, to feed batches another way.
         log_period: seconds of wall time between progress messages.
 
@@ -149,7 +151,8 @@ def inference_on_dataset(
         raise ValueError(f"log_period must be >= 0 seconds, got {log_period}")
     evaluator = as_evaluator(evaluator)
     feed = forward if forward is not None else default_forward
-    target = torch.device(device) if device is not None else None
+    # Checked before the first batch: a missing CUDA is one line, not torch's assertion mid-loop.
+    target = resolve_device(device) if device is not None else None
     total = _length(data_loader)
     logger.info(
         "Start inference on %s batches",

@@ -203,14 +203,18 @@ class MLflowWriter(_IterationRowWriter):
             self._logged_through[key] = max((m.step for m in history), default=-1)
         return self._logged_through[key]
 
-    def _log_model(self) -> None:
+    def _log_model(self) -> Any:
         path = self.log_model
-        if path and os.path.isfile(path) and os.path.getmtime(path) >= self._started_at and self.run_id:
-            self._client_or_new().log_artifact(self.run_id, path)
+        if not (path and os.path.isfile(path) and os.path.getmtime(path) >= self._started_at and self.run_id):
+            return BackgroundSender.NOTHING_SENT
+        self._client_or_new().log_artifact(self.run_id, path)
+        return None
 
-    def _finish(self) -> None:
-        if self.run_id is not None:
-            self._client_or_new().set_terminated(self.run_id)
+    def _finish(self) -> Any:
+        if self.run_id is None:  # the run was never created: the server was never reached
+            return BackgroundSender.NOTHING_SENT
+        self._client_or_new().set_terminated(self.run_id)
+        return None
 
 
 def _key(name: str) -> str:

@@ -39,7 +39,13 @@ class BackgroundSender:
     (``"... unreachable ...; retried at the next flush"``) and the caller
     keeps what was not sent; :meth:`drain` waits for the queue at the end,
     up to ``timeout`` seconds.
+
+    A call that had nothing to send (a run that was never created has nothing
+    to finish) returns :attr:`NOTHING_SENT`: it says nothing about the server,
+    so it neither ends an outage nor counts as having reached it.
     """
+
+    NOTHING_SENT: Any = object()
 
     def __init__(self, name: str) -> None:
         self._name = name
@@ -47,6 +53,7 @@ class BackgroundSender:
         self._last: Optional["Future[Any]"] = None
         self._lock = threading.Lock()
         self._failing = False
+        self._reached = False  # whether a call has ever got through
 
     def submit(self, fn: Callable[[], Any]) -> "Future[Any]":
         if self._pool is None:
@@ -68,10 +75,15 @@ class BackgroundSender:
                     )
                 self._failing = True
             return False
+        if result is self.NOTHING_SENT:
+            return True
         with self._lock:
             if self._failing:
-                logger.info("%s: the tracking server is reachable again.", self._name)
+                # "again" only where it was reached before the outage: a server
+                # down from the start is reached for the first time.
+                logger.info("%s: the tracking server is reachable %s.", self._name, "again" if self._reached else "now")
             self._failing = False
+            self._reached = True
         return True if result is None else result
 
     def drain(self, timeout: float) -> bool:

@@ -155,7 +155,9 @@ class WandbWriter(_IterationRowWriter):
         with self._lock:
             del self._rows[: len(rows)]
 
-    def _finish(self) -> None:
-        if self._run is not None:
-            self._run.finish()
-            self._run = None
+    def _finish(self) -> Any:
+        if self._run is None:  # never opened: nothing was said to the server
+            return BackgroundSender.NOTHING_SENT
+        self._run.finish()
+        self._run = None
+        return None

@@ -166,15 +166,18 @@ class RunSummary(HookBase):
             ["status", summary["status"] + (
                 f" at iteration {summary['failed_at_iter']} ({summary['error']})" if "error" in summary else "")],
             ["iterations", f"{summary['iterations']} (to iteration {summary['last_iter']})"],
-            ["time", f"{summary['seconds']:.1f} s" + (f", {rate:.2f} it/s" if rate else "")],
+            ["wall time", f"{summary['seconds']:.1f} s" + (f", {rate:.2f} it/s" if rate else "")],
         ]
         if summary.get("samples_per_second"):
             rows.append(["samples/s", f"{summary['samples_per_second']:.1f}"])
         rows.append(["peak host memory", f"{summary['peak_host_memory_mib']:.0f} MiB"])
         if "peak_cuda_memory_mib" in summary:
             rows.append(["peak CUDA memory", f"{summary['peak_cuda_memory_mib']:.0f} MiB"])
-        for name, point in summary.get("final", {}).items():
-            best = summary.get("best", {}).get(name)
+        run_rows = {row[0] for row in rows} | {"last checkpoint"}
+        for scalar, point in summary.get("final", {}).items():
+            # a scalar named like a run row (the timer's "time") would read as a second value of one thing
+            name = f"final {scalar}" if scalar in run_rows else scalar
+            best = summary.get("best", {}).get(scalar)
             value = "nan" if point["value"] is None else f"{point['value']:.6g}"
             text = f"{value} (iteration {point['iteration']})"
             if best is not None:

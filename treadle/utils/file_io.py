@@ -4,9 +4,11 @@ iopath lets users register handlers (``manifold://``, ``s3://``, ...) on this
 object and have every checkpoint, metric and config file go through them.
 """
 
+import errno
+
 from iopath.common.file_io import PathManager as _PathManagerClass
 
-__all__ = ["PathManager", "ensure_writable_dir"]
+__all__ = ["PathManager", "ensure_writable_dir", "describe_os_error"]
 
 PathManager = _PathManagerClass()
 
@@ -28,3 +30,12 @@ def ensure_writable_dir(path: str) -> None:
         PathManager.rm(probe)
     except OSError as e:
         raise PermissionError(f"The output directory {path!r} cannot be written: {e.strerror or e}") from None
+
+
+def describe_os_error(error: OSError) -> str:
+    """One line: ``No space left on device (ENOSPC)``."""
+    name = errno.errorcode.get(error.errno) if error.errno is not None else None
+    if error.strerror:
+        return f"{error.strerror} ({name})" if name else error.strerror
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "(no message)"

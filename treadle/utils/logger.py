@@ -11,7 +11,7 @@ from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from termcolor import colored
 
-from .file_io import PathManager
+from .file_io import PathManager, describe_os_error
 
 __all__ = ["setup_logger", "start_log_files", "log_once", "strip_ansi", "one_line_error", "write_info_line"]
 
@@ -214,12 +214,15 @@ class _GivesUpOnIOError:
     failed = False
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
-        error = sys.exc_info()[1]
+        self.give_up(sys.exc_info()[1])
+
+    def give_up(self, error: Optional[BaseException]) -> None:
+        """Stops writing the file, with the one warning naming it and ``error``."""
         if self.failed:
             return
         self.failed = True
         self.setLevel(logging.CRITICAL + 1)  # type: ignore[attr-defined]
-        reason = getattr(error, "strerror", None) or error
+        reason = describe_os_error(error) if isinstance(error, OSError) else error
         name = getattr(self, "filename", None) or getattr(getattr(self, "stream", None), "name", "the log file")
         logging.getLogger("treadle").warning("Cannot write the log file %s (%s); logging to the console only.", name, reason)
 
@@ -292,18 +295,29 @@ class _DeferredFileHandler(_GivesUpOnIOError, logging.Handler):
     def start(self, output: Optional[str] = None) -> None:
         """Opens the file (appending) and writes the records kept so far;
         ``output`` moves the file to another directory (same file name)."""
-        if self._stream is not None:
+        if self._stream is not None or self.failed:
             return
         if output is not None:
             self.filename = os.path.join(output, os.path.basename(self.filename))
-        PathManager.mkdirs(os.path.dirname(self.filename) or ".")
-        stream = PathManager.open(self.filename, "a")
-        if self._dropped:
-            stream.write(f"[{self._dropped} earlier log records were not kept]\n")
-        for record in self._pending:
-            stream.write(self.format(record) + "\n")
-        stream.flush()
-        self._pending, self._dropped = [], 0
+        pending, self._pending = self._pending, []
+        stream: Optional[IO[str]] = None
+        try:
+            PathManager.mkdirs(os.path.dirname(self.filename) or ".")
+            stream = PathManager.open(self.filename, "a")
+            if self._dropped:
+                stream.write(f"[{self._dropped} earlier log records were not kept]\n")
+            for record in pending:
+                stream.write(self.format(record) + "\n")
+            stream.flush()
+        except OSError as e:  # a full disk: as when a write fails later, the run goes on with the console
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+            self.give_up(e)
+            return
+        self._dropped = 0
         self._stream = stream
 
     def close(self) -> None:
