@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from treadle.checkpoint.fsdp import is_fsdp_model
+from treadle.config.rules import is_number
 from treadle.config.train_keys import PRECISIONS
 from treadle.evaluation.loss import LOSS_FN, MODEL, as_losses, forward_loss, loss_source
 from treadle.events import ScalarKind, get_event_storage
@@ -33,10 +34,6 @@ logger = logging.getLogger(__name__)
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _NO_CONTEXT = contextlib.nullcontext()
-
-
-def _is_positive_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 class StepBase:
@@ -141,9 +138,9 @@ class EagerStep(StepBase):
     ) -> None:
         if not isinstance(grad_accum_steps, int) or grad_accum_steps < 1:
             raise ValueError(f"grad_accum_steps must be an integer >= 1, got {grad_accum_steps!r}")
-        if clip_grad_norm is not None and not clip_grad_norm > 0:
+        if clip_grad_norm is not None and not (is_number(clip_grad_norm) and clip_grad_norm > 0):
             raise ValueError(f"clip_grad_norm must be positive or None, got {clip_grad_norm!r}")
-        if clip_grad_value is not None and not _is_positive_number(clip_grad_value):
+        if clip_grad_value is not None and not (is_number(clip_grad_value) and clip_grad_value > 0):
             raise ValueError(f"clip_grad_value must be a positive number or None, got {clip_grad_value!r}")
         if clip_grad_norm is not None and clip_grad_value is not None:
             raise ValueError(
