@@ -37,6 +37,8 @@ __all__ = [
     "create_fsdp_model",
     "DEFAULT_TIMEOUT",
     "launched_by_torchrun",
+    "join_env_process_group",
+    "leave_process_group",
 ]
 
 logger = logging.getLogger(__name__)
@@ -268,16 +270,27 @@ def _end_with_the_launcher(launcher_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _run_in_env_group(main_func: Callable[..., Any], args: Sequence[Any], timeout: datetime.timedelta) -> None:
+def join_env_process_group(timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> bool:
+    """Joins the process group that torchrun's environment describes (see
+    :func:`launched_by_torchrun`), unless one is joined already or there is
+    none to join. Returns True when this call joined it; the caller then
+    leaves it with :func:`leave_process_group`. Used by :func:`launch` and by
+    the plain :class:`~treadle.engine.Trainer` started by torchrun."""
+    if dist.is_initialized() or not launched_by_torchrun():
+        return False
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    if not dist.is_initialized():
-        dist.init_process_group(backend=_backend(), init_method="env://", timeout=timeout)
+    dist.init_process_group(backend=_backend(), init_method="env://", timeout=timeout)
+    return True
+
+
+def _run_in_env_group(main_func: Callable[..., Any], args: Sequence[Any], timeout: datetime.timedelta) -> None:
+    join_env_process_group(timeout)
     _run_and_clean_up(main_func, args)
 
 
 # How long a gloo process waits, after destroying its process group, before
-# the interpreter may exit (see _run_and_clean_up).
+# the interpreter may exit (see leave_process_group).
 _GLOO_EXIT_GRACE_S = 0.2
 
 
@@ -291,17 +304,23 @@ def _run_and_clean_up(main_func: Callable[..., Any], args: Sequence[Any]) -> Non
     finally:
         # A clean exit: other ranks waiting in a collective are released by
         # the launcher (mp.spawn / torchrun), which ends them when one fails.
-        if dist.is_initialized():
-            gloo = dist.get_backend() == dist.Backend.GLOO
-            dist.destroy_process_group()
-            if gloo:
-                # destroy_process_group does not join gloo's worker threads. One
-                # that frees the last reference to a finished collective's tensor
-                # needs the GIL, and if the interpreter is exiting by then, the
-                # process aborts ("terminate called without an active exception")
-                # after the job succeeded. Seen on loaded machines; a moment with
-                # the GIL released lets the threads finish.
-                time.sleep(_GLOO_EXIT_GRACE_S)
+        leave_process_group()
+
+
+def leave_process_group() -> None:
+    """Destroys this process's group, if any, so that the process can exit cleanly."""
+    if not dist.is_initialized():
+        return
+    gloo = dist.get_backend() == dist.Backend.GLOO
+    dist.destroy_process_group()
+    if gloo:
+        # destroy_process_group does not join gloo's worker threads. One
+        # that frees the last reference to a finished collective's tensor
+        # needs the GIL, and if the interpreter is exiting by then, the
+        # process aborts ("terminate called without an active exception")
+        # after the job succeeded. Seen on loaded machines; a moment with
+        # the GIL released lets the threads finish.
+        time.sleep(_GLOO_EXIT_GRACE_S)
 
 
 def create_ddp_model(model: nn.Module, *, fp16_compression: bool = False, kind: str = "ddp", **kwargs: Any) -> nn.Module:
