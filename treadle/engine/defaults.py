@@ -18,7 +18,7 @@ from torch import nn
 
 from treadle.checkpoint import Checkpointer, check_checkpoint_file, unwrap_model
 from treadle.config import LazyCall, LazyConfig, get_config_file, instantiate
-from treadle.config.train_keys import train_section, train_setting, wrapper_options
+from treadle.config.train_keys import train_section, train_setting
 from treadle.evaluation import forward_for, inference_on_dataset
 from treadle.events import CommonMetricPrinter, JSONWriter, MLflowWriter, TensorboardWriter, WandbWriter
 from treadle.events.tracking import flatten_params
@@ -34,7 +34,7 @@ from treadle.utils.run_start import training_starts, when_training_starts
 
 from .build import build_step, loader_epoch_length, trainable_parameters
 from .default_hooks import default_hooks
-from .launch import create_ddp_model, create_fsdp_model
+from .launch import create_ddp_model, wrap_model
 from .resume import restore_hyperparameters, take_hyperparameters
 from .validation import check_watched_metric, enabled_trackers
 from .steps import StepBase
@@ -294,10 +294,7 @@ class DefaultTrainer(TrainerBase):
                 "train.ema.enabled=True is not supported with train.ddp.kind='fsdp': the EMA hook keeps an "
                 "unsharded copy of the weights. Use kind='ddp', or disable EMA."
             )
-        options = wrapper_options(kind, options)
-        if kind == "fsdp":
-            return create_fsdp_model(model, **options)  # checks its options; unchanged on one process
-        return create_ddp_model(model, **options) if comm.get_world_size() > 1 else model
+        return wrap_model(model, kind, **options)
 
     @classmethod
     def build_optimizer(cls, cfg: DictConfig, model: nn.Module) -> torch.optim.Optimizer:

@@ -39,6 +39,7 @@ __all__ = [
     "launched_by_torchrun",
     "join_env_process_group",
     "leave_process_group",
+    "wrap_model",
 ]
 
 logger = logging.getLogger(__name__)
@@ -431,3 +432,18 @@ def create_fsdp_model(
         fully_shard(unit, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
     fully_shard(model, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
     return model
+
+
+def wrap_model(model: nn.Module, kind: str = "ddp", **options: Any) -> nn.Module:
+    """Wraps ``model`` for data-parallel training when the world size is above
+    one: ``kind="ddp"`` in ``DistributedDataParallel`` (:func:`create_ddp_model`),
+    ``"fsdp"`` sharded with FSDP2 (:func:`create_fsdp_model`), with ``options``
+    as ``train.ddp`` names them. An option of the other kind set away from its
+    default is an error, on one process as on many (a setting means the same
+    run on any world size)."""
+    if kind not in ("ddp", "fsdp"):
+        raise ValueError(f"the model wrapper must be 'ddp' or 'fsdp', got {kind!r}")
+    options = wrapper_options(kind, options)
+    if kind == "fsdp":
+        return create_fsdp_model(model, **options)  # checks its options; unchanged on one process
+    return create_ddp_model(model, **options) if comm.get_world_size() > 1 else model

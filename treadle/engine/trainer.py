@@ -7,6 +7,7 @@ and checkpoints as :class:`~treadle.engine.DefaultTrainer`, from objects.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
@@ -18,9 +19,9 @@ import torch
 from fvcore.common.param_scheduler import ParamScheduler
 from torch import nn
 
-from treadle.checkpoint import Checkpointer
+from treadle.checkpoint import Checkpointer, unwrap_model
 from treadle.checkpoint import init_weights_from as load_matching_weights
-from treadle.data import build_test_loader, build_train_loader
+from treadle.data import InferenceSampler, TrainLoader, build_test_loader, build_train_loader
 from treadle.evaluation import (
     build_evaluator,
     default_forward,
@@ -43,6 +44,7 @@ from treadle.utils.run_folder import RunFolder, check_output_dir, claim_on_main_
 from .build import build_optimizer, build_step, loader_batches, loader_epoch_length, resolve_scheduler
 from .default_hooks import default_hooks
 from .history import EpochCallback, TrainingHistory
+from .launch import join_env_process_group, leave_process_group, wrap_model
 from .resume import restore_hyperparameters, take_hyperparameters
 from .train_loop import TrainerBase
 
@@ -85,6 +87,16 @@ class Trainer(TrainerBase):
     ``docs/migrating.md`` maps the arguments of Hezar's, pytorch-accelerated's
     and qurious' trainers, and of the Hugging Face Trainer, to these.
 
+    On several processes (``torchrun --nproc-per-node N script.py``, or
+    :func:`~treadle.engine.launch` calling a function that builds the
+    Trainer), the same script trains one model: the processes join
+    torchrun's process group, the model is wrapped (``ddp``), a dataset is
+    sharded with a sampler whose position resumes exactly (a torch
+    ``DataLoader`` over a dataset is re-batched so, as Lightning does; other
+    iterables are read whole by every process, with a warning), evaluation
+    is sharded and its metrics reduced over the processes, and files,
+    console and trackers are written by the main process only.
+
     Args:
         model: the module to train; moved to ``device``.
         optimizer: an optimizer, or ``"sgd"``/``"adam"``/``"adamw"`` with
@@ -126,7 +138,16 @@ class Trainer(TrainerBase):
         batch_size, eval_batch_size, shuffle, collate_fn, num_workers: how
             datasets given as ``train_loader``/``eval_loader`` are batched
             (``eval_batch_size`` defaults to ``batch_size``; Hezar's
-            ``data_collator`` is ``collate_fn``).
+            ``data_collator`` is ``collate_fn``). ``batch_size`` and
+            ``eval_batch_size`` are per process (the seeds' convention).
+        total_batch_size: instead of ``batch_size``, the samples of one
+            step over all processes (the configs' convention: the same run
+            on any number of processes); giving both is an error.
+        ddp: how the model is wrapped when several processes train:
+            ``"ddp"`` (``DistributedDataParallel``, the default) or
+            ``"fsdp"`` (FSDP2 sharding), or a dict of ``train.ddp``'s options
+            with its ``kind`` (``{"kind": "fsdp", "reshard_after_forward":
+            False}``). Nothing is wrapped on one process.
         hooks: more hooks, run after evaluation and the epoch's history and
             before checkpoints and writers; a hook the evaluation must follow
             (``PreciseBN``) is placed before it (the default hooks and this
@@ -196,6 +217,7 @@ class Trainer(TrainerBase):
         lr: Optional[float] = None,
         weight_decay: float = 0.0,
         batch_size: Optional[int] = None,
+        total_batch_size: Optional[int] = None,
         eval_batch_size: Optional[int] = None,
         shuffle: bool = True,
         collate_fn: Optional[Callable[[list], Any]] = None,
@@ -224,6 +246,7 @@ class Trainer(TrainerBase):
         init_weights_from: Optional[str] = None,
         progress_bar: Optional[bool] = None,
         evaluate_with_generate: Union[bool, Dict[str, Any]] = False,
+        ddp: Union[str, Dict[str, Any]] = "ddp",
     ) -> None:
         unknown_loggers = [name for name in loggers if not isinstance(name, EventWriter) and name not in LOGGERS]
         if unknown_loggers:
@@ -234,9 +257,21 @@ class Trainer(TrainerBase):
         # instances of 'str' and 'float'", "total_batch_size must be >= 1") do not.
         if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0):
             raise ValueError(f"lr must be a positive number, got {lr!r}")
-        for name, size in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+        for name, size in (("batch_size", batch_size), ("total_batch_size", total_batch_size), ("eval_batch_size", eval_batch_size)):
             if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
                 raise ValueError(f"{name} must be an integer >= 1, got {size!r}")
+        if batch_size is not None and total_batch_size is not None:
+            raise ValueError(
+                f"batch_size={batch_size} (per process) and total_batch_size={total_batch_size} (over all processes) "
+                "were both given: give one"
+            )
+        ddp_kind, ddp_options = _wrapper_options(ddp)
+        if ddp_kind == "fsdp" and ema_decay is not None:
+            raise ValueError("ema_decay is not supported with ddp='fsdp': the EMA keeps an unsharded copy of the weights")
+        # Under torchrun the processes meet here (launch() has joined them
+        # before calling the user's function); they leave at exit.
+        if join_env_process_group():
+            atexit.register(leave_process_group)
         self.output_dir = output_dir
         self.checkpoint_dir = _inside(output_dir, checkpoints_dir)
         self.logs_dir = _inside(output_dir, logs_dir)
@@ -248,19 +283,25 @@ class Trainer(TrainerBase):
         if seed is not None:
             seed_all_rng(seed)
         self.device = resolve_device(device)
-        self.model = model.to(self.device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())  # this process's GPU
+        model.to(self.device)
         if init_weights_from:
-            load_matching_weights(self.model, init_weights_from)
-        self.loss_fn = loss_fn
-        if isinstance(optimizer, str):
-            optimizer = build_optimizer(optimizer, self.model, lr=lr, weight_decay=weight_decay)
-        elif not isinstance(optimizer, torch.optim.Optimizer):
+            load_matching_weights(model, init_weights_from)
+        if not isinstance(optimizer, (str, torch.optim.Optimizer)):
             raise TypeError(f"optimizer must be a torch optimizer or a name, got {type(optimizer).__name__}")
-        elif lr is not None:
+        if not isinstance(optimizer, str) and lr is not None:
             raise ValueError("lr is for an optimizer given by name; this optimizer has its own learning rate")
+        #: The model as trained: wrapped in DDP (or sharded) on several processes.
+        self.model = wrap_model(model, ddp_kind, **ddp_options)
+        if isinstance(optimizer, str):
+            optimizer = build_optimizer(optimizer, model, lr=lr, weight_decay=weight_decay)
+        elif ddp_kind == "fsdp" and comm.get_world_size() > 1:
+            _check_optimizer_holds(optimizer, model)
+        self.loss_fn = loss_fn
         self.optimizer = optimizer
 
-        self.train_loader = _as_train_loader(train_loader, batch_size, num_workers, seed, shuffle, collate_fn)
+        self.train_loader = _as_train_loader(train_loader, batch_size, total_batch_size, num_workers, seed, shuffle, collate_fn)
         self.eval_loader = _as_eval_loader(eval_loader, eval_batch_size, batch_size, num_workers, collate_fn)
         epoch_length = loader_epoch_length(self.train_loader, grad_accum_steps)
         run_length = _run_length(max_iter, max_epochs, epoch_length)
@@ -329,7 +370,7 @@ class Trainer(TrainerBase):
         self.checkpointer: Optional[Checkpointer] = None
         self.run_folder: Optional[RunFolder] = None
         if output_dir is not None:
-            self.checkpointer = Checkpointer(self.model, self.checkpoint_dir, optimizer=self.optimizer, trainer=self)
+            self.checkpointer = Checkpointer(unwrap_model(self.model), self.checkpoint_dir, optimizer=self.optimizer, trainer=self)
             self.run_folder = RunFolder(
                 output_dir, names=RunFolder.TRAINER_API, subdirs=[d for d in (checkpoints_dir, logs_dir) if d]
             )
@@ -342,7 +383,7 @@ class Trainer(TrainerBase):
             eval_period = epoch_length or 0
         if checkpoint_period is None:
             checkpoint_period = epoch_length or 0
-        show_bar = progress_bar if progress_bar is not None else _stderr_is_a_terminal()
+        show_bar = (progress_bar if progress_bar is not None else _stderr_is_a_terminal()) and comm.is_main_process()
         total_batch = getattr(self.train_loader, "total_batch_size", None)
         self.register_hooks(default_hooks(
             optimizer=self.optimizer,
@@ -556,7 +597,7 @@ class Trainer(TrainerBase):
     def evaluate(self, loader: Optional[Iterable[Any]] = None) -> Dict[str, Any]:
         """Evaluates the model on ``loader`` (default: ``eval_loader``) with
         ``metrics``; without metrics, its ``loss`` (computed as in training)."""
-        loader = loader if loader is not None else self.eval_loader
+        loader = _per_process(loader, train=False) if loader is not None else self.eval_loader
         if loader is None:
             raise ValueError("Trainer.evaluate needs a loader: pass one or give eval_loader to the Trainer")
         evaluator = self.evaluator if self.evaluator is not None else self._build_evaluator()
@@ -601,7 +642,7 @@ class Trainer(TrainerBase):
 
     # ------------------------------------------------------------------ checkpoints without an output_dir
     def _checkpoint_io(self) -> Checkpointer:
-        return self.checkpointer or Checkpointer(self.model, "", optimizer=self.optimizer, trainer=self)
+        return self.checkpointer or Checkpointer(unwrap_model(self.model), "", optimizer=self.optimizer, trainer=self)
 
     def save_checkpoint(self, path: str, **extra: Any) -> Optional[str]:
         """Writes a full checkpoint (model, optimizer, schedule, hooks, random
@@ -678,24 +719,109 @@ def _stderr_is_a_terminal() -> bool:
     return bool(getattr(sys.stderr, "isatty", lambda: False)())
 
 
+def _wrapper_options(ddp: Union[str, Dict[str, Any]]) -> Any:
+    """The wrapper's kind and options from ``ddp=``: a kind, or ``train.ddp``'s dict."""
+    if isinstance(ddp, str):
+        return ddp, {}
+    if isinstance(ddp, Mapping):
+        options = dict(ddp)
+        return options.pop("kind", "ddp"), options
+    raise TypeError(f"ddp must be 'ddp', 'fsdp' or a dict of train.ddp options, got {ddp!r}")
+
+
+def _check_optimizer_holds(optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
+    """FSDP2 replaces the model's parameters by shards: an optimizer built
+    before would step tensors the model no longer uses."""
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    if not all(id(p) in held for p in model.parameters() if p.requires_grad):
+        raise ValueError(
+            "with ddp='fsdp' the model's parameters are replaced by shards, so this optimizer (built before) "
+            "does not hold them: give the optimizer by name (optimizer='adamw', lr=...)"
+        )
+
+
 def _as_train_loader(
-    data: Any, batch_size: Optional[int], num_workers: int, seed: Optional[int], shuffle: bool, collate_fn: Any
+    data: Any,
+    batch_size: Optional[int],
+    total_batch_size: Optional[int],
+    num_workers: int,
+    seed: Optional[int],
+    shuffle: bool,
+    collate_fn: Any,
 ) -> Iterable[Any]:
     is_dataset = isinstance(data, torch.utils.data.Dataset) and not isinstance(data, torch.utils.data.IterableDataset)
     if is_dataset:
-        if batch_size is None:
-            raise ValueError("train_loader is a dataset: give batch_size=... to batch it (or pass a DataLoader)")
+        if batch_size is None and total_batch_size is None:
+            raise ValueError(
+                "train_loader is a dataset: give batch_size=... (per process) or total_batch_size=... (over all "
+                "processes) to batch it (or pass a DataLoader)"
+            )
+        world = comm.get_world_size()
+        if total_batch_size is None:
+            total_batch_size = batch_size * world  # type: ignore[operator]
+            logger.info(
+                "Batches: batch_size=%d per process x %d process(es) = %d samples per step",
+                batch_size, world, total_batch_size,
+            )
+        else:
+            if total_batch_size % world:
+                raise ValueError(
+                    f"total_batch_size={total_batch_size} is not divisible by the {world} processes: each process "
+                    "takes total_batch_size / processes samples; give a multiple of it, or batch_size= per process"
+                )
+            logger.info(
+                "Batches: total_batch_size=%d over %d process(es) = %d samples per process",
+                total_batch_size, world, total_batch_size // world,
+            )
         return build_train_loader(
-            data, total_batch_size=batch_size, num_workers=num_workers, seed=seed or 0, shuffle=shuffle, collate_fn=collate_fn
+            data, total_batch_size=total_batch_size, num_workers=num_workers, seed=seed or 0, shuffle=shuffle,
+            collate_fn=collate_fn,
         )
-    if batch_size is not None:
-        raise ValueError("batch_size is for a dataset; this train_loader makes its own batches")
+    if batch_size is not None or total_batch_size is not None:
+        raise ValueError("batch_size and total_batch_size are for a dataset; this train_loader makes its own batches")
     if collate_fn is not None:
         raise ValueError("collate_fn is for a dataset; this train_loader makes its own batches")
     # An object with __getitem__ alone is iterable too (Python's sequence protocol).
     if not (hasattr(data, "__iter__") or hasattr(type(data), "__getitem__")):
         raise TypeError(f"train_loader must be an iterable of batches or a dataset, got {type(data).__name__}")
-    return data
+    return _per_process(data, train=True, seed=seed)
+
+
+def _per_process(loader: Any, *, train: bool, seed: Optional[int] = None) -> Any:
+    """``loader`` as one process of several reads it. A torch ``DataLoader``
+    over a map-style dataset with a plain sampler is re-batched with treadle's
+    sharded samplers (its batch size per process, its order when it
+    shuffles: treadle's seeded one), as Lightning replaces the sampler:
+    without it every process would train on every batch. Anything else is
+    read as given, with a warning unless it is sharded already."""
+    world = comm.get_world_size()
+    if world == 1 or not isinstance(loader, torch.utils.data.DataLoader):
+        if world > 1 and not isinstance(loader, TrainLoader):  # treadle's loaders are sharded when built
+            logger.warning(
+                "%s is not a DataLoader: every one of the %d processes reads all of it; shard it yourself, "
+                "or give the dataset with batch_size=", type(loader).__name__, world,
+            )
+        return loader
+    plain = type(loader.sampler) in (torch.utils.data.SequentialSampler, torch.utils.data.RandomSampler)
+    if not (plain and loader.batch_size is not None and isinstance(loader.dataset, torch.utils.data.Dataset)
+            and not isinstance(loader.dataset, torch.utils.data.IterableDataset)):
+        if not isinstance(loader.sampler, (torch.utils.data.DistributedSampler, InferenceSampler)):
+            logger.warning(
+                "The %s DataLoader's sampler (%s) is not sharded: every one of the %d processes reads all of it",
+                "training" if train else "evaluation", type(loader.sampler).__name__, world,
+            )
+        return loader
+    logger.info(
+        "The %s DataLoader is sharded over %d processes: batch_size=%d per process",
+        "training" if train else "evaluation", world, loader.batch_size,
+    )
+    if train:
+        return build_train_loader(
+            loader.dataset, total_batch_size=loader.batch_size * world, num_workers=loader.num_workers,
+            seed=seed or 0, shuffle=isinstance(loader.sampler, torch.utils.data.RandomSampler),
+            collate_fn=loader.collate_fn,
+        )
+    return build_test_loader(loader.dataset, batch_size=loader.batch_size, num_workers=loader.num_workers, collate_fn=loader.collate_fn)
 
 
 def _as_eval_loader(
@@ -712,7 +838,7 @@ def _as_eval_loader(
                 f"eval_batch_size is for a dataset; this eval_loader ({type(data).__name__}) is taken as its own "
                 "batches. Pass a torch Dataset to have it batched (a list of examples is not one)"
             )
-        return data
+        return _per_process(data, train=False)
     batch_size = eval_batch_size or batch_size
     if batch_size is None:
         raise ValueError("eval_loader is a dataset: give eval_batch_size=... (or batch_size) to batch it")
