@@ -10,6 +10,8 @@ writes ``OUT-result/rank{R}.pt`` (its final weights) and the main process
 ``OUT-result/result.json`` (the history's epochs and an ``evaluate()`` after
 training). ``--kill-at N``: at iteration N the main process SIGKILLs its
 process group (the whole job, as ``kill -9`` of a job does).
+``--kill-rank-at R:N``: in torchrun's first attempt, rank R SIGKILLs itself
+at iteration N (a lost worker, which ``--max-restarts`` restarts).
 """
 
 import argparse
@@ -36,15 +38,28 @@ def datasets():
     return torch.utils.data.Subset(full, range(96)), torch.utils.data.Subset(full, range(96, 96 + 37))
 
 
-class KillJobAt(HookBase):
-    """SIGKILLs the job's process group after iteration ``at`` (main process)."""
+class KillAt(HookBase):
+    """After iteration ``at``: rank ``rank`` SIGKILLs the job's process group,
+    or only itself (``whole_job=False``, in torchrun's first attempt only)."""
 
-    def __init__(self, at: int) -> None:
-        self.at = at
+    def __init__(self, at: int, rank: int = 0, whole_job: bool = True) -> None:
+        self.at, self.rank, self.whole_job = at, rank, whole_job
 
     def after_step(self) -> None:
-        if self.trainer.iter == self.at and comm.is_main_process():
+        if self.trainer.iter != self.at or comm.get_rank() != self.rank:
+            return
+        if self.whole_job:
             os.killpg(os.getpgrp(), signal.SIGKILL)
+        elif os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_hooks(args) -> list:
+    hooks = [KillAt(args.kill_at)] if args.kill_at else []
+    if args.kill_rank_at:
+        rank, at = (int(x) for x in args.kill_rank_at.split(":"))
+        hooks.append(KillAt(at, rank, whole_job=False))
+    return hooks
 
 
 def main(args) -> None:
@@ -58,8 +73,7 @@ def main(args) -> None:
     trainer = Trainer(
         model, "sgd", train, lr=0.2, loss_fn=F.cross_entropy, eval_loader=evaluation, eval_batch_size=5,
         metrics=["accuracy", "loss"], max_epochs=3, output_dir=args.out, seed=0, checkpoint_period=4,
-        log_period=2, progress_bar=False, hooks=[KillJobAt(args.kill_at)] if args.kill_at else [],
-        ddp=args.ddp, **batches,
+        log_period=2, progress_bar=False, hooks=kill_hooks(args), ddp=args.ddp, **batches,
     )
     history = trainer.train(resume=args.resume)
     results = trainer.evaluate()
@@ -80,6 +94,7 @@ if __name__ == "__main__":
     parser.add_argument("--ddp", default="ddp")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--kill-at", type=int, default=0)
+    parser.add_argument("--kill-rank-at", default="")
     args = parser.parse_args()
     if args.launch:
         launch(main, args.launch, args=(args,))
