@@ -85,8 +85,11 @@ def launch(
             started with its own ``machine_rank``.
         dist_url: ``tcp://host:port`` of machine 0, or ``"auto"`` for a free
             port on this machine (one machine only).
-        timeout: for collectives, after which a stuck rank fails instead of
-            hanging forever.
+        timeout: bounds joining the process group and, as the group's
+            timeout, every collective: a rank that waits past it fails
+            instead of hanging forever (joining: one line and
+            :data:`GROUP_LOST_EXIT_CODE`), so that torchrun can restart the
+            group. ``tools/train_net.py`` passes ``train.dist_timeout``.
 
     With ``torchrun`` (or SLURM with the four variables above exported), the
     process group comes from the environment and nothing is spawned; the
@@ -306,6 +309,8 @@ def join_env_process_group(timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> boo
         dist.init_process_group(backend=_backend(), store=store, rank=rank, world_size=world_size, timeout=timeout)
     except _SET_UP_ERRORS as e:
         _exit_unjoined(rank, started, where, e)
+    # Its waits had what was left of the set-up's time; now the group's.
+    store.set_timeout(timeout)
     _AgentWatch.joined = True
     return True
 
@@ -377,6 +382,12 @@ def _attempt_store(rank: int, world_size: int, deadline: float) -> Any:
     while True:
         agent.set_timeout(_remaining(deadline))
         own_port, token = agent.get(_ATTEMPT_STORE_KEY).decode().split()
+        if not _accepts_connections(addr, int(own_port)):
+            # A dead attempt's store (its process is gone): quietly, before
+            # TCPStore's client retries it for its whole timeout, logging each try.
+            _remaining(deadline)
+            time.sleep(0.2)
+            continue
         try:
             try_for = min(_CONNECT_TRY_S, _remaining(deadline).total_seconds())
             own = dist.TCPStore(addr, int(own_port), world_size, is_master=False, timeout=datetime.timedelta(seconds=try_for))
@@ -384,9 +395,17 @@ def _attempt_store(rank: int, world_size: int, deadline: float) -> Any:
                 own.set_timeout(_remaining(deadline))
                 return own
         except RuntimeError:
-            pass  # a dead attempt's store: its port refuses connections
+            pass  # gone between the look and the connection, or not a store
         _remaining(deadline)
         time.sleep(0.2)
+
+
+def _accepts_connections(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=_CONNECT_TRY_S):
+            return True
+    except OSError:
+        return False
 
 
 def _exit_unjoined(rank: int, started: float, where: str, error: BaseException) -> None:
@@ -472,8 +491,10 @@ def leave_process_group() -> None:
     """Destroys this process's group, if any, so that the process can exit cleanly."""
     if not dist.is_initialized():
         return
+    global _own_store
     gloo = dist.get_backend() == dist.Backend.GLOO
     dist.destroy_process_group()
+    _own_store = None
     if gloo:
         # destroy_process_group does not join gloo's worker threads. One
         # that frees the last reference to a finished collective's tensor
