@@ -13,6 +13,8 @@ every process of every attempt sees it:
 - ``delay``: seconds from the start of that moment to the kill (a timer
   thread sends SIGKILL, as ``kill -9`` from outside would, wherever the
   process is by then);
+- ``signal`` (optional): ``"SIGSTOP"`` to stop the process instead (a hung
+  peer, alive but silent), ``"SIGKILL"`` by default;
 - ``marker``: a file created just before the kill; while it exists, no
   process kills itself again, so the restarted group runs to the end.
 
@@ -40,7 +42,7 @@ def _kill_later(delay: float) -> None:
             return
         with open(_FAULT["marker"], "w") as f:
             f.write(f"{_FAULT['moment']} rank {_FAULT['rank']}\n")
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), getattr(signal, _FAULT.get("signal", "SIGKILL")))
 
     timer = threading.Timer(delay, kill)
     timer.daemon = True
