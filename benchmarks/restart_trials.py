@@ -17,6 +17,9 @@ moment; torchrun then ends the group and starts it again. Outcomes:
 - **failed**: a non-zero exit status (torchrun gave up);
 - **hung**: still running after ``--bound`` seconds (its processes are killed).
 
+A treadle trial whose process never reached its moment (nothing was killed)
+is counted by its outcome and noted below the table.
+
 treadle's moments, in turn: during a step, a periodic checkpoint save
 (``train.checkpointer.format`` file and dcp, ``async_save`` off and on), an
 evaluation, start-up, and the save of ``model_final``; the process killed
@@ -191,6 +194,13 @@ def treadle_fault(moment: str, rng: random.Random, max_iter: int, marker: Path) 
         fault["at"] = rng.randrange(1, max_iter)
     elif kind == "save":
         fault["at"] = rng.randrange(1, max_iter // PERIOD)  # the periodic saves before the end
+        # Half at a random time from the save's start, half at its publication.
+        fault["delay"] = rng.choice([rng.uniform(0, 0.01), "publish"])
+        if fault["delay"] == "publish":
+            fault["rank"] = 0  # the one that writes in every format
+    elif kind == "final":
+        fault["rank"] = 0  # rank 0 writes model_final
+        fault["delay"] = rng.choice([rng.uniform(0, 0.01), "publish"])
     elif kind == "eval":
         fault["at"] = rng.randrange(1, 3)
     elif kind == "startup":
@@ -207,6 +217,7 @@ def treadle_trial(
     cmd = torchrun_commands([TRAIN_NET, "--resume", "--config-file", FAULTS_CONFIG, *treadle_overrides(max_iter),
                              *MOMENTS[moment][1], f"train.output_dir={out}"], nodes)
     status = run_job(cmd, _env(fault), bound, workdir / f"{name}.log")
+    fault["killed"] = os.path.exists(fault["marker"])
     if status is None:
         return "hung", fault
     if status != 0:
@@ -266,12 +277,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 setup = "torch" if system == "plain-torch" else "treadle"
                 outcome, fault = plain_trial(workdir, name, setup, rng, args.bound, args.nodes)
             counts[system][outcome] += 1
+            if not fault.get("killed", True):
+                counts[system]["nothing killed"] += 1
             print(f"{name:20s} {moment:16s} {outcome:8s} {time.monotonic() - started:6.1f} s  {json.dumps(fault)}", flush=True)
     print()
     print(f"{'system':16s} {'trials':>6s} " + " ".join(f"{o:>7s}" for o in OUTCOMES))
     for system in args.systems:
         c = counts[system]
-        print(f"{system:16s} {sum(c.values()):6d} " + " ".join(f"{c[o]:7d}" for o in OUTCOMES))
+        print(f"{system:16s} {sum(c[o] for o in OUTCOMES):6d} " + " ".join(f"{c[o]:7d}" for o in OUTCOMES))
+    unkilled = {s: c["nothing killed"] for s, c in counts.items() if c["nothing killed"]}
+    if unkilled:
+        print(f"trials in which the process to kill never reached its moment: {unkilled}")
     if by_moment:
         print()
         print(f"{'treadle moment':16s} {'trials':>6s} " + " ".join(f"{o:>7s}" for o in OUTCOMES))

@@ -12,7 +12,9 @@ every process of every attempt sees it:
   ``at``-th evaluation) or ``"final"`` (the save of ``model_final``);
 - ``delay``: seconds from the start of that moment to the kill (a timer
   thread sends SIGKILL, as ``kill -9`` from outside would, wherever the
-  process is by then);
+  process is by then); for a save, ``"publish"`` instead: the kill comes at
+  the save's first rename, when its data is written but not yet in place
+  (in the background thread of an asynchronous save);
 - ``signal`` (optional): ``"SIGSTOP"`` to stop the process instead (a hung
   peer, alive but silent), ``"SIGKILL"`` by default;
 - ``marker``: a file created just before the kill; while it exists, no
@@ -25,6 +27,7 @@ import json
 import os
 import signal
 import threading
+import time
 
 from treadle.config import LazyConfig
 
@@ -49,6 +52,18 @@ def _kill_later(delay: float) -> None:
     timer.start()
 
 
+def _kill_at_the_next_rename() -> None:
+    for name in ("replace", "rename"):
+        original = getattr(os, name)
+
+        def renaming(src, dst, *args, _original=original, **kwargs):
+            _kill_later(0.0)
+            time.sleep(5)  # the timer's kill comes first
+            return _original(src, dst, *args, **kwargs)
+
+        setattr(os, name, renaming)
+
+
 def _count_calls(owner, name, fires):
     """Wraps ``owner.name``: a timer starts when ``fires(count, *args, **kwargs)`` is true."""
     original = getattr(owner, name)
@@ -57,7 +72,10 @@ def _count_calls(owner, name, fires):
     def wrapper(*args, **kwargs):
         calls[0] += 1
         if fires(calls[0], *args, **kwargs):
-            _kill_later(float(_FAULT["delay"]))
+            if _FAULT["delay"] == "publish":
+                _kill_at_the_next_rename()
+            else:
+                _kill_later(float(_FAULT["delay"]))
         return original(*args, **kwargs)
 
     setattr(owner, name, wrapper)

@@ -186,6 +186,9 @@ def test_a_process_in_a_collective_whose_peer_died_exits_with_one_line(tmp_path)
     lines = _survivor_lines(text)
     assert len(lines) == 1, text[-3000:]
     assert "Connection reset by peer" in lines[0] or "Connection closed by peer" in lines[0], lines
+    # Said for a reader: what it means and where it was, without gloo's source file.
+    assert "another process of the group is gone or stuck" in lines[0] and "raised by" in lines[0], lines
+    assert ".cc:" not in lines[0], lines
     assert "[rank0]: Traceback" not in text
 
 

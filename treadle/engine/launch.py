@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from treadle.config.train_keys import wrapper_options
+from treadle.config.train_keys import train_default, wrapper_options
 from treadle.hooks.preemption import PREEMPTED_EXIT_CODE
 from treadle.utils import comm
 from treadle.utils.logger import one_line_error
@@ -45,7 +45,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+#: ``train.dist_timeout``'s default (5 minutes; detectron2's is 30): the
+#: set-up's and every collective's bound when none is given. See the table.
+DEFAULT_TIMEOUT = datetime.timedelta(seconds=train_default("dist_timeout"))
 
 _ENV_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
