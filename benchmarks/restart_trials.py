@@ -231,8 +231,9 @@ def plain_trial(workdir: Path, name: str, setup: str, rng: random.Random, bound:
     out = workdir / name
     out.mkdir()
     fault = {"kill_at": rng.randrange(PLAIN_STEPS)}
+    # The group's timeout is torch's default (30 minutes), as a user's script has it.
     cmd = torchrun_commands([PLAIN_SCRIPT, str(out), "--steps", str(PLAIN_STEPS), "--kill-at", str(fault["kill_at"]),
-                             "--setup", setup, "--timeout", "60"], nodes)
+                             "--setup", setup], nodes)
     status = run_job(cmd, _env(), bound, workdir / f"{name}.log")
     if status is None:
         return "hung", fault
