@@ -291,7 +291,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"trials in which the process to kill never reached its moment: {unkilled}")
     if by_moment:
         print()
-        print(f"{'treadle moment':16s} {'trials':>6s} " + " ".join(f"{o:>7s}" for o in OUTCOMES))
+        print(f"{'moment (treadle)':16s} {'trials':>6s} " + " ".join(f"{o:>7s}" for o in OUTCOMES))
         for moment in args.moments:
             c = by_moment[moment]
             if c:

@@ -19,6 +19,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import List
@@ -77,6 +78,51 @@ def test_two_nodes_one_killed_restart_and_end_exact(workdir, uninterrupted):
     weights. The agent whose process died counts a restart, the other does
     not (TORCHELASTIC_RESTART_COUNT differs between them)."""
     _assert_exact_after_a_kill(workdir, "two-nodes", "step", 9, uninterrupted, nodes=2)
+
+
+@pytest.fixture
+def torchrun_store(monkeypatch):
+    """A store standing for torchrun's agent's, and the variables torchrun sets."""
+    import torch.distributed as dist
+
+    agent = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(agent.port))
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    yield agent
+
+
+def test_the_ranks_of_an_attempt_meet_over_its_own_store_not_a_dead_attempts(torchrun_store):
+    """A dead attempt's entry is still in torchrun's store (as after a
+    restart): rank 1 skips it and waits for the new rank 0's."""
+    launch = importlib.import_module("treadle.engine.launch")  # the module; treadle.engine.launch is the function
+
+    dead = launch.find_free_port()  # nothing listens there any more
+    torchrun_store.set(launch._ATTEMPT_STORE_KEY, f"{dead} 0123456789abcdef")
+    found = {}
+
+    def rank1():
+        found["store"] = launch._attempt_store(1, 2, time.monotonic() + 60)
+
+    thread = threading.Thread(target=rank1)
+    thread.start()
+    time.sleep(1.0)
+    assert thread.is_alive()  # still waiting: the entry is a dead attempt's
+    own = launch._attempt_store(0, 2, time.monotonic() + 60)
+    thread.join(60)
+    assert not thread.is_alive()
+    assert own.port != torchrun_store.port
+    # Rank 1 reached rank 0's new store: a key set there is seen by it.
+    own.set("hello", "from rank 0")
+    assert found["store"].get("hello") == b"from rank 0"
+    launch._own_store = None
+
+
+def test_an_attempt_store_that_never_comes_is_a_timeout(torchrun_store):
+    launch = importlib.import_module("treadle.engine.launch")
+    torchrun_store.set(launch._ATTEMPT_STORE_KEY, f"{launch.find_free_port()} 0123456789abcdef")
+    with pytest.raises(TimeoutError):
+        launch._attempt_store(1, 2, time.monotonic() + 2)
 
 
 def _workers(torchrun: subprocess.Popen) -> List[int]:
