@@ -207,7 +207,7 @@ def treadle_fault(moment: str, rng: random.Random, max_iter: int, marker: Path) 
     elif kind == "eval":
         fault["at"] = rng.randrange(1, 3)
     elif kind == "startup":
-        fault["delay"] = rng.uniform(0, 4.0)
+        fault["delay"] = rng.uniform(0, 1.5)  # the short job trains within seconds of start-up
     return fault
 
 
