@@ -248,3 +248,29 @@ def test_a_process_in_a_collective_whose_peer_hangs_exits_after_the_timeout_with
     assert len(lines) == 1, text[-3000:]
     assert "Timed out" in lines[0] or "timed out" in lines[0], lines
     assert "[rank0]: Traceback" not in text
+
+
+def test_train_net_passes_train_dist_timeout_to_launch(tmp_path, monkeypatch):
+    import datetime
+
+    import treadle.tools.train_net as train_net
+
+    seen = {}
+
+    def fake_launch(main, num_gpus, **kwargs):
+        seen.update(kwargs)
+
+    monkeypatch.setattr(train_net, "launch", fake_launch)
+    status = train_net.cli(["--config-file", str(REPO / "configs" / "digits_mlp.py"), "train.dist_timeout=42",
+                            f"train.output_dir={tmp_path / 'run'}"])
+    assert status == 0
+    assert seen["timeout"] == datetime.timedelta(seconds=42)
+
+
+def test_the_default_timeout_is_the_tables():
+    import datetime
+
+    from treadle.config.train_keys import train_default
+    from treadle.engine.launch import DEFAULT_TIMEOUT
+
+    assert DEFAULT_TIMEOUT == datetime.timedelta(seconds=train_default("dist_timeout")) == datetime.timedelta(minutes=5)
