@@ -150,6 +150,13 @@ KEYS: Tuple[TrainKey, ...] = (
     _K("early_stopping.min_delta", 0.0, non_negative_number, "The smallest change that counts as an improvement."),
     _K("early_stopping.mode", None, choice(_MODES), "'max' or 'min'; None follows the metric, as best_checkpointer.mode."),
     _K("handle_preemption", True, boolean, "On SIGTERM/SIGUSR1: checkpoint at the next step and exit with status 75."),
+    # 300 s: longer than a rank waits for another in a healthy run (rank 0
+    # writing a checkpoint, an uneven evaluation, a slow start), far shorter
+    # than torch's 30 minutes, so that a group that lost a rank is restarted
+    # by torchrun within minutes instead of hanging.
+    _K("dist_timeout", 300, positive_number(),
+       "Seconds a process waits for the others: joining the process group and in each collective; past it, "
+       "it exits (one line) so that torchrun can restart the group. See docs/distributed.md."),
     _K("nonfinite_check", "flush", choice(("flush", "step", "off")),
        "When to look for NaN losses: 'flush' (no extra sync), 'step' (every iteration) or 'off'."),
     _K("cudnn_benchmark", False, boolean,

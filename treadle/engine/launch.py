@@ -26,9 +26,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from treadle.config.train_keys import wrapper_options
+from treadle.config.train_keys import train_default, wrapper_options
 from treadle.hooks.preemption import PREEMPTED_EXIT_CODE
 from treadle.utils import comm
+from treadle.utils.logger import one_line_error
 
 __all__ = [
     "launch",
@@ -40,11 +41,14 @@ __all__ = [
     "join_env_process_group",
     "leave_process_group",
     "wrap_model",
+    "GROUP_LOST_EXIT_CODE",
 ]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+#: ``train.dist_timeout``'s default (5 minutes; detectron2's is 30): the
+#: set-up's and every collective's bound when none is given. See the table.
+DEFAULT_TIMEOUT = datetime.timedelta(seconds=train_default("dist_timeout"))
 
 _ENV_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -84,8 +88,11 @@ def launch(
             started with its own ``machine_rank``.
         dist_url: ``tcp://host:port`` of machine 0, or ``"auto"`` for a free
             port on this machine (one machine only).
-        timeout: for collectives, after which a stuck rank fails instead of
-            hanging forever.
+        timeout: bounds joining the process group and, as the group's
+            timeout, every collective: a rank that waits past it fails
+            instead of hanging forever (joining: one line and
+            :data:`GROUP_LOST_EXIT_CODE`), so that torchrun can restart the
+            group. ``tools/train_net.py`` passes ``train.dist_timeout``.
 
     With ``torchrun`` (or SLURM with the four variables above exported), the
     process group comes from the environment and nothing is spawned; the
@@ -243,7 +250,11 @@ def _distributed_worker(
         # torchrun's OMP_NUM_THREADS=1 does. Oversubscribed, gloo's threads
         # wait for cores and two processes ran 5x slower (benchmarks/ddp.py).
         torch.set_num_threads(max(1, torch.get_num_threads() // num_gpus_per_machine))
-    dist.init_process_group(backend=_backend(), init_method=dist_url, world_size=world_size, rank=global_rank, timeout=timeout)
+    started = time.monotonic()
+    try:
+        dist.init_process_group(backend=_backend(), init_method=dist_url, world_size=world_size, rank=global_rank, timeout=timeout)
+    except _SET_UP_ERRORS as e:
+        _exit_unjoined(global_rank, started, dist_url, e)
     _run_and_clean_up(main_func, args)
 
 
@@ -276,13 +287,184 @@ def join_env_process_group(timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> boo
     :func:`launched_by_torchrun`), unless one is joined already or there is
     none to join. Returns True when this call joined it; the caller then
     leaves it with :func:`leave_process_group`. Used by :func:`launch` and by
-    the plain :class:`~treadle.engine.Trainer` started by torchrun."""
+    the plain :class:`~treadle.engine.Trainer` started by torchrun.
+
+    ``timeout`` bounds the set-up and, as the group's timeout, every
+    collective. A process that cannot join within it (a peer that never
+    comes, a store that is gone) prints one line naming what it waited for
+    and exits with :data:`GROUP_LOST_EXIT_CODE`, so that torchrun restarts
+    the group rather than wait with it.
+
+    Under torchrun's restarts the ranks meet over a store of their own for
+    each attempt, not over torchrun's store directly: see
+    :func:`_attempt_store` (docs/distributed.md, "Fault-tolerant runs").
+    """
     if dist.is_initialized() or not launched_by_torchrun():
         return False
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend=_backend(), init_method="env://", timeout=timeout)
+    _AgentWatch.start()
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    started = time.monotonic()
+    try:
+        store = _attempt_store(rank, world_size, started + timeout.total_seconds())
+        dist.init_process_group(backend=_backend(), store=store, rank=rank, world_size=world_size, timeout=timeout)
+    except _SET_UP_ERRORS as e:
+        _exit_unjoined(rank, started, where, e)
+    # Its waits had what was left of the set-up's time; now the group's.
+    store.set_timeout(timeout)
+    _AgentWatch.joined = True
     return True
+
+
+#: Exit status of a process that could not join its process group within
+#: the timeout: EX_UNAVAILABLE from sysexits.h. Any non-zero status makes
+#: torchrun restart the group; this one tells a log reader why.
+GROUP_LOST_EXIT_CODE = 69
+
+# What a set-up that cannot complete raises: the store's and gloo's timeouts
+# and refused connections (DistError and its subclasses are RuntimeErrors).
+_SET_UP_ERRORS = (RuntimeError, TimeoutError, ConnectionError, ValueError)
+
+# Where the ranks of one attempt find its store, in torchrun's store.
+_ATTEMPT_STORE_KEY = "treadle/attempt_store"
+_TOKEN_KEY = "treadle/token"
+# How long one try to reach a published store lasts before the address is read again.
+_CONNECT_TRY_S = 3.0
+
+# Rank 0's store of the current attempt, kept alive with the group.
+_own_store: Optional[Any] = None
+
+
+def _remaining(deadline: float) -> datetime.timedelta:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("set-up deadline passed")
+    return datetime.timedelta(seconds=left)
+
+
+def _attempt_store(rank: int, world_size: int, deadline: float) -> Any:
+    """The store the ranks of this attempt meet over, fresh for each attempt.
+
+    torchrun (torch >= 2.4, c10d and static rendezvous) hosts one TCPStore in
+    its agent for the whole job and tells every worker to use it
+    (``TORCHELASTIC_USE_AGENT_STORE=True``); torch's env:// set-up then adds
+    no prefix per restart. After a restart the keys of the dead attempt are
+    still there, among them the addresses gloo's ranks published to connect
+    to each other: a new rank that reads a dead peer's address before the
+    new peer overwrites it fails with "connectFullMesh ... Connection
+    refused", or waits for a peer that dials elsewhere until the group's
+    timeout (30 minutes by default). ``TORCHELASTIC_RESTART_COUNT`` cannot
+    key a prefix: it counts one agent's restarts, and on several nodes the
+    agents whose workers did not fail restart without counting.
+
+    So rank 0 starts a new store on a free port and publishes its port and a
+    random token in torchrun's store; the other ranks read that, connect,
+    and check the token. A stale entry names a dead attempt's store, whose
+    port refuses connections (its process is gone before torchrun starts
+    the next attempt): they read again until the new entry is there. Without
+    torchrun's store (SLURM's variables, or torchrun with
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``) rank 0 hosts the store at
+    ``MASTER_PORT`` as env:// does, new for each start.
+    """
+    global _own_store
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return dist.TCPStore(
+            addr, port, world_size, is_master=rank == 0, timeout=_remaining(deadline), wait_for_workers=False
+        )
+    agent = dist.TCPStore(addr, port, world_size, is_master=False, timeout=_remaining(deadline))
+    if rank == 0:
+        own = dist.TCPStore(addr, 0, world_size, is_master=True, timeout=_remaining(deadline), wait_for_workers=False)
+        token = os.urandom(8).hex()
+        own.set(_TOKEN_KEY, token)
+        agent.set(_ATTEMPT_STORE_KEY, f"{own.port} {token}")
+        _own_store = own
+        return own
+    while True:
+        agent.set_timeout(_remaining(deadline))
+        own_port, token = agent.get(_ATTEMPT_STORE_KEY).decode().split()
+        if not _accepts_connections(addr, int(own_port)):
+            # A dead attempt's store (its process is gone): quietly, before
+            # TCPStore's client retries it for its whole timeout, logging each try.
+            _remaining(deadline)
+            time.sleep(0.2)
+            continue
+        try:
+            try_for = min(_CONNECT_TRY_S, _remaining(deadline).total_seconds())
+            own = dist.TCPStore(addr, int(own_port), world_size, is_master=False, timeout=datetime.timedelta(seconds=try_for))
+            if own.check([_TOKEN_KEY]) and own.get(_TOKEN_KEY).decode() == token:
+                own.set_timeout(_remaining(deadline))
+                return own
+        except RuntimeError:
+            pass  # gone between the look and the connection, or not a store
+        _remaining(deadline)
+        time.sleep(0.2)
+
+
+def _accepts_connections(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=_CONNECT_TRY_S):
+            return True
+    except OSError:
+        return False
+
+
+def _exit_unjoined(rank: int, started: float, where: str, error: BaseException) -> None:
+    """Ends a process that could not join its group, with one line and no
+    traceback: ``os._exit``, since the C++ threads of a half-made group can
+    keep the interpreter from ending."""
+    print(
+        f"error: rank {rank} waited {time.monotonic() - started:.0f} s for the process group's other ranks at {where} "
+        f"and gave up ({one_line_error(error)}); exiting with status {GROUP_LOST_EXIT_CODE} so that the "
+        "launcher can restart the group",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.stdout.flush()
+    os._exit(GROUP_LOST_EXIT_CODE)
+
+
+class _AgentWatch:
+    """Ends a torchrun worker whose torchrun is gone (``kill -9`` of torchrun).
+
+    A daemon thread looks at the parent's PID every second. When the parent
+    changes (the worker was handed to init or a subreaper): before the group
+    is joined, the worker exits with one line (the store it waits on was
+    torchrun's); after, it sends itself SIGTERM, which the
+    :class:`~treadle.hooks.PreemptionHandler` turns into a checkpoint at the
+    ranks' next agreed step and exit status 75 (every orphan of that
+    torchrun gets it, so they agree). A thread rather than prctl's parent-death
+    signal: that one fires when the thread that started the worker ends, which
+    in torchrun need not be the agent's end.
+    """
+
+    joined = False
+    _thread: Optional[threading.Thread] = None
+
+    @classmethod
+    def start(cls) -> None:
+        if cls._thread is not None or "TORCHELASTIC_RUN_ID" not in os.environ:
+            return
+        parent = os.getppid()
+        cls._thread = threading.Thread(target=cls._watch, args=(parent,), name="treadle-agent-watch", daemon=True)
+        cls._thread.start()
+
+    @classmethod
+    def _watch(cls, parent: int) -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        if not cls.joined:
+            print(
+                f"error: rank {os.environ.get('RANK', '?')}: torchrun (PID {parent}) ended before the process "
+                f"group was formed; exiting with status {GROUP_LOST_EXIT_CODE}",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(GROUP_LOST_EXIT_CODE)
+        logger.warning("torchrun (PID %d) has ended: stopping this worker as after a SIGTERM.", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _run_in_env_group(main_func: Callable[..., Any], args: Sequence[Any], timeout: datetime.timedelta) -> None:
@@ -312,8 +494,10 @@ def leave_process_group() -> None:
     """Destroys this process's group, if any, so that the process can exit cleanly."""
     if not dist.is_initialized():
         return
+    global _own_store
     gloo = dist.get_backend() == dist.Backend.GLOO
     dist.destroy_process_group()
+    _own_store = None
     if gloo:
         # destroy_process_group does not join gloo's worker threads. One
         # that frees the last reference to a finished collective's tensor

@@ -49,6 +49,14 @@ class PreemptionHandler(HookBase):
     stop at the same iteration even when the signal reaches them at
     different times. In a single process the flag is read every iteration.
 
+    When torchrun ends a group because one of its processes died, the
+    survivors get SIGTERM too, but no checkpoint can be agreed with a dead
+    peer: the agreeing collective fails (at once with gloo, which sees the
+    peer's connection closed; at the latest after the group's timeout,
+    ``train.dist_timeout``), and the process ends with that error instead
+    of waiting, so that torchrun can start the next attempt. Only when every
+    rank is alive (a preemption of the whole job) is the checkpoint written.
+
     A second signal after the checkpoint is written ends the process at
     once with ``exit_code`` (the other hooks' ``after_train`` still run, as
     after any exception in one of them). With several processes the ranks

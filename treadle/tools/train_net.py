@@ -411,7 +411,8 @@ def cli(argv: Optional[List[str]] = None, *, standalone: bool = False) -> int:
     try:
         # Checked once here, so that a bad file, override or missing weights
         # fail before any process starts; each process checks again.
-        check_job(load_config(args), args)
+        cfg = load_config(args)
+        check_job(cfg, args)
         launch(
             _job,
             args.num_gpus,
@@ -419,6 +420,7 @@ def cli(argv: Optional[List[str]] = None, *, standalone: bool = False) -> int:
             machine_rank=args.machine_rank,
             dist_url=args.dist_url,
             args=(args, parser.prog, standalone, shown_warnings()),
+            timeout=datetime.timedelta(seconds=train_setting(cfg, "dist_timeout")),
         )
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

@@ -79,10 +79,27 @@ class _PlainFormatter(_LineFormatterMixin, logging.Formatter):
         return strip_ansi(super().format(record))
 
 
+# A collective's error from gloo or c10d: "[/path/pair.cc:553] Connection
+# closed by peer [10.0.0.2]:1234. This is typically caused by ... GLHF!".
+_NATIVE_SOURCE = re.compile(r"^\[[^\]\s]+\.(?:cc|cpp|h):\d+\]\s*")
+_NATIVE_ADVICE = re.compile(r"\.?\s*This is typically caused by.*$")
+
+
 def one_line_error(error: BaseException) -> str:
-    """``Type: first line of the message``, for a console that shows one line per error."""
+    """``Type: first line of the message``, for a console that shows one line per error.
+
+    An error of torch's distributed C++ layer (gloo's "Connection closed by
+    peer" in a collective, a store's timeout) loses its source file and
+    boilerplate advice, and says what it means: another process of the
+    group is gone or stuck."""
     lines = [line.strip() for line in strip_ansi(str(error)).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    if not lines:
+        return type(error).__name__
+    first = lines[0]
+    if _NATIVE_SOURCE.match(first):
+        first = _NATIVE_ADVICE.sub("", _NATIVE_SOURCE.sub("", first))
+        return f"{type(error).__name__}: {first} (another process of the group is gone or stuck)"
+    return f"{type(error).__name__}: {first}"
 
 
 class _OneLineConsoleMixin:

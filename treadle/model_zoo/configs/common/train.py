@@ -152,6 +152,10 @@ train.early_stopping.mode = None
 
 train.handle_preemption = True
     On SIGTERM/SIGUSR1: checkpoint at the next step and exit with status 75.
+train.dist_timeout = 300
+    Seconds a process waits for the others: joining the process group and in each
+    collective; past it, it exits (one line) so that torchrun can restart the group. See
+    docs/distributed.md.
 train.nonfinite_check = 'flush'
     When to look for NaN losses: 'flush' (no extra sync), 'step' (every iteration) or
     'off'.
