@@ -8,6 +8,7 @@ and checkpoints as :class:`~treadle.engine.DefaultTrainer`, from objects.
 from __future__ import annotations
 
 import atexit
+import datetime
 import functools
 import logging
 import os
@@ -44,7 +45,7 @@ from treadle.utils.run_folder import RunFolder, check_output_dir, claim_on_main_
 from .build import build_optimizer, build_step, loader_batches, loader_epoch_length, resolve_scheduler
 from .default_hooks import default_hooks
 from .history import EpochCallback, TrainingHistory
-from .launch import join_env_process_group, leave_process_group, wrap_model
+from .launch import DEFAULT_TIMEOUT, join_env_process_group, leave_process_group, wrap_model
 from .resume import restore_hyperparameters, take_hyperparameters
 from .train_loop import TrainerBase
 
@@ -148,6 +149,11 @@ class Trainer(TrainerBase):
             ``"fsdp"`` (FSDP2 sharding), or a dict of ``train.ddp``'s options
             with its ``kind`` (``{"kind": "fsdp", "reshard_after_forward":
             False}``). Nothing is wrapped on one process.
+        dist_timeout: seconds that joining torchrun's process group and
+            each collective may wait for the other processes (configs'
+            ``train.dist_timeout``); past it a process exits with one line,
+            so that torchrun's ``--max-restarts`` restarts the group
+            (``docs/distributed.md``, "Fault-tolerant runs").
         hooks: more hooks, run after evaluation and the epoch's history and
             before checkpoints and writers; a hook the evaluation must follow
             (``PreciseBN``) is placed before it (the default hooks and this
@@ -247,6 +253,7 @@ class Trainer(TrainerBase):
         progress_bar: Optional[bool] = None,
         evaluate_with_generate: Union[bool, Dict[str, Any]] = False,
         ddp: Union[str, Dict[str, Any]] = "ddp",
+        dist_timeout: float = DEFAULT_TIMEOUT.total_seconds(),
     ) -> None:
         unknown_loggers = [name for name in loggers if not isinstance(name, EventWriter) and name not in LOGGERS]
         if unknown_loggers:
@@ -270,7 +277,9 @@ class Trainer(TrainerBase):
             raise ValueError("ema_decay is not supported with ddp='fsdp': the EMA keeps an unsharded copy of the weights")
         # Under torchrun the processes meet here (launch() has joined them
         # before calling the user's function); they leave at exit.
-        if join_env_process_group():
+        if not isinstance(dist_timeout, (int, float)) or isinstance(dist_timeout, bool) or not dist_timeout > 0:
+            raise ValueError(f"dist_timeout must be a positive number of seconds, got {dist_timeout!r}")
+        if join_env_process_group(datetime.timedelta(seconds=dist_timeout)):
             atexit.register(leave_process_group)
         self.output_dir = output_dir
         self.checkpoint_dir = _inside(output_dir, checkpoints_dir)
