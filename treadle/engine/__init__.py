@@ -17,7 +17,7 @@ from .build import build_optimizer, build_step, get_param_groups, resolve_schedu
 from .train_loop import HookOrderError, TrainerBase
 from .simple_trainer import AMPTrainer, SimpleTrainer
 from .trainer import Trainer, TrainingHistory
-from .launch import create_ddp_model, launch
+from .launch import GROUP_LOST_EXIT_CODE, create_ddp_model, launch
 
 if TYPE_CHECKING:
     from .defaults import DefaultTrainer, default_argument_parser, default_setup
@@ -33,6 +33,7 @@ __all__ = [
     "default_writers",
     "launch",
     "create_ddp_model",
+    "GROUP_LOST_EXIT_CODE",
     "TrainerBase",
     "SimpleTrainer",
     "AMPTrainer",
