@@ -213,11 +213,17 @@ def test_the_readme_has_commands_to_run_and_each_skip_has_a_reason():
 @pytest.mark.slow
 def test_every_readme_command_runs_in_order_in_a_clean_copy(tmp_path):
     repo = clean_copy(tmp_path / "clone")
+    # `python` is the interpreter running the tests (a script, not a link: a
+    # link outside a venv's bin/ would lose the venv), and `torchrun`,
+    # `treadle-plot` are those installed beside it.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bin_dir / "python").chmod(0o755)
     env = dict(
         os.environ,
         PYTHONPATH=str(repo),
-        # `python`, `torchrun`, `treadle-plot`: those of the interpreter running the tests.
-        PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
+        PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
         PYTHONUNBUFFERED="1",
         MPLBACKEND="Agg",
     )
