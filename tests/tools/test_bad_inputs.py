@@ -5,6 +5,11 @@ start and with ``--resume``. Each must end with its exit status (2: the job
 was asked for wrongly), exactly one line on stderr naming the culprit, no
 traceback anywhere, and every file of the folder byte-identical.
 
+A used folder is refused before anything is built (the refusal is the job's
+first line, see tests/tools/test_train_net.py): an object that fails to build
+is named in a fresh start that may use the folder, ``--move-aside`` (which
+then moves nothing), and on ``--resume``.
+
 The cases run in-process through ``cli`` (what ``tools/train_net.py`` calls),
 with the output captured at the file-descriptor level; a few run the real
 script in a subprocess, the way users run it.
@@ -39,6 +44,10 @@ class Case(NamedTuple):
 
 def case(*argv: str, culprit: str, modes: Tuple[str, ...] = ("fresh", "resume"), code: int = 2) -> Case:
     return Case(tuple(argv), culprit, modes, code)
+
+
+#: The modes of a case whose error comes from building an object: where the folder may be used.
+BUILT = ("move-aside", "resume")
 
 
 def _config_file(name: str, text: str) -> str:
@@ -109,10 +118,10 @@ CASES: List[Case] = [
     case("+train.max_iter=5", culprit="already exists"),
     case("train.max_iter", culprit="train.max_iter"),
     # the other sections, and the objects they build
-    case("model._target_=treadle.models.NoSuchModel", culprit="treadle.models.NoSuchModel"),
-    case("+model.num_layers=3", culprit="num_layers"),
-    case("model.hidden_dims=abc", culprit="hidden_dims must be a sequence of ints, got 'abc'"),
-    case("dataloader.test.batch_size=0", culprit="Cannot build the run"),
+    case("model._target_=treadle.models.NoSuchModel", culprit="treadle.models.NoSuchModel", modes=BUILT),
+    case("+model.num_layers=3", culprit="num_layers", modes=BUILT),
+    case("model.hidden_dims=abc", culprit="hidden_dims must be a sequence of ints, got 'abc'", modes=BUILT),
+    case("dataloader.test.batch_size=0", culprit="Cannot build the run", modes=BUILT),
     case("optimizer.lr=-1", culprit="optimizer.lr must be a number >= 0, got -1"),
     case("optimizer.lr=abc", culprit="optimizer.lr"),
     case("optimizer.weight_decay=-0.1", culprit="optimizer.weight_decay"),
@@ -121,8 +130,10 @@ CASES: List[Case] = [
     case("dataloader.train.total_batch_size=abc", culprit="dataloader.train.total_batch_size"),
     case("dataloader.train.num_workers=-1", culprit="dataloader.train.num_workers must be an integer >= 0, got -1"),
     case("dataloader.evaluator.metrics=[accuracy,bogus_metric]", culprit="unknown metric 'bogus_metric'"),
-    case("lr_multiplier.name=bogus", culprit="bogus"),
-    case("train.step.loss_fn._target_=torch.nn.NoSuchLoss", culprit="torch.nn.NoSuchLoss"),
+    case("lr_multiplier.name=bogus", culprit="bogus", modes=BUILT),
+    case("train.step.loss_fn._target_=torch.nn.NoSuchLoss", culprit="torch.nn.NoSuchLoss", modes=BUILT),
+    # ... which a fresh start in the used folder does not reach: the folder is refused first
+    case("model._target_=treadle.models.NoSuchModel", culprit="holds an earlier run", modes=("fresh",)),
     # config files
     case("--config-file", "/no/such/config.py", culprit="/no/such/config.py"),
     case("--config-file", _config_file("syntax.py", "train = dict(\n  oops oops\n)\n"), culprit="syntax.py"),
@@ -192,7 +203,7 @@ def _argv(c: Case, folder: Path, tmp: Path, mode: str) -> List[str]:
             arg = str(path)
         argv.append(arg)
     # Appended last but overridden by a case's own train.output_dir= (the last override wins).
-    return [f"train.output_dir={folder}", *FAST, *argv] + (["--resume"] if mode == "resume" else [])
+    return [f"train.output_dir={folder}", *FAST, *argv] + {"fresh": [], "resume": ["--resume"], "move-aside": ["--move-aside"]}[mode]
 
 
 def _ids() -> List[str]:
@@ -231,7 +242,8 @@ def test_bad_input_is_one_line_and_changes_nothing(bad_case, mode, finished_run,
     [
         (["train.max_iter=abc"], "train.max_iter must be an integer"),
         (["--num-gpus", "0"], "--num-gpus must be an integer >= 1"),
-        (["--num-gpus", "2", "+model.num_layers=3"], "num_layers"),
+        (["--num-gpus", "2", "+model.num_layers=3", "--move-aside"], "num_layers"),
+        (["--num-gpus", "2", "+model.num_layers=3"], "holds an earlier run"),
         ([], "holds an earlier run"),
     ],
 )

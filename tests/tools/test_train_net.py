@@ -239,3 +239,51 @@ def test_a_second_job_in_one_process_warns_about_its_config_again(tmp_path, caps
         assert code == 0
         assert capsys.readouterr().out.count("train.new_key is not a key that DefaultTrainer reads") == 1, run
         assert (tmp_path / run / "log.txt").read_text().count("train.new_key is not a key that DefaultTrainer reads") == 1
+
+
+def _used_folder(path):
+    """A folder holding an earlier run: what a finished run leaves that marks it as one."""
+    path.mkdir()
+    (path / "metrics.json").write_text('{"iteration": 39, "total_loss": 0.5}\n')
+    (path / "last_checkpoint").write_text("model_final.pth")
+    torch.save({"model": {"w": torch.ones(2)}, "iteration": 39}, path / "model_final.pth")
+    (path / "log.txt").write_text("the earlier run's log\n")
+    return path
+
+
+def _first_lines(*args):
+    """The job's exit status and its console, stdout and stderr as one stream, in order."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    result = subprocess.run(
+        [sys.executable, str(TRAIN_NET), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300, cwd=ROOT, env=env,
+    )
+    return result.returncode, [line for line in result.stdout.splitlines() if line.strip()]
+
+
+def test_a_used_folder_is_refused_before_the_environment_and_model_are_printed(tmp_path):
+    from tests.run_files import snapshot
+
+    out = _used_folder(tmp_path / "run")
+    before = snapshot(out)
+    code, lines = _first_lines(f"train.output_dir={out}", "train.max_iter=5")
+    assert code == 2
+    # The refusal is the job's first and only line: no environment table, config or model first.
+    assert len(lines) == 1, "\n".join(lines[:40])
+    assert lines[0].startswith("train_net.py: error: ") and f"'{out}' holds an earlier run" in lines[0], lines[0]
+    assert snapshot(out) == before and sorted(os.listdir(out)) == sorted(before)  # not even a lock file
+
+
+def test_a_busy_folder_is_refused_before_anything_is_printed_also_on_resume(tmp_path):
+    from tests.run_files import snapshot
+    from treadle.utils.run_folder import RunFolder
+
+    out = _used_folder(tmp_path / "run")
+    with RunFolder(str(out)):  # another job, here: this process holds the folder
+        before = snapshot(out)
+        code, lines = _first_lines(f"train.output_dir={out}", "train.max_iter=5", "--resume")
+        assert snapshot(out) == before  # the holder's lock file too
+    assert code == 2
+    assert len(lines) == 1, "\n".join(lines[:40])
+    assert f"'{out}' is in use by another job: PID {os.getpid()}" in lines[0], lines[0]
+

@@ -107,6 +107,25 @@ def test_a_refused_fresh_start_names_the_checkpoints_first(tmp_path):
     assert snapshot(folder) == before and not (folder / LOCK_FILE).exists()
 
 
+def test_check_finds_what_claim_would_refuse_and_writes_nothing(tmp_path):
+    RunFolder(str(tmp_path / "new")).check(resume=False)
+    assert not (tmp_path / "new").exists()  # not even the folder
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "metrics.json").write_text('{"iteration": 9}\n')
+    before = snapshot(folder)
+    with pytest.raises(RunFolderUsedError, match="holds an earlier run"):
+        RunFolder(str(folder)).check(resume=False)
+    RunFolder(str(folder)).check(resume=True)
+    RunFolder(str(folder)).check(resume=False, move_aside=True)  # the claim moves it
+    assert snapshot(folder) == before
+    with RunFolder(str(folder)):
+        held = snapshot(folder)
+        with pytest.raises(RunFolderBusyError, match=f"in use by another job: PID {os.getpid()}"):
+            RunFolder(str(folder)).check(resume=True)
+        assert snapshot(folder) == held
+
+
 def test_config_and_log_alone_do_not_make_a_used_folder(tmp_path):
     (tmp_path / "config.yaml").write_text("a job that failed before training\n")
     (tmp_path / "log.txt").write_text("...\n")

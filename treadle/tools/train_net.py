@@ -8,8 +8,9 @@ it trains the handwritten digits example (``configs/digits_mlp.py``).
 
 A job checks everything it can before it writes a byte into
 ``train.output_dir``: the config (keys, types, ranges, interpolations, metric
-names, device, precision, world size), then the objects it builds, then the
-folder (one job at a time; a fresh start does not overwrite an earlier run).
+names, device, precision, world size) and the folder (one job at a time; a
+fresh start does not overwrite an earlier run), before it prints its
+environment; then the objects it builds.
 A failure is one line on stderr, ``train_net.py: error: ...``. Exit status:
 
 - 0: trained (or evaluated); also a resumed run that had finished already;
@@ -38,7 +39,8 @@ from typing import Any, Dict, List, Optional, Sequence
 from omegaconf import DictConfig
 from torch import nn
 
-from treadle.checkpoint import CheckpointError, Checkpointer, check_checkpoint_file
+from treadle.checkpoint import CheckpointError, Checkpointer, check_checkpoint_file, load_checkpoint_file
+from treadle.checkpoint.safetensors_io import is_safetensors_source, load_safetensors_weights
 from treadle.config import ConfigError, LazyConfig, get_config_file
 from treadle.config.train_keys import train_setting
 from treadle.engine.defaults import DefaultTrainer, default_argument_parser, default_setup, save_run_config
@@ -58,7 +60,13 @@ from treadle.utils.logger import (
     shown_warnings,
     start_log_files,
 )
-from treadle.utils.run_folder import RunFolderError, check_output_dir
+from treadle.utils.run_folder import (
+    RunFolder,
+    RunFolderError,
+    RunFolderUsedError,
+    check_on_main_process,
+    check_output_dir,
+)
 from treadle.utils.run_start import forget_pending_starts
 
 __all__ = ["JobError", "config_path", "load_config", "check_job", "main", "cli"]
@@ -117,9 +125,10 @@ def load_config(args: argparse.Namespace) -> DictConfig:
 
 
 def check_job(cfg: DictConfig, args: argparse.Namespace) -> Optional[str]:
-    """Everything that can be checked before any process starts or any file is
-    written: the command line, the config, the output directory, and the
-    weights of ``--eval-only``; returns those weights (``None`` when training).
+    """Everything that can be checked before any process starts, anything is
+    printed or any file is written: the command line, the config, the output
+    directory (may this job use it?), and the weights to load; returns the
+    weights of ``--eval-only`` (``None`` when training).
 
     Raises:
         ConfigError, JobError, RunFolderError, CheckpointError: one line each.
@@ -130,15 +139,49 @@ def check_job(cfg: DictConfig, args: argparse.Namespace) -> Optional[str]:
         raise JobError("--move-aside starts a new training run; --eval-only trains nothing and writes into OUTPUT_DIR/eval/")
     world_size = check_world_size(args.num_gpus, args.num_machines, args.machine_rank)
     check_run_config(cfg, world_size=world_size, eval_only=args.eval_only)
-    check_output_dir(train_setting(cfg, "output_dir"))
+    output_dir = train_setting(cfg, "output_dir")
+    check_output_dir(output_dir)
     if args.eval_only:
         weights = _eval_weights(cfg, args.resume)
         check_checkpoint_file(weights)
         return weights
     init = train_setting(cfg, "init_checkpoint")
-    if init and not (args.resume and Checkpointer(nn.Module(), train_setting(cfg, "output_dir")).has_checkpoint()):
+    if init and args.resume and Checkpointer(nn.Module(), output_dir).has_checkpoint():
+        init = ""  # a resume loads the run's own checkpoint
+    if init:
         check_checkpoint_file(init)  # the weights a fresh start loads
+    _check_run_folder(output_dir, args, init)
     return None
+
+
+def _check_run_folder(output_dir: str, args: argparse.Namespace, init: str) -> None:
+    """The folder may take this training job: no other job holds it, and a
+    fresh start finds no earlier run there (or moves it aside).
+
+    Checked before anything is printed or built, so that a refused job says
+    so in its first line, at once; the folder is claimed when training starts.
+    A broken ``init`` (the weights a fresh start loads) is named as itself,
+    also in a used folder: it is read before the folder is refused.
+    """
+    try:
+        check_on_main_process(RunFolder(output_dir), resume=args.resume, move_aside=args.move_aside)
+    except RunFolderUsedError:
+        if init:
+            _read_weights(init)
+        raise
+
+
+def _read_weights(path: str) -> None:
+    """Reads the weights file ``path`` as loading it would, without a model.
+
+    Raises:
+        CheckpointError: the file cannot be loaded (corrupt, not a checkpoint).
+    """
+    path = path.partition("?")[0]  # detectron2's "x.pth?matching_heuristics=True"
+    if is_safetensors_source(path):
+        load_safetensors_weights(path)
+    elif PathManager.isfile(path):  # a torch.distributed.checkpoint directory is read by shards, when loaded
+        load_checkpoint_file(path)
 
 
 def _eval_weights(cfg: DictConfig, resume: bool) -> str:

@@ -15,7 +15,9 @@ keep what is already there safe:
   ``{output_dir}.old-{YYYYmmdd-HHMMSS}`` (nothing is deleted).
 
 :class:`RunFolder` implements both; ``DefaultTrainer`` and ``Trainer`` claim
-their folder when training starts. See ``docs/checkpoints.md``.
+their folder when training starts. ``tools/train_net.py`` also checks both
+rules without writing (:meth:`RunFolder.check`) before it prints or builds
+anything, so that a refused job says so first. See ``docs/checkpoints.md``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import json
 import logging
 import os
 import socket
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import comm
 from .atomic import is_local_path
@@ -37,6 +39,7 @@ __all__ = [
     "RunFolder",
     "check_output_dir",
     "claim_on_main_process",
+    "check_on_main_process",
     "RunFolderError",
     "RunFolderBusyError",
     "RunFolderUsedError",
@@ -173,10 +176,7 @@ class RunFolder:
                 os.close(fd)
                 if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise RunFolderError(f"Cannot lock '{self.lock_path}': {e.strerror or e}") from None
-                raise RunFolderBusyError(
-                    f"The output directory '{self.path}' is in use by another job: {_holder_text(holder)}. "
-                    f"Wait for it to end, or choose another {self._names['output_dir']}."
-                ) from None
+                raise self._busy_error(holder) from None
             # The file may have been removed (a release) between our open and
             # our lock: then we hold a lock on a name nobody sees. Start over.
             if self._same_file(fd):
@@ -206,6 +206,12 @@ class RunFolder:
             os.close(fd)
             raise RunFolderError(f"Cannot write the lock file '{self.lock_path}': {e.strerror or e}") from None
         self._fd = fd
+
+    def _busy_error(self, holder: Dict[str, object]) -> RunFolderBusyError:
+        return RunFolderBusyError(
+            f"The output directory '{self.path}' is in use by another job: {_holder_text(holder)}. "
+            f"Wait for it to end, or choose another {self._names['output_dir']}."
+        )
 
     def _same_file(self, fd: int) -> bool:
         try:
@@ -281,16 +287,63 @@ class RunFolder:
             if move_aside:
                 self.move_aside()
                 return
-            shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
-            raise RunFolderUsedError(
-                f"The output directory '{self.path}' holds an earlier run ({shown}); a fresh start would "
-                f"overwrite it. {self._names['resume'][:1].upper()}{self._names['resume'][1:]} to continue it, choose another "
-                f"{self._names['output_dir']}, or {self._names['move_aside']} to rename the earlier run's "
-                "folder and start fresh."
-            )
+            raise self._used_error(found)
         except BaseException:
             self.release()
             raise
+
+    def check(self, *, resume: bool, move_aside: bool = False) -> None:
+        """What :meth:`claim` would refuse, found without writing anything:
+        no folder, lock file or rename is made, and no lock is kept.
+
+        A job calls it before it prints or builds anything, so that a folder
+        it may not use is its first and only message; it claims the folder
+        later, when training starts (another job may take it in between: the
+        claim decides).
+
+        Raises:
+            RunFolderBusyError: another live job holds the folder.
+            RunFolderUsedError: a fresh start in a used folder, without ``move_aside``.
+        """
+        holder = self._live_holder()
+        if holder is not None:
+            raise self._busy_error(holder)
+        if resume or move_aside:
+            return
+        found = self.earlier_run_files()
+        if found:
+            raise self._used_error(found)
+
+    def _live_holder(self) -> Optional[Dict[str, object]]:
+        """The lock file's record when a live process holds its lock, else None."""
+        if fcntl is None or not is_local_path(self.path):
+            return None
+        try:
+            # Read-only: a probe must not create the lock file (nor the folder).
+            fd = os.open(self.lock_path, os.O_RDONLY)
+        except OSError:
+            return None  # no lock file (or none we can open): nobody holds it
+        try:
+            try:
+                # Shared, so that two probes never refuse each other.
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    return _read_info(fd)
+                return None  # a file system without locks: the claim says so
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
+    def _used_error(self, found: Sequence[str]) -> RunFolderUsedError:
+        shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+        return RunFolderUsedError(
+            f"The output directory '{self.path}' holds an earlier run ({shown}); a fresh start would "
+            f"overwrite it. {self._names['resume'][:1].upper()}{self._names['resume'][1:]} to continue it, choose another "
+            f"{self._names['output_dir']}, or {self._names['move_aside']} to rename the earlier run's "
+            "folder and start fresh."
+        )
 
     def move_aside(self) -> str:
         """Renames the folder to ``{path}.old-{YYYYmmdd-HHMMSS}``, creates it
@@ -389,10 +442,22 @@ def claim_on_main_process(folder: RunFolder, *, resume: bool, move_aside: bool =
     With several processes, every rank must call it at the same point (one
     broadcast): a refused claim stops every rank with the same one-line error.
     """
+    _on_main_process(lambda: folder.claim(resume=resume, move_aside=move_aside))
+
+
+def check_on_main_process(folder: RunFolder, *, resume: bool, move_aside: bool = False) -> None:
+    """:meth:`RunFolder.check` on the main process; every rank raises its error
+    (a rank called at the same point as the others, as for :func:`claim_on_main_process`)."""
+    _on_main_process(lambda: folder.check(resume=resume, move_aside=move_aside))
+
+
+def _on_main_process(action: Callable[[], None]) -> None:
+    # One broadcast: the main process's verdict is every rank's, so that no
+    # rank goes on alone (a folder on a disk the ranks do not share).
     error: Optional[BaseException] = None
     if comm.is_main_process():
         try:
-            folder.claim(resume=resume, move_aside=move_aside)
+            action()
         except RunFolderError as e:
             error = e
     error = comm.broadcast_object(error)
