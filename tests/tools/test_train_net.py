@@ -274,6 +274,23 @@ def test_a_used_folder_is_refused_before_the_environment_and_model_are_printed(t
     assert snapshot(out) == before and sorted(os.listdir(out)) == sorted(before)  # not even a lock file
 
 
+def test_under_torchrun_a_used_folder_is_refused_once_not_once_per_process(tmp_path):
+    from tests.run_files import snapshot
+
+    out = _used_folder(tmp_path / "run")
+    before = snapshot(out)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(TRAIN_NET),
+         f"train.output_dir={out}", "train.max_iter=5"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env,
+    )
+    assert result.returncode != 0
+    refusals = [line for line in result.stderr.splitlines() if f"'{out}' holds an earlier run" in line]
+    assert len(refusals) == 1, result.stderr[-3000:]
+    assert snapshot(out) == before
+
+
 def test_a_busy_folder_is_refused_before_anything_is_printed_also_on_resume(tmp_path):
     from tests.run_files import snapshot
     from treadle.utils.run_folder import RunFolder

@@ -471,7 +471,9 @@ def cli(argv: Optional[List[str]] = None, *, standalone: bool = False) -> int:
         print(f"{parser.prog}: interrupted (Ctrl-C)", file=sys.stderr)
         return _EXIT_INTERRUPTED
     except _USER_ERRORS as e:
-        print(f"{parser.prog}: error: {_error_line(e)}", file=sys.stderr)
+        # A user error is the same on every rank: under torchrun, rank 0 says it (as _job does).
+        if rank == "0":
+            print(f"{parser.prog}: error: {_error_line(e)}", file=sys.stderr)
         return _EXIT_USER_ERROR
     return 0
 
