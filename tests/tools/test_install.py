@@ -124,5 +124,5 @@ def test_treadle_plot_draws_a_run_from_another_directory(venv_dir, tmp_path):
     (run_dir / "metrics.json").write_text("".join(json.dumps(r) + "\n" for r in records))
     result = run([str(venv_dir / "bin" / "treadle-plot"), "run", "-o", "curves.png"], tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert result.stdout.strip() == "plot_metrics: wrote curves.png (2 plot(s), 1 run(s))"
+    assert result.stdout.strip() == "treadle-plot: wrote curves.png (2 plot(s), 1 run(s))"
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

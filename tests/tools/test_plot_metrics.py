@@ -99,29 +99,29 @@ def test_default_key_order_puts_losses_first():
 
 def test_missing_file_is_one_line_error(tmp_path, capsys):
     missing = tmp_path / "nope" / "metrics.json"
-    assert plot_metrics.main([str(missing)]) == 1
+    assert plot_metrics.main([str(missing)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"plot_metrics: error: no such file or directory: {missing}"
+    assert err == f"treadle-plot: error: no such file or directory: {missing}"
 
 
 def test_directory_without_metrics_is_an_error(tmp_path, capsys):
-    assert plot_metrics.main([str(tmp_path)]) == 1
-    assert capsys.readouterr().err.strip() == f"plot_metrics: error: {tmp_path} is a directory without metrics.json"
+    assert plot_metrics.main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == f"treadle-plot: error: {tmp_path} is a directory without metrics.json"
 
 
 def test_empty_file_is_an_error(tmp_path, capsys):
     empty = _write_lines(tmp_path / "run" / "metrics.json", [])
-    assert plot_metrics.main([empty]) == 1
+    assert plot_metrics.main([empty]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"plot_metrics: error: {empty} is empty: the run has written no metrics yet"
+    assert err == f"treadle-plot: error: {empty} is empty: the run has written no metrics yet"
 
 
 def test_unknown_key_lists_the_available_ones(two_runs, capsys):
     root, (a, _) = two_runs
-    assert plot_metrics.main([a, "--keys", "total_loss", "accuracy"]) == 1
+    assert plot_metrics.main([a, "--keys", "total_loss", "accuracy"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
-        "plot_metrics: error: unknown key(s) 'accuracy'; available: "
+        "treadle-plot: error: unknown key(s) 'accuracy'; available: "
         "total_loss, loss_cls, eval/accuracy, lr, time"
     )
     assert not os.path.exists(root / "run_a" / "metrics.png")
@@ -150,10 +150,10 @@ def test_missing_matplotlib_names_the_extra(two_runs, monkeypatch, capsys):
     # None in sys.modules makes an import fail as if the module were not installed.
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.setitem(sys.modules, name, None)
-    assert plot_metrics.main([a]) == 1
+    assert plot_metrics.main([a]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
-        "plot_metrics: error: matplotlib is not installed: pip install 'treadle[plot]' (or pip install matplotlib)"
+        "treadle-plot: error: matplotlib is not installed: pip install 'treadle[plot]' (or pip install matplotlib)"
     )
 
 
@@ -195,6 +195,6 @@ def test_plots_what_json_writer_writes(tmp_path):
 
 def test_unknown_output_format_is_an_error_before_reading(two_runs, capsys):
     root, (a, _) = two_runs
-    assert plot_metrics.main([a, "-o", str(root / "plot.jpgx")]) == 1
+    assert plot_metrics.main([a, "-o", str(root / "plot.jpgx")]) == 2
     assert "unknown image format '.jpgx'" in capsys.readouterr().err
     assert not os.path.exists(root / "plot.jpgx")

@@ -46,7 +46,7 @@ from treadle.utils.file_io import PathManager
 
 __all__ = ["main", "build_parser", "load_run", "order_keys", "RunMetrics", "PlotError"]
 
-PROG = "plot_metrics"
+PROG = "treadle-plot"  # also from a checkout (tools/plot_metrics.py): one tool, one name in its messages
 METRICS_FILE = "metrics.json"
 ITERATION_KEY = "iteration"
 DEFAULT_OUTPUT = "metrics.png"
@@ -362,7 +362,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _save(_draw(runs, keys, args.smooth, args.log_y), output, fmt)
     except PlotError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 1
+        return 2  # a user error, as treadle-train's and argparse's
     print(f"{PROG}: wrote {output} ({len(keys)} plot(s), {len(runs)} run(s))")
     return 0
 
