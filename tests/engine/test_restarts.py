@@ -13,12 +13,10 @@ not timings: the machine may be loaded.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
