@@ -286,15 +286,12 @@ class DefaultTrainer(TrainerBase):
         """
         options = train_section(cfg, "ddp")
         kind = options.pop("kind")
-        # Checked on any world size: a config means the same run on one process or many.
-        if kind not in ("ddp", "fsdp"):
-            raise ValueError(f"train.ddp.kind must be 'ddp' or 'fsdp', got {kind!r}")
         if kind == "fsdp" and train_setting(cfg, "ema.enabled"):
             raise ValueError(
                 "train.ema.enabled=True is not supported with train.ddp.kind='fsdp': the EMA hook keeps an "
                 "unsharded copy of the weights. Use kind='ddp', or disable EMA."
             )
-        return wrap_model(model, kind, **options)
+        return wrap_model(model, kind, setting="train.ddp.kind", **options)
 
     @classmethod
     def build_optimizer(cls, cfg: DictConfig, model: nn.Module) -> torch.optim.Optimizer:

@@ -618,15 +618,16 @@ def create_fsdp_model(
     return model
 
 
-def wrap_model(model: nn.Module, kind: str = "ddp", **options: Any) -> nn.Module:
+def wrap_model(model: nn.Module, kind: str = "ddp", *, setting: str = "the model wrapper", **options: Any) -> nn.Module:
     """Wraps ``model`` for data-parallel training when the world size is above
     one: ``kind="ddp"`` in ``DistributedDataParallel`` (:func:`create_ddp_model`),
     ``"fsdp"`` sharded with FSDP2 (:func:`create_fsdp_model`), with ``options``
-    as ``train.ddp`` names them. An option of the other kind set away from its
-    default is an error, on one process as on many (a setting means the same
-    run on any world size)."""
+    as ``train.ddp`` names them. An unknown kind (named as ``setting`` in the
+    error), or an option of the other kind set away from its default, is an
+    error on one process as on many (a setting means the same run on any
+    world size)."""
     if kind not in ("ddp", "fsdp"):
-        raise ValueError(f"the model wrapper must be 'ddp' or 'fsdp', got {kind!r}")
+        raise ValueError(f"{setting} must be 'ddp' or 'fsdp', got {kind!r}")
     options = wrapper_options(kind, options)
     if kind == "fsdp":
         return create_fsdp_model(model, **options)  # checks its options; unchanged on one process
