@@ -199,3 +199,10 @@ def test_an_iterable_that_is_not_a_dataloader_is_read_whole_with_a_warning(rank_
     with treadle_caplog.at_level(logging.WARNING, logger="treadle.engine.trainer"):
         assert trainer_module._per_process(batches, train=True) is batches
     assert "list is not a DataLoader: every one of the 2 processes reads all of it" in treadle_caplog.text
+
+
+def test_a_total_batch_size_the_processes_cannot_share_is_refused_in_one_line(rank_1_of_2):
+    with pytest.raises(ValueError, match=r"^total_batch_size=3 is not divisible by the world size 2"):
+        trainer_module._as_train_loader(_data(), None, 3, 0, None, True, None)
+    loader = trainer_module._as_train_loader(_data(), 4, None, 0, None, True, None)
+    assert (loader.total_batch_size, loader.batch_size) == (8, 4)  # batch_size is per process

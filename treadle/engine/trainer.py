@@ -21,6 +21,7 @@ from fvcore.common.param_scheduler import ParamScheduler
 from torch import nn
 
 from treadle.checkpoint import Checkpointer, unwrap_model
+from treadle.config.rules import is_number
 from treadle.checkpoint import init_weights_from as load_matching_weights
 from treadle.data import InferenceSampler, TrainLoader, build_test_loader, build_train_loader
 from treadle.evaluation import (
@@ -262,7 +263,7 @@ class Trainer(TrainerBase):
             raise ValueError(f"scheduler_interval must be 'iter' or 'epoch', got {scheduler_interval!r}")
         # Named here: torch's own messages for these ("'<' not supported between
         # instances of 'str' and 'float'", "total_batch_size must be >= 1") do not.
-        if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0):
+        if lr is not None and not (is_number(lr) and lr > 0):
             raise ValueError(f"lr must be a positive number, got {lr!r}")
         for name, size in (("batch_size", batch_size), ("total_batch_size", total_batch_size), ("eval_batch_size", eval_batch_size)):
             if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
@@ -277,7 +278,7 @@ class Trainer(TrainerBase):
             raise ValueError("ema_decay is not supported with ddp='fsdp': the EMA keeps an unsharded copy of the weights")
         # Under torchrun the processes meet here (launch() has joined them
         # before calling the user's function); they leave at exit.
-        if not isinstance(dist_timeout, (int, float)) or isinstance(dist_timeout, bool) or not dist_timeout > 0:
+        if not (is_number(dist_timeout) and dist_timeout > 0):
             raise ValueError(f"dist_timeout must be a positive number of seconds, got {dist_timeout!r}")
         if join_env_process_group(datetime.timedelta(seconds=dist_timeout)):
             atexit.register(leave_process_group)
@@ -363,6 +364,8 @@ class Trainer(TrainerBase):
         self._generate_options: Optional[Dict[str, Any]] = (
             dict(evaluate_with_generate) if isinstance(evaluate_with_generate, dict) else {} if evaluate_with_generate else None
         )
+        # Where the evaluation forward generates, its loss is the training forward's (_forward_loss).
+        self._training_forward_loss = LossEvaluator(**({"loss_fn": loss_fn} if loss_fn is not None else {}))
         # Without metrics, evaluation (eval_loader's or evaluate(loader)'s) reports the loss.
         self.metrics = list(metrics) or ["loss"]
         self.evaluator = self._build_evaluator() if self.eval_loader is not None else None
@@ -439,8 +442,8 @@ class Trainer(TrainerBase):
     def _forward_loss(self, batch: Any) -> torch.Tensor:
         """The evaluation loss where the evaluation forward generates: the
         training forward's (``evaluate_with_generate``)."""
-        plain = LossEvaluator(**({"loss_fn": self.loss_fn} if self.loss_fn is not None else {}))
-        return plain.batch_loss(batch, forward_for(self.loss_fn)(self.model, batch)).mean()
+        outputs = forward_for(self.loss_fn)(self.model, batch)
+        return self._training_forward_loss.batch_loss(batch, outputs).mean()
 
     def _watched_metric(self, best_metric: Optional[str], best_mode: Optional[str], patience: Optional[int]) -> Any:
         """The storage name and direction of the metric that best checkpoints
@@ -766,26 +769,18 @@ def _as_train_loader(
                 "processes) to batch it (or pass a DataLoader)"
             )
         world = comm.get_world_size()
-        if total_batch_size is None:
-            total_batch_size = batch_size * world  # type: ignore[operator]
-            logger.info(
-                "Batches: batch_size=%d per process x %d process(es) = %d samples per step",
-                batch_size, world, total_batch_size,
-            )
-        else:
-            if total_batch_size % world:
-                raise ValueError(
-                    f"total_batch_size={total_batch_size} is not divisible by the {world} processes: each process "
-                    "takes total_batch_size / processes samples; give a multiple of it, or batch_size= per process"
-                )
-            logger.info(
-                "Batches: total_batch_size=%d over %d process(es) = %d samples per process",
-                total_batch_size, world, total_batch_size // world,
-            )
-        return build_train_loader(
-            data, total_batch_size=total_batch_size, num_workers=num_workers, seed=seed or 0, shuffle=shuffle,
-            collate_fn=collate_fn,
+        # A total the processes cannot share evenly is refused by the loader, in one line.
+        loader = build_train_loader(
+            data, total_batch_size=total_batch_size or batch_size * world, num_workers=num_workers,  # type: ignore[operator]
+            seed=seed or 0, shuffle=shuffle, collate_fn=collate_fn,
         )
+        if total_batch_size is None:
+            logger.info("Batches: batch_size=%d per process x %d process(es) = %d samples per step",
+                        batch_size, world, loader.total_batch_size)
+        else:
+            logger.info("Batches: total_batch_size=%d over %d process(es) = %d samples per process",
+                        total_batch_size, world, loader.batch_size)
+        return loader
     if batch_size is not None or total_batch_size is not None:
         raise ValueError("batch_size and total_batch_size are for a dataset; this train_loader makes its own batches")
     if collate_fn is not None:
@@ -874,4 +869,3 @@ def _run_length(max_iter: Optional[int], max_epochs: Optional[int], epoch_length
 def _iteration_history(trainer: Trainer) -> Dict[str, List[Any]]:
     histories = trainer.storage.histories()  # the one read of this run's values
     return {name: [(int(it), v) for v, it in h.values()] for name, h in histories.items()}
-
