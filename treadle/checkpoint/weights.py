@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Union
 
 from torch import nn
 
@@ -19,9 +19,25 @@ from .safetensors_io import is_safetensors_source, load_safetensors_weights
 from .serialization import load_checkpoint_file
 from .sharded import dcp_to_file_state, read_dcp
 
-__all__ = ["init_weights_from"]
+__all__ = ["init_weights_from", "read_weights_file"]
 
 logger = logging.getLogger(__name__)
+
+
+def read_weights_file(source: str) -> Optional[Dict[str, Any]]:
+    """What a weights file holds, read without a model: a checkpoint file's
+    contents (``weights_only``, checksums verified), or ``{"model": ...}`` of a
+    ``.safetensors`` file or Hugging Face folder; ``None`` for another
+    directory (a DCP checkpoint, which its reader takes shard by shard).
+
+    Raises:
+        UnsafeCheckpointError, CheckpointError: the file cannot be read safely.
+    """
+    if is_safetensors_source(source):
+        return {"model": load_safetensors_weights(source)}
+    if os.path.isdir(source):
+        return None
+    return load_checkpoint_file(source)
 
 
 def init_weights_from(
@@ -56,12 +72,9 @@ def init_weights_from(
         checkpoint = path_or_state_dict
     elif isinstance(path_or_state_dict, str):
         source = path_or_state_dict
-        if is_safetensors_source(source):
-            checkpoint = {"model": load_safetensors_weights(source)}
-        elif os.path.isdir(source):
+        checkpoint = read_weights_file(source)
+        if checkpoint is None:
             checkpoint = dcp_to_file_state(read_dcp(source))
-        else:
-            checkpoint = load_checkpoint_file(source)
     else:
         raise TypeError(
             f"init_weights_from expects a file path or a state dict, got {type(path_or_state_dict).__name__}"

@@ -39,8 +39,8 @@ from typing import Any, Dict, List, Optional, Sequence
 from omegaconf import DictConfig
 from torch import nn
 
-from treadle.checkpoint import CheckpointError, Checkpointer, check_checkpoint_file, load_checkpoint_file
-from treadle.checkpoint.safetensors_io import is_safetensors_source, load_safetensors_weights
+from treadle.checkpoint import CheckpointError, Checkpointer, check_checkpoint_file
+from treadle.checkpoint.weights import read_weights_file
 from treadle.config import ConfigError, LazyConfig, get_config_file
 from treadle.config.train_keys import train_setting
 from treadle.engine.defaults import DefaultTrainer, default_argument_parser, default_setup, save_run_config
@@ -167,21 +167,9 @@ def _check_run_folder(output_dir: str, args: argparse.Namespace, init: str) -> N
         check_on_main_process(RunFolder(output_dir), resume=args.resume, move_aside=args.move_aside)
     except RunFolderUsedError:
         if init:
-            _read_weights(init)
+            # Read as loading it would (detectron2's "x.pth?matching_heuristics=True" is the file x.pth).
+            read_weights_file(init.partition("?")[0])
         raise
-
-
-def _read_weights(path: str) -> None:
-    """Reads the weights file ``path`` as loading it would, without a model.
-
-    Raises:
-        CheckpointError: the file cannot be loaded (corrupt, not a checkpoint).
-    """
-    path = path.partition("?")[0]  # detectron2's "x.pth?matching_heuristics=True"
-    if is_safetensors_source(path):
-        load_safetensors_weights(path)
-    elif PathManager.isfile(path):  # a torch.distributed.checkpoint directory is read by shards, when loaded
-        load_checkpoint_file(path)
 
 
 def _eval_weights(cfg: DictConfig, resume: bool) -> str:
