@@ -819,13 +819,11 @@ def _per_process(loader: Any, *, train: bool, seed: Optional[int] = None) -> Any
         "The %s DataLoader is sharded over %d processes: batch_size=%d per process",
         "training" if train else "evaluation", world, loader.batch_size,
     )
+    # Batched as a dataset given to the Trainer is, with the DataLoader's settings.
     if train:
-        return build_train_loader(
-            loader.dataset, total_batch_size=loader.batch_size * world, num_workers=loader.num_workers,
-            seed=seed or 0, shuffle=isinstance(loader.sampler, torch.utils.data.RandomSampler),
-            collate_fn=loader.collate_fn,
-        )
-    return build_test_loader(loader.dataset, batch_size=loader.batch_size, num_workers=loader.num_workers, collate_fn=loader.collate_fn)
+        shuffle = isinstance(loader.sampler, torch.utils.data.RandomSampler)
+        return _as_train_loader(loader.dataset, loader.batch_size, None, loader.num_workers, seed, shuffle, loader.collate_fn)
+    return _as_eval_loader(loader.dataset, loader.batch_size, None, loader.num_workers, loader.collate_fn)
 
 
 def _as_eval_loader(
