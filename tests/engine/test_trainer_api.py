@@ -260,18 +260,22 @@ def test_datasets_with_shuffle_collate_fn_and_eval_batch_size():
     assert all(torch.equal(first[i][0], data[i][0]) for i in range(16))  # shuffle=False: in order
 
 
-def test_eval_batch_size_for_an_eval_loader_that_is_not_a_dataset_is_refused_before_anything_is_written(tmp_path):
-    """A list of examples is taken as a list of batches, as for train_loader:
-    the batch size given with it would be silently ignored (the model saw one
-    example at a time, and Hugging Face-style dict examples failed at the
-    first evaluation, after an epoch of training)."""
+def test_a_list_of_examples_is_an_eval_dataset_and_eval_batch_size_with_batches_is_refused(tmp_path):
+    """A list of examples is a dataset, as torch's DataLoader takes it: batched
+    by eval_batch_size (it used to be taken as a list of one-example batches).
+    A list of batches is taken as its batches; a batch size given for it
+    would be ignored, so it is refused before anything is written."""
     examples = [classification(12, seed=1)[i] for i in range(12)]
+    trainer = make(eval_loader=examples, eval_batch_size=4, metrics=["accuracy", "loss"], max_iter=2)
+    by_loader = trainer.evaluate(torch.utils.data.DataLoader(classification(12, seed=1), batch_size=4))
+    assert [len(b[0]) for b in trainer.eval_loader] == [4, 4, 4]
+    assert trainer.evaluate() == pytest.approx(by_loader)
+    batches = [tuple(torch.stack(t) for t in zip(*examples[i:i + 4])) for i in range(0, 12, 4)]
     out = tmp_path / "run"
     with pytest.raises(ValueError, match=r"eval_batch_size is for a dataset; this eval_loader \(list\) is taken as its own batches"):
-        make(eval_loader=examples, eval_batch_size=4, max_iter=2, output_dir=str(out))
+        make(eval_loader=batches, eval_batch_size=4, max_iter=2, output_dir=str(out))
     assert not out.exists()
     # Batches made by the user stay welcome, with or without the training batch_size.
-    batches = [tuple(torch.stack(t) for t in zip(*examples[i:i + 4])) for i in range(0, 12, 4)]
     trainer = make(eval_loader=batches, metrics=["accuracy"], max_iter=2)
     assert set(trainer.evaluate()) == {"accuracy"}
 
@@ -590,9 +594,10 @@ def test_an_overridden_compute_loss_is_the_loss_of_eval_step_evaluate_and_the_be
     best = next(h for h in trainer.hooks if type(h).__name__ == "BestCheckpointer")
     scored = mlp()
     scored.load_state_dict(torch.load(tmp_path / "model_best.pth", weights_only=True)["model"])
-    # model_best holds the weights whose smoothed loss is the best value kept, at an evaluation iteration.
+    # model_best holds the weights whose smoothed loss is the best value kept, at an evaluation iteration
+    # (12: the evaluation after training).
     assert best.best_metric == pytest.approx(_smoothed_ce(scored, x, y), rel=1e-6)
-    assert best.best_iter in (2, 5, 8, 11)
+    assert best.best_iter in (2, 5, 8, 11, 12)
 
 
 class _PredictionsOfTheWholeBatch(nn.Module):

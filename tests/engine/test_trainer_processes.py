@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from treadle.engine import Trainer
-from treadle.engine import trainer as trainer_module
+from treadle.engine import trainer_data
 from treadle.utils import comm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -158,7 +158,7 @@ def test_batch_size_and_total_batch_size_together_are_refused_in_one_line():
 
 
 def test_total_batch_size_on_one_process_is_the_batch(treadle_caplog):
-    with treadle_caplog.at_level(logging.INFO, logger="treadle.engine.trainer"):
+    with treadle_caplog.at_level(logging.INFO, logger="treadle.engine"):
         trainer = Trainer(nn.Linear(1, 2), "sgd", _data(), lr=0.1, total_batch_size=8, max_iter=1)
     assert trainer.train_loader.batch_size == 8
     assert "Batches: total_batch_size=8 over 1 process(es) = 8 samples per process" in treadle_caplog.text
@@ -182,9 +182,9 @@ def rank_1_of_2(monkeypatch):
 
 def test_a_dataloader_is_sharded_per_process_on_several_processes(rank_1_of_2, treadle_caplog):
     loader = torch.utils.data.DataLoader(_data(), batch_size=4, shuffle=False)
-    with treadle_caplog.at_level(logging.INFO, logger="treadle.engine.trainer"):
-        train = trainer_module._per_process(loader, train=True, seed=0)
-        evaluation = trainer_module._per_process(loader, train=False)
+    with treadle_caplog.at_level(logging.INFO, logger="treadle.engine"):
+        train = trainer_data.per_process(loader, train=True, seed=0)
+        evaluation = trainer_data.per_process(loader, train=False)
     assert train.total_batch_size == 8 and train.batch_size == 4
     # Rank 1 takes every second sample of each step's 8 (no shuffle).
     first = next(iter(train))[0].flatten().tolist()
@@ -196,13 +196,13 @@ def test_a_dataloader_is_sharded_per_process_on_several_processes(rank_1_of_2, t
 
 def test_an_iterable_that_is_not_a_dataloader_is_read_whole_with_a_warning(rank_1_of_2, treadle_caplog):
     batches = [(torch.zeros(2, 1), torch.zeros(2, dtype=torch.long))]
-    with treadle_caplog.at_level(logging.WARNING, logger="treadle.engine.trainer"):
-        assert trainer_module._per_process(batches, train=True) is batches
+    with treadle_caplog.at_level(logging.WARNING, logger="treadle.engine"):
+        assert trainer_data.per_process(batches, train=True) is batches
     assert "list is not a DataLoader: every one of the 2 processes reads all of it" in treadle_caplog.text
 
 
 def test_a_total_batch_size_the_processes_cannot_share_is_refused_in_one_line(rank_1_of_2):
     with pytest.raises(ValueError, match=r"^total_batch_size=3 is not divisible by the world size 2"):
-        trainer_module._as_train_loader(_data(), None, 3, 0, None, True, None)
-    loader = trainer_module._as_train_loader(_data(), 4, None, 0, None, True, None)
+        trainer_data.as_train_loader(_data(), None, 3)
+    loader = trainer_data.as_train_loader(_data(), 4, None)
     assert (loader.total_batch_size, loader.batch_size) == (8, 4)  # batch_size is per process

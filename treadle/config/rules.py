@@ -68,14 +68,15 @@ def integer(minimum: int, *, none: bool = False) -> Rule:
     return rule
 
 
-def positive_number(*, none: bool = False, below_one: bool = False) -> Rule:
-    """A number ``> 0`` (and ``< 1`` when ``below_one``; or None when ``none``)."""
+def positive_number(*, none: bool = False, below_one: bool = False, unit: str = "") -> Rule:
+    """A number ``> 0`` (and ``< 1`` when ``below_one``; or None when ``none``),
+    of ``unit`` (``"seconds"``) when the message should say it."""
 
     def rule(key: str, value: Any) -> None:
         if value is None and none:
             return
         if not is_number(value) or value <= 0 or (below_one and value >= 1):
-            what = "a number in (0, 1)" if below_one else "a positive number"
+            what = "a number in (0, 1)" if below_one else "a positive number" + (f" of {unit}" if unit else "")
             raise ConfigError(f"{key} must be {what}{' or None' if none else ''}, got {shown(value)}")
 
     return rule

@@ -154,7 +154,7 @@ KEYS: Tuple[TrainKey, ...] = (
     # writing a checkpoint, an uneven evaluation, a slow start), far shorter
     # than torch's 30 minutes, so that a group that lost a rank is restarted
     # by torchrun within minutes instead of hanging.
-    _K("dist_timeout", 300, positive_number(),
+    _K("dist_timeout", 300, positive_number(unit="seconds"),
        "Seconds a process waits for the others: joining the process group and in each collective; past it, "
        "it exits (one line) so that torchrun can restart the group. See docs/distributed.md."),
     _K("nonfinite_check", "flush", choice(("flush", "step", "off")),

@@ -7,14 +7,15 @@ Shared by the plain :class:`~treadle.engine.Trainer` and the config-driven
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sized
-from typing import Any, Callable, Dict, Iterable, List, Optional, Union
+import logging
+from collections.abc import Mapping, Sized
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 from fvcore.common.param_scheduler import ParamScheduler
 from torch import nn
 
-from treadle.hooks.lr_scheduler import SCHEDULE_NAMES, build_lr_multiplier
+from treadle.hooks.lr_scheduler import SCHEDULE_NAMES, SCHEDULE_OPTIONS, build_lr_multiplier, describe_schedule
 
 from .steps import CompiledStep, EagerStep, StepBase
 
@@ -29,6 +30,8 @@ __all__ = [
     "build_step",
     "loader_epoch_length",
 ]
+
+logger = logging.getLogger(__name__)
 
 OPTIMIZERS: Dict[str, type] = {
     "sgd": torch.optim.SGD,
@@ -182,30 +185,47 @@ def build_optimizer(
     lr: Optional[float] = None,
     weight_decay: float = 0.0,
     no_decay_norm_and_bias: bool = True,
-    **kwargs: Any,
+    **options: Any,
 ) -> torch.optim.Optimizer:
-    """``"sgd"``, ``"adam"`` or ``"adamw"`` over a model's parameters.
+    """torch's optimizer of that name (``"sgd"``, ``"adam"``, ``"adamw"``),
+    with torch's defaults and what is given: ``lr``, ``weight_decay`` and any
+    other option of the torch class (``momentum=0.9``, ``betas=...``).
+    ``"sgd"`` is ``torch.optim.SGD`` with ``momentum=0``, as in torch.
 
-    Given a module, norms and biases go to a group without weight decay
-    (unless ``no_decay_norm_and_bias=False``).
+    One default is treadle's: given a module and a weight decay, norms and
+    biases go to a group without weight decay (as Hugging Face's ``Trainer``
+    does), unless ``no_decay_norm_and_bias=False``. What was built is logged.
+
+    Raises:
+        ValueError: an unknown name, no ``lr``, or an option the torch class does not take.
     """
     key = name.lower()
     if key not in OPTIMIZERS:
         raise ValueError(f"Unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)} or pass an optimizer")
     if lr is None:
         raise ValueError(f"optimizer={name!r} needs a learning rate (lr=...)")
+    cls = OPTIMIZERS[key]
+    unknown = sorted(set(options) - set(inspect.signature(cls).parameters))
+    if unknown:
+        raise ValueError(f"optimizer={name!r}: torch.optim.{cls.__name__} takes no option {', '.join(map(repr, unknown))}")
+    split = isinstance(params, nn.Module) and no_decay_norm_and_bias and bool(weight_decay)
     if isinstance(params, nn.Module):
-        if no_decay_norm_and_bias and weight_decay:
+        if split:
             params = get_param_groups(params, weight_decay=weight_decay, weight_decay_norm=0.0, weight_decay_bias=0.0)
         else:
             params = trainable_parameters(params)
-    if key == "sgd":
-        kwargs.setdefault("momentum", 0.9)
-    return OPTIMIZERS[key](params, lr=lr, weight_decay=weight_decay, **kwargs)
+    optimizer = cls(params, lr=lr, weight_decay=weight_decay, **options)
+    given = ", ".join(f"{k}={v!r}" for k, v in {"lr": lr, "weight_decay": weight_decay, **options}.items())
+    logger.info(
+        "Optimizer %r: torch.optim.%s(%s), torch's defaults for the rest%s", name, cls.__name__, given,
+        "; norms and biases without weight decay (no_decay_norm_and_bias=True)" if split else "",
+    )
+    return optimizer
 
 
 def resolve_scheduler(
-    scheduler: Union[None, str, ParamScheduler, torch.optim.lr_scheduler.LRScheduler, Callable[..., Any]],
+    scheduler: Union[None, str, Tuple[str, Dict[str, Any]], ParamScheduler, torch.optim.lr_scheduler.LRScheduler,
+                     Callable[..., Any]],
     optimizer: torch.optim.Optimizer,
     max_iter: int,
     *,
@@ -215,11 +235,20 @@ def resolve_scheduler(
 ) -> Union[None, ParamScheduler, torch.optim.lr_scheduler.LRScheduler]:
     """A scheduler the ``LRScheduler`` hook takes, from what a user gave:
     ``None``, an instance (torch scheduler or fvcore ``ParamScheduler``), a
-    name (``"cosine"``, ``"linear"``, ``"step"``, ``"constant"``), or a
-    factory called with ``(optimizer, max_iter)`` once the run length is known.
-    A factory with only one required positional parameter (``functools.partial``
+    name (``"cosine"``, ``"linear"``, ``"step"``, ``"constant"``) or a name
+    with options (``("step", {"steps": [600], "gamma": 0.5})``, the options of
+    :func:`~treadle.hooks.lr_scheduler.build_lr_multiplier`), or a factory
+    called with ``(optimizer, max_iter)`` once the run length is known. A
+    factory with only one required positional parameter (``functools.partial``
     with its options bound, or one whose other parameters have defaults) is
     called with ``(optimizer)`` alone.
+
+    What a name means, in torch's terms (logged when built): ``"cosine"`` is
+    ``CosineAnnealingLR(T_max=max_iter)`` (to ``end_value=0`` of the rate),
+    ``"linear"`` ``LinearLR(1.0, end_value, total_iters=max_iter)`` (to 0),
+    ``"step"`` ``MultiStepLR(milestones=steps, gamma=0.1)`` with the
+    milestones at 2/3 and 8/9 of the run unless ``steps`` says, and
+    ``"constant"`` the optimizer's rate throughout.
 
     ``warmup_iters`` adds a linear warm-up to a named schedule (or to a
     constant one when ``scheduler`` is None); one as long as the run or
@@ -228,6 +257,10 @@ def resolve_scheduler(
     and its siblings): from 0 to the full rate over ``warmup_iters``, then the
     schedule over the remaining iterations; ``warmup_style="detectron2"``
     gives the configs' (see ``build_lr_multiplier``).
+
+    Raises:
+        ValueError: an unknown name or option, or a torch scheduler built on
+            another optimizer than ``optimizer`` (its rates would never reach training).
     """
     # The warning about a warm-up longer than the run names this argument
     # (also Trainer's), not the config key build_lr_multiplier names by default.
@@ -238,11 +271,24 @@ def resolve_scheduler(
         if warmup_iters:
             return build_lr_multiplier("constant", max_iter=max_iter, **warmup)
         return None
-    if isinstance(scheduler, str):
-        if scheduler not in SCHEDULE_NAMES:
-            raise ValueError(f"Unknown scheduler {scheduler!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
-        return build_lr_multiplier(scheduler, max_iter=max_iter, **warmup)
-    if isinstance(scheduler, (ParamScheduler, torch.optim.lr_scheduler.LRScheduler)):
+    if isinstance(scheduler, (str, tuple)):
+        name, options = (scheduler, {}) if isinstance(scheduler, str) else _named(scheduler)
+        if name not in SCHEDULE_NAMES:
+            raise ValueError(f"Unknown scheduler {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
+        unknown = sorted(set(options) - set(SCHEDULE_OPTIONS))
+        if unknown:
+            raise ValueError(f"scheduler={name!r} takes the options {', '.join(SCHEDULE_OPTIONS)}; got {unknown}")
+        logger.info("Schedule %r: %s", name, describe_schedule(name, max_iter, warmup_iters, **options))
+        return build_lr_multiplier(name, max_iter=max_iter, **warmup, **options)
+    if isinstance(scheduler, ParamScheduler):
+        return scheduler
+    if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
+        if scheduler.optimizer is not optimizer:
+            raise ValueError(
+                f"the scheduler ({type(scheduler).__name__}) was built on another optimizer than the one trained, "
+                "so it would never change the learning rate: build it on that optimizer, or give a factory "
+                "(scheduler=lambda optimizer: ...) or a name"
+            )
         return scheduler
     if callable(scheduler):
         built = scheduler(optimizer, max_iter) if _required_positional(scheduler) >= 2 else scheduler(optimizer)
@@ -252,6 +298,12 @@ def resolve_scheduler(
             )
         return built
     raise TypeError(f"scheduler must be a name, a scheduler or a factory, got {type(scheduler).__name__}")
+
+
+def _named(scheduler: Tuple[Any, ...]) -> Tuple[str, Dict[str, Any]]:
+    if len(scheduler) == 2 and isinstance(scheduler[0], str) and isinstance(scheduler[1], Mapping):
+        return scheduler[0], dict(scheduler[1])
+    raise TypeError(f"scheduler must be a name, (name, options), a scheduler or a factory, got {scheduler!r}")
 
 
 def _required_positional(fn: Callable[..., Any]) -> int:

@@ -16,11 +16,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from treadle.checkpoint import Checkpointer, check_checkpoint_file, unwrap_model
+from treadle.checkpoint import Checkpointer, unwrap_model
 from treadle.config import LazyCall, LazyConfig, get_config_file, instantiate
 from treadle.config.train_keys import train_section, train_setting
 from treadle.evaluation import forward_for, inference_on_dataset
-from treadle.events import CommonMetricPrinter, JSONWriter, MLflowWriter, TensorboardWriter, WandbWriter
+from treadle.events import get_default_writers
 from treadle.events.tracking import flatten_params
 from treadle.hooks import HookBase
 from treadle.utils import comm
@@ -29,13 +29,13 @@ from treadle.utils.env import collect_env_info, seed_all_rng
 from treadle.utils.atomic import atomic_write
 from treadle.utils.file_io import PathManager, describe_os_error
 from treadle.utils.logger import setup_logger, start_log_files
-from treadle.utils.run_folder import RunFolder, check_output_dir, claim_on_main_process
-from treadle.utils.run_start import training_starts, when_training_starts
+from treadle.utils.run_folder import check_output_dir
+from treadle.utils.run_start import when_training_starts
 
 from .build import build_step, loader_epoch_length, trainable_parameters
 from .default_hooks import default_hooks
 from .launch import create_ddp_model, wrap_model
-from .resume import restore_hyperparameters, take_hyperparameters
+from .session import RunSession
 from .validation import check_watched_metric, enabled_trackers
 from .steps import StepBase
 from .train_loop import TrainerBase
@@ -243,15 +243,15 @@ class DefaultTrainer(TrainerBase):
         self.max_iter = int(train_setting(cfg, "max_iter"))
         self.epoch_length = loader_epoch_length(self.train_loader, int(train_setting(cfg, "step.grad_accum_steps")))
         self.start_iter = 0
+        output_dir = train_setting(cfg, "output_dir")
         self.checkpointer = Checkpointer(
             unwrap_model(self.model),
-            train_setting(cfg, "output_dir"),
+            output_dir,
             format=train_setting(cfg, "checkpointer.format"),
             optimizer=self.optimizer,
             trainer=self,
         )
-        self.run_folder = RunFolder(train_setting(cfg, "output_dir"))
-        self._claimed = False
+        self.session = RunSession(output_dir, self.checkpointer, write_config=lambda: save_run_config(cfg, output_dir))
         self._check_evaluation(cfg)
         # The schedule, for LRScheduler() without arguments (LiBai's build_hooks).
         self.scheduler = self.build_lr_scheduler(cfg, self.optimizer)
@@ -356,43 +356,36 @@ class DefaultTrainer(TrainerBase):
         return build_step(kind, model, data_loader, optimizer, compile_options=compile_options, **options)
 
     def build_writers(self) -> List[Any]:
-        """Console, ``metrics.json`` and TensorBoard on the main process; none elsewhere."""
-        if not comm.is_main_process():
-            return []
-        output_dir = train_setting(self.cfg, "output_dir")
-        writers: List[Any] = [
-            CommonMetricPrinter(self.max_iter, samples_per_iter=self._samples_per_iter()),
-            JSONWriter(os.path.join(output_dir, "metrics.json")),
-            TensorboardWriter(output_dir),
-        ]
+        """Console, ``metrics.json``, TensorBoard and the trackers ``train.writers``
+        turns on, on the main process; none elsewhere
+        (:func:`~treadle.events.get_default_writers`, the plain ``Trainer``'s assembly too)."""
+        return get_default_writers(
+            train_setting(self.cfg, "output_dir"), self.max_iter, samples_per_iter=self._samples_per_iter(),
+            trackers=self._tracker_options(),
+        )
+
+    def _tracker_options(self) -> Dict[str, Dict[str, Any]]:
+        """Each tracker ``train.writers`` turns on, with its writer's options."""
         trackers = enabled_trackers(self.cfg)
-        params = flatten_params(self.cfg) if trackers else {}
+        if not trackers or not comm.is_main_process():
+            return {}
+        output_dir = train_setting(self.cfg, "output_dir")
+        params = flatten_params(self.cfg)
+        options: Dict[str, Dict[str, Any]] = {}
         if "mlflow" in trackers:
             mlflow = train_section(self.cfg, "writers.mlflow")
-            writers.append(
-                MLflowWriter(
-                    mlflow["tracking_uri"],
-                    mlflow["experiment_name"],
-                    mlflow["run_name"],
-                    dict(mlflow["tags"] or {}),
-                    params=params,
-                    log_model=os.path.join(output_dir, "model_final.pth") if mlflow["log_model"] else None,
-                )
+            options["mlflow"] = dict(
+                tracking_uri=mlflow["tracking_uri"], experiment_name=mlflow["experiment_name"],
+                run_name=mlflow["run_name"], tags=dict(mlflow["tags"] or {}), params=params,
+                log_model=os.path.join(output_dir, "model_final.pth") if mlflow["log_model"] else None,
             )
         if "wandb" in trackers:
             wandb = train_section(self.cfg, "writers.wandb")
-            writers.append(
-                WandbWriter(
-                    wandb["project"],
-                    wandb["name"],
-                    wandb["mode"],
-                    dir=output_dir,
-                    entity=wandb["entity"],
-                    tags=list(wandb["tags"] or []) or None,
-                    config=params,
-                )
+            options["wandb"] = dict(
+                project=wandb["project"], name=wandb["name"], mode=wandb["mode"], dir=output_dir,
+                entity=wandb["entity"], tags=list(wandb["tags"] or []) or None, config=params,
             )
-        return writers
+        return options
 
     def build_hooks(self) -> List[Optional[HookBase]]:
         """The default hooks of :func:`~treadle.engine.default_hooks.default_hooks`
@@ -488,60 +481,24 @@ class DefaultTrainer(TrainerBase):
                 or no checkpoint of the run can be read.
         """
         init = train_setting(self.cfg, "init_checkpoint") or ""
-        resuming = resume and self.checkpointer.has_checkpoint()
-        if not resuming:
-            if init:
-                check_checkpoint_file(init)
-            # A fresh start reads nothing of the folder: the weights are loaded
-            # before the claim, so that a broken train.init_checkpoint is named
-            # as itself, also where the claim would refuse a used folder.
-            self.checkpointer.resume_or_load(init, resume=resume)
-            self._claim(resume=resume, move_aside=move_aside)
-            self.start_iter = 0
-            return
-        self._claim(resume=resume, move_aside=move_aside)
-        snapshot = take_hyperparameters(self.optimizer, self.hooks)
-        try:
-            extra = self.checkpointer.resume_or_load(init, resume=resume)
-        except BaseException:
-            self._release()
-            raise
-        if "iteration" in extra:
-            self.start_iter = int(extra["iteration"]) + 1
-            restore_hyperparameters(snapshot, self.optimizer, self.hooks)
-        else:
-            self.start_iter = 0
+        self.start_iter = self.session.open(self, resume=resume, init=init, move_aside=move_aside)
 
-    def _claim(self, *, resume: bool, move_aside: bool = False) -> None:
-        if self._claimed:
-            return
-        claim_on_main_process(self.run_folder, resume=resume, move_aside=move_aside)
-        self._claimed = True
-
-    def _release(self) -> None:
-        self.run_folder.release()
-        self._claimed = False
+    @property
+    def run_folder(self) -> Any:
+        """The run's :class:`~treadle.utils.run_folder.RunFolder` (its session's)."""
+        return self.session.folder
 
     def train(self) -> Optional[Dict[str, Any]]:  # type: ignore[override]
         """Trains from ``start_iter`` to ``train.max_iter``; returns the last evaluation results.
 
         Claims the output directory if :meth:`resume_or_load` has not (a
         fresh start), then writes ``config.yaml`` and starts ``log.txt``; the
-        folder's lock is released when training ends.
+        folder's lock is released when training ends (:class:`~treadle.engine.session.RunSession`).
         """
         self._last_eval_results: Optional[Dict[str, Any]] = None
-        self._claim(resume=self.start_iter > 0)
-        try:
-            if self.has_work(self.start_iter, self.max_iter):
-                # A finished run resumed writes nothing: its config and log stay as they are.
-                done = training_starts()  # what default_setup left to do, if it ran
-                if "config" not in done:
-                    save_run_config(self.cfg, train_setting(self.cfg, "output_dir"))
-                if "logs" not in done:
-                    _start_logs()
+        self.session.claim(resume=self.start_iter > 0)
+        with self.session.running(self.has_work(self.start_iter, self.max_iter)):
             super().train(self.start_iter, self.max_iter)
-        finally:
-            self._release()
         return self._last_eval_results
 
     @classmethod

@@ -115,8 +115,19 @@ def call_model(model: Callable[..., Any], batch: Any) -> Any:
 
 def whole_batch_forward(model: Callable[..., Any], batch: Any) -> Any:
     """The forward of a model that computes its own loss: the batch goes whole
-    (a mapping spread), exactly as a training step without ``loss_fn`` feeds it."""
-    return call_model(model, batch)
+    (a mapping spread), exactly as a training step without ``loss_fn`` feeds
+    it. In training and evaluation alike, a model that fails on a whole
+    ``(inputs, targets)`` pair is explained in one line: it returns
+    predictions, and needs a ``loss_fn``."""
+    try:
+        return call_model(model, batch)
+    except (TypeError, AttributeError) as e:
+        if isinstance(batch, (tuple, list)) and len(batch) == 2 and not _is_sample_list(batch):
+            raise type(e)(
+                f"the model was given the whole (inputs, targets) batch, as there is no loss_fn, and raised: "
+                f"{e}. A model that returns predictions needs a loss_fn (train.step.loss_fn in a config)"
+            ) from e
+        raise
 
 
 def forward_for(loss_fn: Optional[Any]) -> ForwardFn:

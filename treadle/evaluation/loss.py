@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 import torch
 
-from .batch import batch_size, call_model, get_targets
+from .batch import batch_size, get_targets, whole_batch_forward
 from .evaluator import metric_names
 from .registry import register_metric
 from .results import Results
@@ -51,16 +51,7 @@ def forward_loss(model: Callable[..., Any], loss_fn: Optional[LossFn], batch: An
             )
         inputs, targets = batch
         return loss_fn(model(inputs), targets)
-    try:
-        return call_model(model, batch)
-    except (TypeError, AttributeError) as e:
-        if isinstance(batch, (tuple, list)) and len(batch) == 2:
-            # The usual cause: a model that returns predictions, trained without a loss function.
-            raise (TypeError if isinstance(e, TypeError) else AttributeError)(
-                f"the model was given the whole (inputs, targets) batch, as there is no loss_fn, and raised: "
-                f"{e}. A model that returns predictions needs a loss_fn (train.step.loss_fn in a config)"
-            ) from e
-        raise
+    return whole_batch_forward(model, batch)
 
 
 def as_losses(out: Any, source: str) -> Dict[str, torch.Tensor]:

@@ -21,9 +21,20 @@ from treadle.config.errors import ConfigError
 
 from .base import HookBase
 
-__all__ = ["LRMonitor", "LRMultiplier", "LRScheduler", "WarmupParamScheduler", "build_lr_multiplier", "SCHEDULE_NAMES"]
+__all__ = [
+    "LRMonitor",
+    "LRMultiplier",
+    "LRScheduler",
+    "WarmupParamScheduler",
+    "build_lr_multiplier",
+    "describe_schedule",
+    "SCHEDULE_NAMES",
+    "SCHEDULE_OPTIONS",
+]
 
 SCHEDULE_NAMES = ("constant", "cosine", "linear", "step")
+#: The options a named schedule takes (see build_lr_multiplier).
+SCHEDULE_OPTIONS = ("steps", "gamma", "end_value")
 # What a warm-up means (see build_lr_multiplier): detectron2's, or transformers' get_*_schedule_with_warmup.
 WARMUP_STYLES = ("detectron2", "huggingface")
 
@@ -227,6 +238,28 @@ def build_lr_multiplier(
         else:
             schedule = WarmupParamScheduler(schedule, warmup_factor, warmup_iters / max_iter)
     return schedule
+
+
+def describe_schedule(
+    name: str, max_iter: int, warmup_iters: int = 0, *, steps: Sequence[int] = (), gamma: float = 0.1,
+    end_value: float = 0.0,
+) -> str:
+    """What :func:`build_lr_multiplier` builds for a name, in torch's terms, as
+    the plain ``Trainer`` logs it (with Hugging Face's warm-up)."""
+    warmup = warmup_iters if warmup_iters < max_iter else max_iter // 2
+    span = max_iter - warmup
+    if name == "constant":
+        what = "the optimizer's rate throughout"
+    elif name == "cosine":
+        what = f"the optimizer's rate times 1 to {end_value} along a cosine over {span} iterations (CosineAnnealingLR)"
+    elif name == "linear":
+        what = f"the optimizer's rate times 1 to {end_value} linearly over {span} iterations (LinearLR)"
+    else:
+        at = f"iterations {list(steps)} of the schedule" if steps else "2/3 and 8/9 of the schedule"
+        what = f"the optimizer's rate times {gamma} at {at} (MultiStepLR)"
+    if warmup:
+        what += f", after a linear warm-up from 0 over {warmup} iterations (Hugging Face's)"
+    return what
 
 
 def _refuse_plateau(scheduler: Any) -> None:

@@ -24,6 +24,8 @@ def resolve_device(device: Union[str, torch.device, None] = "auto") -> torch.dev
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={str(device)!r} was asked for, but CUDA is not available on this machine")
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())  # this process's GPU
     return device
 
 

@@ -1,0 +1,223 @@
+"""How the plain ``Trainer`` evaluates: the forward, the metrics, the loss,
+and the metric that best checkpoints and early stopping watch.
+
+One :class:`TrainerEvaluation` serves the ``eval_loader``'s evaluations,
+``evaluate(loader)`` and ``eval_step(batch)``:
+
+- the batch reaches the model as in training (``model(inputs)`` with a
+  ``loss_fn``, the whole batch without one); with ``evaluate_with_generate``,
+  ``model.generate(...)`` on the batch's inputs instead;
+- the ``loss`` is computed as training computes it (a subclass's
+  ``compute_loss``, else ``loss_fn``, else the model's own); with
+  ``evaluate_with_generate`` it is the forward's, computed only where
+  ``metrics`` ask for it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Mapping
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+import torch
+
+from treadle.evaluation import build_evaluator, default_forward, forward_for, inference_on_dataset
+from treadle.evaluation import known_metric_mode, metric_mode
+from treadle.evaluation.batch import move_to_device
+from treadle.evaluation.inference import inference_context
+from treadle.evaluation.loss import LossEvaluator
+
+__all__ = ["TrainerEvaluation", "watches_training", "EVAL_PREFIXES", "TRAIN_PREFIXES"]
+
+logger = logging.getLogger(__name__)
+
+# Prefixes other trainers put on the metric to watch (Hezar's
+# "evaluation.f1", HF's "eval_loss", Lightning's "val/..."): the name in
+# treadle's storage is what follows. "train" ones name a training scalar.
+EVAL_PREFIXES = ("eval/", "evaluation/", "eval.", "evaluation.", "eval_")
+TRAIN_PREFIXES = ("train/", "train.", "train_")
+
+
+def watches_training(metric: Optional[str]) -> bool:
+    """Whether ``best_metric`` names a training scalar (``"train/loss"``), which needs no evaluation."""
+    return bool(metric) and metric.startswith(TRAIN_PREFIXES)  # type: ignore[union-attr]
+
+
+def _metric_name(metric: Any) -> Optional[str]:
+    if isinstance(metric, str):
+        return metric
+    if isinstance(metric, (tuple, list)) and metric and isinstance(metric[0], str):
+        return metric[0]
+    return None
+
+
+def _generate_forward(model: Any, batch: Any, *, options: Dict[str, Any]) -> Any:
+    """The evaluation forward of ``evaluate_with_generate``: ``generate`` on the
+    batch's inputs (a DDP wrapper's module generates)."""
+    generate = getattr(model, "module", model).generate
+    if isinstance(batch, Mapping):
+        return generate(**{k: v for k, v in batch.items() if k != "labels"}, **options)
+    if isinstance(batch, (list, tuple)) and len(batch) == 2:
+        return generate(batch[0], **options)
+    return generate(batch, **options)
+
+
+def _no_outputs(model: Any, batch: Any) -> None:
+    """The evaluation forward where nothing reads the outputs (the loss is a compute_loss's)."""
+    return None
+
+
+def _shapes(batch: Any) -> str:
+    if isinstance(batch, Mapping):
+        return ", ".join(f"{k} {tuple(v.shape)}" for k, v in batch.items() if isinstance(v, torch.Tensor))
+    return type(batch).__name__
+
+
+class TrainerEvaluation:
+    """The plain ``Trainer``'s evaluation (see the module docstring).
+
+    Args:
+        model: the model as trained (wrapped on several processes).
+        metrics: the ``Trainer``'s ``metrics`` (default ``["loss"]``).
+        loss_fn, compute_loss: how training computes the loss
+            (``compute_loss``: a subclass's override, which replaces ``loss_fn``).
+        generate: ``generate()``'s options with ``evaluate_with_generate``, else None.
+    """
+
+    def __init__(self, model: Any, *, metrics: Iterable[Any], loss_fn: Optional[Callable[[Any, Any], Any]],
+                 compute_loss: Optional[Callable[[Any], Any]], generate: Optional[Dict[str, Any]]) -> None:
+        self.model = model
+        self.metrics: List[Any] = list(metrics) or ["loss"]
+        self.loss_fn = loss_fn
+        self.generate = generate
+        # How a batch's loss is computed: as training computes it; where the
+        # forward generates, by the training forward of its own.
+        if compute_loss is not None:
+            self.loss_options: Dict[str, Any] = {"compute_loss": compute_loss}
+        elif generate is not None:
+            self.loss_options = {"compute_loss": self._forward_loss}
+        else:
+            self.loss_options = {"loss_fn": loss_fn} if loss_fn is not None else {}
+        self._batch_loss = LossEvaluator(**self.loss_options)
+        self._training_loss = LossEvaluator(**({"loss_fn": loss_fn} if loss_fn is not None else {}))
+        if generate is not None:
+            self.forward: Callable[[Any, Any], Any] = functools.partial(_generate_forward, options=generate)
+        elif compute_loss is None:
+            self.forward = forward_for(loss_fn)
+        else:
+            # A compute_loss runs the model itself: only metrics other than the loss need outputs.
+            self.forward = _no_outputs if self.metric_names() == ["loss"] else default_forward
+
+    def metric_names(self) -> List[Optional[str]]:
+        return [_metric_name(m) for m in self.metrics]
+
+    @property
+    def reports_loss(self) -> bool:
+        """Whether ``eval_step`` reports the loss: always, but where the forward
+        generates and ``metrics`` leave the loss out."""
+        return self.generate is None or "loss" in self.metric_names()
+
+    def build_evaluator(self) -> Any:
+        """A new evaluator of ``metrics`` (the loss computed as training does)."""
+        return build_evaluator(self.metrics, **(self.loss_options if "loss" in self.metric_names() else {}))
+
+    def _forward_loss(self, batch: Any) -> torch.Tensor:
+        """The loss where the evaluation forward generates: the training
+        forward's, on the same batch, explained in one line where the batch
+        does not allow it (a decoder-only model's continuation labels)."""
+        try:
+            outputs = forward_for(self.loss_fn)(self.model, batch)
+            return self._training_loss.batch_loss(batch, outputs).mean()
+        except (RuntimeError, ValueError, TypeError, IndexError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(
+                f"the evaluation 'loss' is the model's forward loss on the batch ({_shapes(batch)}), which this "
+                f"batch does not allow ({type(e).__name__}: {first}); with evaluate_with_generate, leave 'loss' "
+                "out of metrics where the labels are the text to generate rather than the inputs' next tokens"
+            ) from e
+
+    def evaluate(self, loader: Iterable[Any], evaluator: Any, device: torch.device) -> Dict[str, Any]:
+        """The metrics over ``loader``."""
+        return inference_on_dataset(self.model, loader, evaluator, device=device, forward=self.forward)
+
+    @torch.no_grad()
+    def one_batch(self, batch: Any, evaluator: Any, device: torch.device) -> Dict[str, float]:
+        """``eval_step``: the loss (where reported) and the metrics of one batch, as floats."""
+        batch = move_to_device(batch, device)
+        out: Dict[str, float] = {}
+        with inference_context(self.model):
+            outputs = self.forward(self.model, batch)
+            if self.reports_loss:
+                out["loss"] = float(self._batch_loss.batch_loss(batch, outputs).float().mean())
+            if evaluator is not None:
+                evaluator.reset()
+                evaluator.process(batch, outputs)
+        if evaluator is not None:
+            out.update({k: v for k, v in _flat_floats(evaluator.evaluate() or {}).items() if k != "loss"})
+        return out
+
+    # ------------------------------------------------------------------ the watched metric
+    def watched(self, evaluator: Any, best_metric: Optional[str], best_mode: Optional[str],
+                patience: Optional[int]) -> Tuple[Optional[str], Optional[str]]:
+        """The storage name and direction of the metric that best checkpoints
+        and early stopping watch, checked against the evaluation's results."""
+        if best_metric is None and not patience:
+            return None, None
+        # validation.py checks configs (OmegaConf), which a plain Trainer never imports otherwise.
+        from .validation import check_watched_metric, warn_contradicting_mode
+
+        # The key the warnings name: the metric given, or the one early stopping watches without it.
+        given = ("best_metric", best_metric) if best_metric is not None else ("early stopping's metric", "loss")
+        name = best_metric or "loss"
+        if watches_training(name):
+            name = next(name[len(p):] for p in TRAIN_PREFIXES if name.startswith(p))
+            name = "total_loss" if name == "loss" else name
+            warn_contradicting_mode("best_mode", best_mode, *given, known_metric_mode(name))
+            return name, best_mode or metric_mode(name)
+        name = next((name[len(p):] for p in EVAL_PREFIXES if name.startswith(p)), name)
+        check_watched_metric("best_metric", name, getattr(evaluator, "result_names", None))
+        declared = _declared_direction(evaluator, name)
+        known = ("max" if declared else "min") if declared is not None else known_metric_mode(name)
+        warn_contradicting_mode("best_mode", best_mode, *given, known)
+        return name, best_mode or known or metric_mode(name)
+
+    def with_loss_for_early_stopping(self, evaluator: Any, best_metric: Optional[str],
+                                     patience: Optional[int]) -> Any:
+        """The evaluator early stopping can watch: without ``best_metric`` it
+        watches the evaluation ``loss``; where ``metrics`` leave it out, it is
+        added, with a warning naming the settings (rather than an error about a
+        ``best_metric`` the user never set)."""
+        if best_metric is not None or not patience or evaluator is None:
+            return evaluator
+        known = getattr(evaluator, "result_names", None)
+        if known is None or "loss" in known:
+            return evaluator
+        logger.warning(
+            "early_stopping_patience=%r watches the evaluation 'loss' (no best_metric is given), which the "
+            "metrics leave out (the evaluation computes: %s): the loss is evaluated too; give best_metric= to "
+            "watch another metric", patience, ", ".join(sorted(known)),
+        )
+        self.metrics.append("loss")
+        return self.build_evaluator()
+
+
+def _declared_direction(evaluator: Any, name: str) -> Optional[bool]:
+    """``higher_is_better`` of a torchmetrics result ``name``, when one declares it."""
+    parts = getattr(evaluator, "evaluators", None) or [evaluator]
+    for part in parts:
+        declared = getattr(part, "higher_is_better", None)
+        if isinstance(declared, dict) and declared.get(name) is not None:
+            return bool(declared[name])
+    return None
+
+
+def _flat_floats(results: Dict[str, Any], prefix: str = "") -> Dict[str, float]:
+    out: Dict[str, float] = {}
+    for key, value in results.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat_floats(value, f"{name}/"))
+        else:
+            out[name] = float(value)
+    return out

@@ -1,0 +1,436 @@
+"""The table of the plain ``Trainer``'s settings: each one's name, default,
+rule, meaning and what it needs in order to act, said once.
+
+It is to :class:`~treadle.engine.Trainer` what :mod:`treadle.config.train_keys`
+is to ``train.*``, and shares that table's rows where a setting means the
+same thing (precision, clipping, periods, checkpoint keeping, the EMA decay,
+the process group's timeout): the rule and the words come from there.
+
+:func:`check_settings` reads it before the ``Trainer`` builds or writes
+anything. A setting given with a value its rule refuses is an error naming
+it; a setting given where it cannot act (``eval_period`` without an
+evaluation set, ``shuffle`` with a ``DataLoader``, ``warmup_iters`` with a
+scheduler object...) is refused in one line, or, where the seeds' users
+commonly pass it harmlessly (``checkpoint_period`` without ``output_dir``,
+``ddp`` on one process), warned about in one line. No setting is ignored
+without a word. What a setting needs is decided on a :class:`Situation`:
+what the objects given are, before any is built.
+
+``python -m treadle.engine.trainer_settings`` prints the table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import textwrap
+from collections.abc import Mapping
+from typing import Any, Callable, Dict, FrozenSet, Optional, Sequence, Tuple
+
+from treadle.config.errors import ConfigError
+from treadle.config.rules import (
+    Rule,
+    boolean,
+    choice,
+    device,
+    integer,
+    is_int,
+    non_negative_number,
+    positive_number,
+    shown,
+    text,
+)
+from treadle.config.train_keys import KEYS as TRAIN_KEYS
+
+__all__ = [
+    "Need",
+    "Setting",
+    "Situation",
+    "SETTINGS",
+    "LOGGERS",
+    "FILE_LOGGERS",
+    "check_settings",
+    "setting",
+    "describe",
+]
+
+logger = logging.getLogger(__name__)
+
+#: What ``loggers=`` may name: files written into the logs folder, and the
+#: trackers (optional extras, with their defaults: MLflow's default store,
+#: W&B online; give a writer object to choose).
+LOGGERS = ("json", "tensorboard", "csv", "mlflow", "wandb")
+FILE_LOGGERS = ("json", "tensorboard", "csv")
+
+
+@dataclasses.dataclass(frozen=True)
+class Situation:
+    """What the settings' needs are decided on, before anything is built.
+
+    Attributes:
+        train: ``"dataset"`` (samples the ``Trainer`` batches: a torch
+            ``Dataset``, a list of samples), ``"batches"`` (an iterable of
+            batches with a length: a ``DataLoader``, a list of batches) or
+            ``"stream"`` (batches without a length: a generator).
+        eval: ``"none"``, ``"dataset"`` or ``"batches"``.
+        train_type, eval_type: the objects' type names, for messages.
+        optimizer: ``"name"`` or ``"object"``.
+        scheduler: ``"none"``, ``"name"``, ``"fvcore"`` (a ``ParamScheduler``),
+            ``"torch"`` (a torch scheduler object) or ``"factory"``.
+        processes: how many processes train (torchrun's or ``launch``'s).
+        cuda: whether the model will be on a CUDA device.
+        generates: whether the model has a ``generate()`` method.
+        values: every setting's value, given or default.
+    """
+
+    train: str
+    eval: str
+    train_type: str
+    eval_type: str
+    optimizer: str
+    scheduler: str
+    processes: int
+    cuda: bool
+    generates: bool
+    values: Mapping[str, Any]
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class Need:
+    """What a setting needs in order to act.
+
+    ``holds(situation, value)`` says whether it has it; when not, the setting
+    is refused (``refuse``) or warned about, with ``message`` formatted with
+    ``name``, ``value`` (as code shows it), ``train``/``eval`` (the types of
+    the data given) and every setting's value by name. ``key`` names the
+    need for the tests that walk the table.
+    """
+
+    key: str
+    holds: Callable[[Situation, Any], bool]
+    message: str
+    refuse: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One argument of ``Trainer``: its name, default, rule (``None``: any
+    value), one line on what it does, and what it needs to act. ``train_key``
+    names the ``train.*`` key it shares its meaning with."""
+
+    name: str
+    default: Any
+    rule: Optional[Rule]
+    doc: str
+    needs: Tuple[Need, ...] = ()
+    train_key: Optional[str] = None
+
+
+# ---------------------------------------------------------------------- rules the train table has no use for
+def _callable(key: str, value: Any) -> None:
+    if value is not None and not callable(value):
+        raise ConfigError(f"{key} must be a function or None, got {type(value).__name__}")
+
+
+def _sequence(key: str, value: Any) -> None:
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
+        raise ConfigError(f"{key} must be a list, got {shown(value)}")
+
+
+def _bool_or_dict(key: str, value: Any) -> None:
+    if not isinstance(value, (bool, dict)):
+        raise ConfigError(f"{key} must be True, False or a dict of options, got {shown(value)}")
+
+
+def _loggers(key: str, value: Any) -> None:
+    _sequence(key, value)
+    from treadle.events import EventWriter
+
+    unknown = [name for name in value if not isinstance(name, EventWriter) and name not in LOGGERS]
+    if unknown:
+        raise ConfigError(f"Unknown loggers {unknown}; choose from {list(LOGGERS)}")
+
+
+def _ddp(key: str, value: Any) -> None:
+    kind = value.get("kind", "ddp") if isinstance(value, Mapping) else value
+    if not isinstance(value, (str, Mapping)):
+        raise ConfigError(f"{key} must be 'ddp', 'fsdp' or a dict of train.ddp options, got {shown(value)}")
+    if kind not in ("ddp", "fsdp"):
+        raise ConfigError(f"{key}: the model wrapper must be 'ddp' or 'fsdp', got {kind!r}")
+
+
+def _device(key: str, value: Any) -> None:
+    device(key, str(value) if type(value).__name__ == "device" else value)
+
+
+def _seed(key: str, value: Any) -> None:
+    if not is_int(value):
+        raise ConfigError(f"{key} must be an integer or None, got {shown(value)}")
+
+
+# ---------------------------------------------------------------------- needs
+def _given(name: str) -> Callable[[Situation, Any], bool]:
+    return lambda s, v: s[name] is not None
+
+
+_OUTPUT_DIR = _given("output_dir")
+_TRAIN_DATASET = lambda s, v: s.train == "dataset"  # noqa: E731
+_ANY_DATASET = lambda s, v: "dataset" in (s.train, s.eval)  # noqa: E731
+_EPOCHS = lambda s, v: s.train != "stream"  # noqa: E731
+_NAMED_OPTIMIZER = lambda s, v: s.optimizer == "name"  # noqa: E731
+_SEVERAL_PROCESSES = lambda s, v: s.processes > 1  # noqa: E731
+
+
+def _watches_an_evaluation(s: Situation, v: Any) -> bool:
+    from .trainer_eval import watches_training
+
+    return s.eval != "none" or watches_training(s["best_metric"])
+
+
+_MAKES_ITS_OWN = "this train_loader ({train}) makes its own batches"
+_NOT_WRITTEN = "without output_dir nothing is written: give output_dir"
+
+
+def _row(name: str, default: Any, rule: Optional[Rule], doc: str, *needs: Need) -> Setting:
+    return Setting(name, default, rule, doc, tuple(needs))
+
+
+_TRAIN = {key.name: key for key in TRAIN_KEYS}
+
+
+def _shared(name: str, train_key: str, *needs: Need, default: Any = dataclasses.MISSING, doc: str = "") -> Setting:
+    """A row that means what ``train.<train_key>`` means: its rule and words
+    (``doc`` adds to them), and its default unless the ``Trainer``'s differs."""
+    key = _TRAIN[train_key]
+    default = key.default if default is dataclasses.MISSING else default
+    return Setting(name, default, key.rule, f"{key.doc} {doc}".strip(), tuple(needs), train_key)
+
+
+#: Every argument of ``Trainer`` after ``model, optimizer, train_loader``, in
+#: the order of its signature.
+SETTINGS: Tuple[Setting, ...] = (
+    _shared("loss_fn", "step.loss_fn", doc="Without it the model computes its own loss from the whole batch "
+            "(model(**batch) for a dict); a subclass may override compute_loss instead."),
+    _row("eval_loader", None, None, "What evaluation reads: batches, or a dataset batched by eval_batch_size."),
+    _row("metrics", (), _sequence, "What evaluation computes (default ['loss']): metric names, (name, options), "
+         "torchmetrics objects or DatasetEvaluators; also what evaluate(loader) computes."),
+    _row("max_iter", None, integer(1), "Iterations to train (one iteration = one optimizer update)."),
+    _row("max_epochs", None, integer(1), "Passes over the data; with max_iter, whichever comes first.",
+         Need("epochs", _EPOCHS, "max_epochs needs data with a length; this train_loader has none, so give max_iter")),
+    _row("scheduler", None, None, "A torch scheduler, an fvcore ParamScheduler, a factory (optimizer[, max_iter]), "
+         "a name ('cosine', 'linear', 'step', 'constant') or (name, options); None: the rate is the optimizer's."),
+    _row("scheduler_interval", "iter", choice(("iter", "epoch")), "When a torch scheduler steps: 'iter' or 'epoch'.",
+         Need("a scheduler", lambda s, v: s.scheduler != "none",
+              "scheduler_interval={value} says when a scheduler steps, and no scheduler is given", refuse=False),
+         Need("a torch scheduler", lambda s, v: v != "epoch" or s.scheduler not in ("name", "fvcore"),
+              "scheduler_interval='epoch' is for torch schedulers; a named or fvcore schedule is per iteration"),
+         Need("epochs", lambda s, v: v != "epoch" or _EPOCHS(s, v),
+              "scheduler_interval='epoch' needs epochs, and this train_loader has no length")),
+    _row("warmup_iters", 0, integer(0), "A linear warm-up from 0 to the full rate (Hugging Face's) before a "
+         "schedule the Trainer builds (scheduler=None or a name).",
+         Need("a schedule the Trainer builds", lambda s, v: s.scheduler in ("none", "name"),
+              "warmup_iters={value} warms up a schedule the Trainer builds (scheduler=None or a name such as "
+              "'cosine'); this scheduler sets every rate itself: build the warm-up into it")),
+    _row("lr", None, positive_number(), "The learning rate of an optimizer given by name (required then).",
+         Need("a named optimizer", _NAMED_OPTIMIZER,
+              "lr is for an optimizer given by name; this optimizer has its own learning rate")),
+    _row("weight_decay", 0.0, non_negative_number, "The weight decay of an optimizer given by name.",
+         Need("a named optimizer", _NAMED_OPTIMIZER,
+              "weight_decay is for an optimizer given by name; this optimizer has its own (give it there)")),
+    _row("no_decay_norm_and_bias", True, boolean, "treadle's default for an optimizer given by name: normalization "
+         "layers and biases get no weight decay (as Hugging Face's Trainer); False decays every parameter.",
+         Need("a named optimizer", _NAMED_OPTIMIZER,
+              "no_decay_norm_and_bias is for an optimizer given by name; this optimizer has its own parameter groups"),
+         Need("a weight decay", lambda s, v: bool(s["weight_decay"]),
+              "no_decay_norm_and_bias={value} has no effect without a weight_decay", refuse=False)),
+    _row("batch_size", None, integer(1), "The batch of a dataset per process (and of an evaluation dataset "
+         "without eval_batch_size).",
+         Need("no total_batch_size", lambda s, v: s["total_batch_size"] is None,
+              "batch_size={value} (per process) and total_batch_size={total_batch_size} (over all processes) "
+              "were both given: give one"),
+         Need("a dataset", _ANY_DATASET, "batch_size and total_batch_size are for a dataset; " + _MAKES_ITS_OWN)),
+    _row("total_batch_size", None, integer(1), "Instead of batch_size, the samples of one step over all "
+         "processes (the configs' convention); evaluation batches total_batch_size / processes.",
+         Need("a dataset", _TRAIN_DATASET, "batch_size and total_batch_size are for a dataset; " + _MAKES_ITS_OWN)),
+    _row("eval_batch_size", None, integer(1), "The batch of an evaluation dataset (default: the training batch "
+         "per process).",
+         Need("an evaluation dataset", lambda s, v: s.eval != "batches",
+              "eval_batch_size is for a dataset; this eval_loader ({eval}) is taken as its own batches"),
+         Need("an evaluation set", lambda s, v: s.eval != "none",
+              "eval_batch_size={value} batches an evaluation dataset, and no eval_loader is given: it acts only on "
+              "a dataset given to evaluate()", refuse=False)),
+    _row("shuffle", True, boolean, "Whether a dataset's order is shuffled (seeded, resumable).",
+         Need("a dataset", _TRAIN_DATASET, "shuffle is for a dataset the Trainer batches; " + _MAKES_ITS_OWN +
+              " in its own order (DataLoader(..., shuffle=...))")),
+    _row("collate_fn", None, _callable, "Turns a list of samples into a batch (Hezar's data_collator).",
+         Need("a dataset", _ANY_DATASET, "collate_fn is for a dataset; " + _MAKES_ITS_OWN)),
+    _row("num_workers", 0, integer(0), "Data-loading processes for a dataset the Trainer batches.",
+         Need("a dataset", _ANY_DATASET, "num_workers is for a dataset the Trainer batches; " + _MAKES_ITS_OWN +
+              " (DataLoader(..., num_workers=...))")),
+    _row("hooks", (), _sequence, "More hooks (HookBase), placed by docs/defaults.md's rule."),
+    _row("callbacks", (), _sequence, "fn(trainer, epoch, metrics) at each epoch's end, with that epoch's row.",
+         Need("epochs", _EPOCHS,
+              "callbacks are called at each epoch's end, and this train_loader has no length (no epochs)")),
+    _row("output_dir", None, text(empty=False, none=True), "The run's folder: checkpoints, metrics, log.txt; "
+         "nothing is written without it."),
+    _row("checkpoints_dir", None, text(empty=False, none=True), "A folder inside output_dir for the checkpoints.",
+         Need("output_dir", _OUTPUT_DIR, "checkpoints_dir/logs_dir ({value}) are folders inside output_dir: give "
+              "output_dir")),
+    _row("logs_dir", None, text(empty=False, none=True), "A folder inside output_dir for the logs and metrics.",
+         Need("output_dir", _OUTPUT_DIR, "checkpoints_dir/logs_dir ({value}) are folders inside output_dir: give "
+              "output_dir")),
+    _row("loggers", ("json", "tensorboard"), _loggers, "The files written ('json', 'tensorboard', 'csv'), "
+         "trackers ('mlflow', 'wandb') or EventWriter objects.",
+         Need("output_dir", lambda s, v: s["output_dir"] is not None or not any(n in FILE_LOGGERS for n in v),
+              "loggers={value} names files, and " + _NOT_WRITTEN, refuse=False)),
+    _shared("precision", "step.precision",
+            Need("CUDA", lambda s, v: v != "fp16" or s.cuda,
+                 "precision='fp16' needs a CUDA device (it trains with a GradScaler); use 'bf16' on this machine")),
+    _shared("grad_accum_steps", "step.grad_accum_steps"),
+    _shared("clip_grad_norm", "step.clip_grad_norm",
+            Need("no clip_grad_value", lambda s, v: s["clip_grad_value"] is None,
+                 "clip_grad_norm={value} and clip_grad_value={clip_grad_value}: clip by norm or by value, not both")),
+    _shared("clip_grad_value", "step.clip_grad_value"),
+    _row("compile", False, _bool_or_dict, "Run each step through torch.compile (CompiledStep); a dict is "
+         "passed to torch.compile."),
+    _shared("device", "device"),
+    _row("seed", None, _seed, "Seeds python, numpy and torch before training, and the data order; None: not seeded "
+         "(the data order then uses 0)."),
+    _shared("log_period", "log_period"),
+    _shared("eval_period", "eval_period",
+            Need("an evaluation set", lambda s, v: s.eval != "none",
+                 "eval_period={value} is when eval_loader is evaluated, and no eval_loader is given"),
+            default=None, doc="None: every epoch when the epoch length is known."),
+    _shared("checkpoint_period", "checkpointer.period",
+            Need("output_dir", _OUTPUT_DIR, "checkpoint_period={value} saves checkpoints, and " + _NOT_WRITTEN,
+                 refuse=False),
+            default=None, doc="None: every epoch (Hezar's save_steps)."),
+    _shared("max_to_keep", "checkpointer.max_to_keep",
+            Need("output_dir", _OUTPUT_DIR, "max_to_keep={value} keeps periodic checkpoints, and " + _NOT_WRITTEN,
+                 refuse=False),
+            Need("periodic checkpoints", lambda s, v: s["checkpoint_period"] != 0,
+                 "max_to_keep={value} keeps periodic checkpoints, and checkpoint_period=0 writes none",
+                 refuse=False)),
+    _shared("ema_decay", "ema.decay",
+            Need("not FSDP", lambda s, v: _wrapper_kind(s["ddp"]) != "fsdp",
+                 "ema_decay is not supported with ddp='fsdp': the EMA keeps an unsharded copy of the weights"),
+            default=None, doc="None: no EMA; else evaluate with the averaged weights."),
+    _row("best_metric", None, text(empty=False, none=True), "Save model_best.pth when this evaluation result "
+         "improves ('eval/', 'evaluation.', 'eval_' prefixes accepted; 'train/...' names a training scalar).",
+         Need("an evaluation set", _watches_an_evaluation,
+              "best_metric and early_stopping_patience watch an evaluation: give eval_loader"),
+         Need("output_dir", _OUTPUT_DIR, "best_metric saves model_best.pth: give output_dir")),
+    _shared("best_mode", "best_checkpointer.mode",
+            Need("a watched metric", lambda s, v: s["best_metric"] is not None or s["early_stopping_patience"],
+                 "best_mode={value} is the direction of best_metric and early stopping, and neither is given")),
+    _row("early_stopping_patience", None, integer(1), "Stop after that many evaluations without improvement of "
+         "best_metric (or of the evaluation loss).",
+         Need("an evaluation set", _watches_an_evaluation,
+              "best_metric and early_stopping_patience watch an evaluation: give eval_loader")),
+    _row("init_weights_from", None, text(empty=False, none=True), "A checkpoint whose matching weights are loaded "
+         "first (a new head is fine: mismatched keys are reported)."),
+    _row("progress_bar", None, choice((None, True, False)), "A tqdm bar; None: shown when stderr is a terminal."),
+    _row("evaluate_with_generate", False, _bool_or_dict, "Score the metrics on model.generate()'s outputs; a dict "
+         "is passed to generate(). The evaluation 'loss', where asked for, is the forward's.",
+         Need("a model that generates", lambda s, v: not v or s.generates,
+              "evaluate_with_generate needs a model with a generate() method; this model has none"),
+         Need("a metric of the generated tokens", lambda s, v: not v or _scores_outputs(s["metrics"]),
+              "evaluate_with_generate scores the metrics on model.generate()'s outputs, and the metrics ask for "
+              "the forward's loss only: give a metric of the generated tokens (('cer', {{'decode': fn}}))")),
+    _row("ddp", "ddp", _ddp, "How the model is wrapped when several processes train: 'ddp', 'fsdp' or a dict of "
+         "train.ddp's options with its kind.",
+         Need("several processes", _SEVERAL_PROCESSES, "ddp={value} wraps the model when several processes train; "
+              "this is one process, so nothing is wrapped", refuse=False)),
+    _shared("dist_timeout", "dist_timeout",
+            Need("several processes", _SEVERAL_PROCESSES, "dist_timeout={value} bounds what several processes wait "
+                 "for each other; this is one process", refuse=False)),
+)
+
+_BY_NAME: Dict[str, Setting] = {row.name: row for row in SETTINGS}
+
+
+def setting(name: str) -> Setting:
+    """The row of ``name``."""
+    return _BY_NAME[name]
+
+
+def _wrapper_kind(ddp: Any) -> Any:
+    return ddp.get("kind", "ddp") if isinstance(ddp, Mapping) else ddp
+
+
+def _scores_outputs(metrics: Sequence[Any]) -> bool:
+    """Whether ``metrics`` hold one that reads the model's outputs (not only the loss)."""
+    return any(not (m == "loss" if isinstance(m, str) else False) for m in (metrics or ["loss"]))
+
+
+def _format(template: str, name: str, value: Any, situation: Situation) -> str:
+    fields = {key: shown(v) if isinstance(v, str) else repr(v) for key, v in situation.values.items()}
+    return template.format(name=name, value=repr(value), train=situation.train_type, eval=situation.eval_type, **fields)
+
+
+def check_settings(situation: Situation, given: FrozenSet[str]) -> Dict[str, Any]:
+    """Checks the ``given`` settings of ``situation.values``: each value by its
+    row's rule, then what it needs. Returns the values, integral floats made
+    ints (``1e3`` from a config file).
+
+    Raises:
+        ConfigError: (a ``ValueError``) the first setting whose value its rule
+            refuses, or that cannot act here and is refused, in one line.
+    Logs one warning for each setting that cannot act here and is warned about.
+    """
+    unknown = sorted(given - set(_BY_NAME))
+    if unknown:
+        raise TypeError(f"Trainer got unknown settings {unknown}")
+    values = dict(situation.values)
+    for row in SETTINGS:
+        value = values[row.name]
+        if row.name in given and row.rule is not None and not (value is None and row.default is None):
+            row.rule(row.name, value)
+            if row.rule is not _seed and is_int(value) and isinstance(value, float) and isinstance(row.default, int):
+                values[row.name] = int(value)
+    situation = dataclasses.replace(situation, values=values)
+    warnings = []
+    for row in SETTINGS:
+        if row.name not in given or values[row.name] in ((), []):  # an empty list asks for nothing
+            continue
+        for need in row.needs:
+            if need.holds(situation, values[row.name]):
+                continue
+            message = _format(need.message, row.name, values[row.name], situation)
+            if need.refuse:
+                raise ConfigError(message)
+            warnings.append(message)
+            break
+    for message in warnings:
+        logger.warning(message)
+    return values
+
+
+def processes_to_come() -> int:
+    """How many processes train: the joined group's size, or torchrun's
+    ``WORLD_SIZE`` before the group is joined."""
+    from treadle.utils import comm
+
+    if comm.get_world_size() > 1:
+        return comm.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def describe(width: int = 88) -> str:
+    """The table as text: each setting with its default, its line, and what it needs."""
+    lines = []
+    for row in SETTINGS:
+        lines.append(f"{row.name} = {row.default!r}" + (f"    (train.{row.train_key})" if row.train_key else ""))
+        lines += textwrap.wrap(row.doc, width, initial_indent="    ", subsequent_indent="    ")
+        for need in row.needs:
+            verdict = "refused" if need.refuse else "warned"
+            lines.append(f"    needs {need.key} ({verdict} without it)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(describe())
