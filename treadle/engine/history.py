@@ -28,7 +28,7 @@ from treadle.hooks import HookBase
 if TYPE_CHECKING:
     from treadle.events import EventStorage
 
-__all__ = ["TrainingHistory", "EpochHistory", "EpochCallback"]
+__all__ = ["TrainingHistory", "EpochHistory", "EpochCallback", "iteration_history"]
 
 logger = logging.getLogger(__name__)
 
@@ -157,3 +157,9 @@ class EpochHistory(HookBase):
         self.epochs.append(row)
         for fn in self.callbacks:
             fn(trainer, epoch, dict(row))
+
+
+def iteration_history(storage: "EventStorage") -> Dict[str, List[Tuple[int, float]]]:
+    """``TrainingHistory.iterations`` of a run: every scalar of ``storage`` per iteration."""
+    histories = storage.histories()  # the one read of this run's values
+    return {name: [(int(it), v) for v, it in h.values()] for name, h in histories.items()}

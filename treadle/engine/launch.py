@@ -632,3 +632,14 @@ def wrap_model(model: nn.Module, kind: str = "ddp", *, setting: str = "the model
     if kind == "fsdp":
         return create_fsdp_model(model, **options)  # checks its options; unchanged on one process
     return create_ddp_model(model, **options) if comm.get_world_size() > 1 else model
+
+
+def check_optimizer_holds(optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
+    """FSDP2 replaces the model's parameters by shards: an optimizer built
+    before would step tensors the model no longer uses."""
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    if not all(id(p) in held for p in model.parameters() if p.requires_grad):
+        raise ValueError(
+            "with ddp='fsdp' the model's parameters are replaced by shards, so this optimizer (built before) "
+            "does not hold them: give the optimizer by name (optimizer='adamw', lr=...)"
+        )

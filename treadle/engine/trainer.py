@@ -18,11 +18,9 @@ import logging
 import os
 import sys
 import types
-from collections.abc import Mapping
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 import torch
-from fvcore.common.param_scheduler import ParamScheduler
 from torch import nn
 
 from treadle.checkpoint import Checkpointer, unwrap_model
@@ -37,14 +35,15 @@ from treadle.utils.run_folder import RunFolder, check_output_dir
 
 from .build import build_optimizer, build_step, loader_epoch_length, resolve_scheduler
 from .default_hooks import default_hooks
-from .history import EpochCallback, TrainingHistory
-from .launch import DEFAULT_TIMEOUT, join_env_process_group, leave_process_group, wrap_model
+from .seed_names import SEED_METHODS, warn_about_seed_methods
+from .history import EpochCallback, TrainingHistory, iteration_history
+from .launch import DEFAULT_TIMEOUT, check_optimizer_holds, join_env_process_group, leave_process_group, wrap_model
 from .session import Resume, RunSession
 from .train_loop import TrainerBase
-from .trainer_data import as_eval_loader, as_train_loader, check_batch_sizes, data_kind, run_length
+from .trainer_data import as_eval_loader, as_train_loader, check_batch_sizes, run_length
 from .trainer_data import warn_about_leftover_batches
 from .trainer_eval import TrainerEvaluation
-from .trainer_settings import FILE_LOGGERS, LOGGERS, SETTINGS, Situation, check_settings, processes_to_come
+from .trainer_settings import FILE_LOGGERS, LOGGERS, SETTINGS, check_settings, situation_of, wrapper_of
 
 __all__ = ["Trainer", "TrainingHistory", "LOGGERS", "SEED_METHODS"]
 
@@ -53,25 +52,6 @@ logger = logging.getLogger(__name__)
 # Per-iteration history is kept in memory for the returned history; beyond
 # this many iterations the oldest values are dropped (global averages stay).
 _MAX_HISTORY = 1_000_000
-
-#: Methods the seeds' trainers let a subclass override, which treadle names
-#: differently (docs/migrating.md): a ``Trainer`` subclass that defines one
-#: gets one warning naming what to override instead, as treadle never calls it.
-SEED_METHODS: Dict[str, str] = {
-    "calculate_train_batch_loss": "pytorch-accelerated's; override compute_loss(self, batch)",
-    "calculate_eval_batch_loss": "pytorch-accelerated's; override compute_loss(self, batch), the loss of "
-    "evaluation too, and give metrics=[...]",
-    "train_epoch_end": "pytorch-accelerated's; give callbacks=[fn(trainer, epoch, metrics)] or a hook's after_epoch",
-    "eval_epoch_end": "pytorch-accelerated's; give metrics=[...] (torchmetrics objects included)",
-    "create_scheduler": "pytorch-accelerated's; give scheduler= (a factory of the optimizer)",
-    "_compute_loss": "qurious'; override compute_loss(self, batch), the batch being on the device",
-    "_forward_pass": "qurious'; override compute_loss(self, batch), which runs the model",
-    "_prepare_batch": "qurious'; batches are moved to the device before compute_loss(self, batch)",
-    "training_step": "Lightning's and Hezar's; override compute_loss(self, batch)",
-    "configure_optimizers": "Lightning's; give optimizer= and scheduler=",
-    "on_train_epoch_end": "Lightning's; give callbacks=[fn(trainer, epoch, metrics)] or a hook's after_epoch",
-}
-
 
 def _records_given_settings(init: Callable[..., None]) -> Callable[..., None]:
     """Has ``__init__`` know which settings its caller passed: a setting
@@ -238,21 +218,24 @@ class Trainer(TrainerBase):
         dist_timeout: float = DEFAULT_TIMEOUT.total_seconds(),
     ) -> None:
         arguments = locals()
-        s = self._check_settings(model, optimizer, train_loader, {row.name: arguments[row.name] for row in SETTINGS})
-        self.settings = s
+        self._build(model, optimizer, train_loader, {row.name: arguments[row.name] for row in SETTINGS})
+
+    def _build(self, model: nn.Module, optimizer: Any, train_loader: Any, values: Dict[str, Any]) -> None:
+        """The constructor's jobs, in order: check every setting, then build."""
+        s = self.settings = self._check_settings(model, optimizer, train_loader, values)
         self._join_process_group(s.dist_timeout)
         self.output_dir = s.output_dir
         self.checkpoint_dir, self.logs_dir = _inside(s.output_dir, s.checkpoints_dir), _inside(s.output_dir, s.logs_dir)
         # log.txt starts when train() has claimed the folder: nothing is written into it before.
         setup_logger(output=self.logs_dir, distributed_rank=comm.get_rank(), defer_file=True)
-        _warn_about_seed_methods(type(self))
+        warn_about_seed_methods(type(self), Trainer)
         if s.seed is not None:
             seed_all_rng(s.seed)
         self.device = resolve_device(s.device)
         self.model = self.build_model(model, s)
         self.optimizer = self.build_optimizer(optimizer, unwrap_model(self.model), s)
         self.loss_fn = s.loss_fn
-        self.train_loader, self.eval_loader = self.build_loaders(train_loader, eval_loader, s)
+        self.train_loader, self.eval_loader = self.build_loaders(train_loader, s.eval_loader, s)
         epoch_length = loader_epoch_length(self.train_loader, s.grad_accum_steps)
         max_iter = run_length(s.max_iter, s.max_epochs, epoch_length)
         if s.max_epochs is not None:
@@ -274,17 +257,7 @@ class Trainer(TrainerBase):
     def _check_settings(self, model: nn.Module, optimizer: Any, train_loader: Any,
                         values: Dict[str, Any]) -> types.SimpleNamespace:
         """The settings, checked against their table before anything is built."""
-        if not isinstance(optimizer, (str, torch.optim.Optimizer)) and not _named_with_options(optimizer):
-            raise TypeError(f"optimizer must be a torch optimizer, a name or (name, options), got {optimizer!r}")
-        scheduler = values["scheduler"]
-        situation = Situation(
-            train=data_kind(train_loader), eval=data_kind(values["eval_loader"], "eval_loader"),
-            train_type=type(train_loader).__name__, eval_type=type(values["eval_loader"]).__name__,
-            optimizer="object" if isinstance(optimizer, torch.optim.Optimizer) else "name",
-            scheduler=_scheduler_kind(scheduler), processes=processes_to_come(),
-            cuda=str(values["device"]).startswith("cuda") or (values["device"] == "auto" and torch.cuda.is_available()),
-            generates=callable(getattr(model, "generate", None)), values=values,
-        )
+        situation = situation_of(model, optimizer, train_loader, values)
         s = types.SimpleNamespace(**check_settings(situation, self._given_settings))
         check_batch_sizes(train_loader, s.eval_loader, s.batch_size, s.total_batch_size, s.eval_batch_size)
         if s.output_dir is not None:
@@ -302,15 +275,14 @@ class Trainer(TrainerBase):
         model.to(self.device)
         if s.init_weights_from:
             load_matching_weights(model, s.init_weights_from)
-        kind, options = (s.ddp, {}) if isinstance(s.ddp, str) else (s.ddp.get("kind", "ddp"), dict(s.ddp))
-        options.pop("kind", None)
+        kind, options = wrapper_of(s.ddp)
         return wrap_model(model, kind, setting="ddp", **options)
 
     def build_optimizer(self, optimizer: Any, model: nn.Module, s: types.SimpleNamespace) -> torch.optim.Optimizer:
         """``optimizer`` as given, or built from its name (:func:`~treadle.engine.build_optimizer`)."""
         if isinstance(optimizer, torch.optim.Optimizer):
-            if _wrapper_kind(s.ddp) == "fsdp" and comm.get_world_size() > 1:
-                _check_optimizer_holds(optimizer, model)
+            if wrapper_of(s.ddp)[0] == "fsdp" and comm.get_world_size() > 1:
+                check_optimizer_holds(optimizer, model)
             return optimizer
         name, options = (optimizer, {}) if isinstance(optimizer, str) else (optimizer[0], dict(optimizer[1]))
         for key in ("lr", "weight_decay"):
@@ -474,7 +446,7 @@ class Trainer(TrainerBase):
             super().train(start_iter, self.max_iter)
         self._paused = self._pause_after_epoch is not None and self.interrupted
         if hasattr(self, "storage"):
-            self.history.iterations = _iteration_history(self)
+            self.history.iterations = iteration_history(self.storage)
         return self.history
 
     def evaluate(self, loader: Optional[Iterable[Any]] = None) -> Dict[str, Any]:
@@ -543,34 +515,6 @@ class Trainer(TrainerBase):
 
 
 # ---------------------------------------------------------------------- helpers
-def _named_with_options(optimizer: Any) -> bool:
-    return (isinstance(optimizer, tuple) and len(optimizer) == 2 and isinstance(optimizer[0], str)
-            and isinstance(optimizer[1], Mapping))
-
-
-def _scheduler_kind(scheduler: Any) -> str:
-    if scheduler is None:
-        return "none"
-    if isinstance(scheduler, (str, tuple)):
-        return "name"
-    if isinstance(scheduler, ParamScheduler):
-        return "fvcore"
-    return "torch" if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler) else "factory"
-
-
-def _wrapper_kind(ddp: Any) -> Any:
-    return ddp.get("kind", "ddp") if isinstance(ddp, Mapping) else ddp
-
-
-def _warn_about_seed_methods(cls: type) -> None:
-    """One warning for each method of :data:`SEED_METHODS` that a subclass defines."""
-    for name, instead in SEED_METHODS.items():
-        owner = next((c for c in cls.__mro__ if name in vars(c)), None)
-        if owner is not None and issubclass(owner, Trainer) and owner is not Trainer:
-            logger.warning("%s.%s is never called by treadle: the name is %s (docs/migrating.md)",
-                           owner.__name__, name, instead)
-
-
 def _inside(output_dir: Optional[str], sub: Optional[str]) -> Optional[str]:
     if output_dir is None:
         return None
@@ -583,17 +527,3 @@ def _stderr_is_a_terminal() -> bool:
     return bool(getattr(sys.stderr, "isatty", lambda: False)())
 
 
-def _check_optimizer_holds(optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
-    """FSDP2 replaces the model's parameters by shards: an optimizer built
-    before would step tensors the model no longer uses."""
-    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    if not all(id(p) in held for p in model.parameters() if p.requires_grad):
-        raise ValueError(
-            "with ddp='fsdp' the model's parameters are replaced by shards, so this optimizer (built before) "
-            "does not hold them: give the optimizer by name (optimizer='adamw', lr=...)"
-        )
-
-
-def _iteration_history(trainer: Trainer) -> Dict[str, List[Any]]:
-    histories = trainer.storage.histories()  # the one read of this run's values
-    return {name: [(int(it), v) for v, it in h.values()] for name, h in histories.items()}

@@ -44,6 +44,7 @@ from treadle.config.rules import (
 from treadle.config.train_keys import KEYS as TRAIN_KEYS
 
 __all__ = [
+    "situation_of",
     "Need",
     "Setting",
     "Situation",
@@ -51,6 +52,7 @@ __all__ = [
     "LOGGERS",
     "FILE_LOGGERS",
     "check_settings",
+    "wrapper_of",
     "setting",
     "describe",
 ]
@@ -316,7 +318,7 @@ SETTINGS: Tuple[Setting, ...] = (
                  "max_to_keep={value} keeps periodic checkpoints, and checkpoint_period=0 writes none",
                  refuse=False)),
     _shared("ema_decay", "ema.decay",
-            Need("not FSDP", lambda s, v: _wrapper_kind(s["ddp"]) != "fsdp",
+            Need("not FSDP", lambda s, v: wrapper_of(s["ddp"])[0] != "fsdp",
                  "ema_decay is not supported with ddp='fsdp': the EMA keeps an unsharded copy of the weights"),
             default=None, doc="None: no EMA; else evaluate with the averaged weights."),
     _row("best_metric", None, text(empty=False, none=True), "Save model_best.pth when this evaluation result "
@@ -358,8 +360,12 @@ def setting(name: str) -> Setting:
     return _BY_NAME[name]
 
 
-def _wrapper_kind(ddp: Any) -> Any:
-    return ddp.get("kind", "ddp") if isinstance(ddp, Mapping) else ddp
+def wrapper_of(ddp: Any) -> Tuple[str, Dict[str, Any]]:
+    """The wrapper's kind and options from ``ddp=``: a kind, or ``train.ddp``'s dict with its ``kind``."""
+    if isinstance(ddp, Mapping):
+        options = dict(ddp)
+        return options.pop("kind", "ddp"), options
+    return ddp, {}
 
 
 def _scores_outputs(metrics: Sequence[Any]) -> bool:
@@ -408,6 +414,43 @@ def check_settings(situation: Situation, given: FrozenSet[str]) -> Dict[str, Any
     for message in warnings:
         logger.warning(message)
     return values
+
+
+def situation_of(model: Any, optimizer: Any, train_loader: Any, values: Mapping[str, Any]) -> Situation:
+    """The :class:`Situation` of a ``Trainer(model, optimizer, train_loader, **values)``.
+
+    Raises:
+        TypeError: ``optimizer`` is not an optimizer, a name or (name, options),
+            or the data is not iterable.
+    """
+    import torch
+    from fvcore.common.param_scheduler import ParamScheduler
+
+    from .trainer_data import data_kind
+
+    named = isinstance(optimizer, str) or (
+        isinstance(optimizer, tuple) and len(optimizer) == 2 and isinstance(optimizer[0], str)
+        and isinstance(optimizer[1], Mapping)
+    )
+    if not named and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch optimizer, a name or (name, options), got {optimizer!r}")
+    scheduler = values["scheduler"]
+    if scheduler is None:
+        scheduler_kind = "none"
+    elif isinstance(scheduler, (str, tuple)):
+        scheduler_kind = "name"
+    elif isinstance(scheduler, ParamScheduler):
+        scheduler_kind = "fvcore"
+    else:
+        scheduler_kind = "torch" if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler) else "factory"
+    device = values["device"]
+    return Situation(
+        train=data_kind(train_loader), eval=data_kind(values["eval_loader"], "eval_loader"),
+        train_type=type(train_loader).__name__, eval_type=type(values["eval_loader"]).__name__,
+        optimizer="name" if named else "object", scheduler=scheduler_kind, processes=processes_to_come(),
+        cuda=str(device).startswith("cuda") or (device == "auto" and torch.cuda.is_available()),
+        generates=callable(getattr(model, "generate", None)), values=values,
+    )
 
 
 def processes_to_come() -> int:

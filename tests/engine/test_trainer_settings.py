@@ -1,0 +1,401 @@
+"""The plain Trainer's settings table: every setting acts, or is refused or
+warned about in one line; names mean what torch means; the seeds' users'
+traps (issue 40), each written as its seed's user writes it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, default_collate
+
+from treadle.engine import Trainer
+from treadle.engine.seed_names import SEED_METHODS
+from treadle.engine.trainer_settings import SETTINGS, describe
+
+from tests.tiny_models import CountingTokens, classification, tiny_gpt2
+
+ROOT = Path(__file__).resolve().parents[2]
+CE = nn.functional.cross_entropy
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+
+
+def warnings_of(caplog):
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
+# ---------------------------------------------------------------------- a name means what torch means
+def test_sgd_by_name_trains_bit_identically_to_torch_sgd_by_hand(treadle_caplog):
+    """Hezar's "sgd", a hand-written loop and torch mean momentum 0 (it was 0.9)."""
+    batches = list(DataLoader(classification(), batch_size=32))
+    trainer = Trainer(mlp(), "sgd", batches, lr=0.1, loss_fn=CE, max_iter=8, progress_bar=False)
+    trainer.train()
+    by_hand = mlp()
+    optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.1)
+    for x, y in batches:
+        optimizer.zero_grad()
+        CE(by_hand(x), y).backward()
+        optimizer.step()
+    assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), by_hand.parameters()))
+    assert "Optimizer 'sgd': torch.optim.SGD(lr=0.1, weight_decay=0.0), torch's defaults for the rest" in treadle_caplog.text
+
+
+def test_a_name_with_options_is_torchs_class_with_them():
+    batches = list(DataLoader(classification(), batch_size=32))
+    trainer = Trainer(mlp(), ("sgd", {"momentum": 0.9, "nesterov": True}), batches, lr=0.1, loss_fn=CE, max_iter=8,
+                      progress_bar=False)
+    trainer.train()
+    by_hand = mlp()
+    optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+    for x, y in batches:
+        optimizer.zero_grad()
+        CE(by_hand(x), y).backward()
+        optimizer.step()
+    assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), by_hand.parameters()))
+    with pytest.raises(ValueError, match=r"^optimizer='adamw': torch.optim.AdamW takes no option 'momentum'$"):
+        Trainer(mlp(), ("adamw", {"momentum": 0.9}), batches, lr=0.1, loss_fn=CE, max_iter=1)
+    with pytest.raises(ValueError, match=r"^lr is given twice"):
+        Trainer(mlp(), ("adamw", {"lr": 0.1}), batches, lr=0.1, loss_fn=CE, max_iter=1)
+
+
+def test_treadles_own_optimizer_default_is_logged_and_can_be_turned_off(treadle_caplog):
+    data = classification()
+    trainer = Trainer(mlp(), "adamw", data, batch_size=32, lr=1e-3, weight_decay=0.1, loss_fn=CE, max_iter=1)
+    assert sorted(g["weight_decay"] for g in trainer.optimizer.param_groups) == [0.0, 0.1]
+    assert "norms and biases without weight decay (no_decay_norm_and_bias=True)" in treadle_caplog.text
+    trainer = Trainer(mlp(), "adamw", data, batch_size=32, lr=1e-3, weight_decay=0.1, no_decay_norm_and_bias=False,
+                      loss_fn=CE, max_iter=1)
+    assert [g["weight_decay"] for g in trainer.optimizer.param_groups] == [0.1]
+
+
+def test_a_scheduler_built_on_another_optimizer_is_refused():
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    other = torch.optim.SGD(mlp().parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"^the scheduler \(StepLR\) was built on another optimizer than the one trained"):
+        Trainer(model, optimizer, classification(), batch_size=32, loss_fn=CE, max_iter=4,
+                scheduler=torch.optim.lr_scheduler.StepLR(other, 2))
+
+
+def test_a_named_schedule_takes_options_and_says_what_it_is(treadle_caplog):
+    model = mlp()
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), classification(), batch_size=32,
+                      loss_fn=CE, max_iter=8, scheduler=("step", {"steps": [4], "gamma": 0.5}), progress_bar=False)
+    history = trainer.train()
+    assert history["lr"] == pytest.approx([0.1] * 4 + [0.05] * 4)
+    assert "Schedule 'step': the optimizer's rate times 0.5 at iterations [4] of the schedule (MultiStepLR)" in treadle_caplog.text
+    with pytest.raises(ValueError, match=r"^scheduler='cosine' takes the options steps, gamma, end_value; got \['T_max'\]"):
+        Trainer(mlp(), "sgd", classification(), batch_size=32, lr=0.1, loss_fn=CE, max_iter=8,
+                scheduler=("cosine", {"T_max": 3}))
+
+
+# ---------------------------------------------------------------------- data
+def pairs(n=64):
+    data = classification(n)
+    return [data[i] for i in range(n)]  # a plain list of (x, y) samples
+
+
+def test_a_list_of_samples_without_a_batch_size_is_refused_in_one_line(tmp_path):
+    """It trained one sample per update, silently (torch's DataLoader takes a list as a dataset)."""
+    out = tmp_path / "run"
+    with pytest.raises(ValueError) as error:
+        Trainer(mlp(), "sgd", pairs(), lr=0.1, loss_fn=CE, max_epochs=1, output_dir=str(out))
+    assert str(error.value) == (
+        "train_loader is a list of samples ((Tensor[6], Tensor[]) each): give batch_size=... (per process) or "
+        "total_batch_size=... (over all processes) to batch it (or pass a DataLoader)"
+    )
+    assert not out.exists()
+    dicts = [{"input_ids": ids, "labels": ids} for ids in CountingTokens(8).ids]
+    with pytest.raises(ValueError, match=r"^train_loader is a list of samples \(\{input_ids: Tensor\[16\], labels: Tensor\[16\]\} each\)"):
+        Trainer(tiny_gpt2(), "adamw", dicts, lr=1e-3, max_epochs=1)
+
+
+def test_a_list_of_samples_with_a_batch_size_trains_as_the_same_dataset_does():
+    from_list = Trainer(mlp(), "sgd", pairs(), batch_size=16, lr=0.1, loss_fn=CE, max_epochs=2, seed=0,
+                        progress_bar=False)
+    from_dataset = Trainer(mlp(), "sgd", classification(64), batch_size=16, lr=0.1, loss_fn=CE, max_epochs=2,
+                           seed=0, progress_bar=False)
+    assert from_list.epoch_length == 4
+    from_list.train()
+    from_dataset.train()
+    assert all(torch.equal(p, q) for p, q in zip(from_list.model.parameters(), from_dataset.model.parameters()))
+
+
+def test_total_batch_size_batches_evaluation_as_batch_size_does():
+    """It was refused ("give eval_batch_size") where batch_size=32 batched evaluation by itself."""
+    by_total = Trainer(mlp(), "sgd", classification(), total_batch_size=32, lr=0.1, loss_fn=CE,
+                       eval_loader=classification(80, seed=1), metrics=["accuracy", "loss"], max_iter=2)
+    by_batch = Trainer(mlp(), "sgd", classification(), batch_size=32, lr=0.1, loss_fn=CE,
+                       eval_loader=classification(80, seed=1), metrics=["accuracy", "loss"], max_iter=2)
+    assert [len(b[0]) for b in by_total.eval_loader] == [32, 32, 16]
+    assert by_total.evaluate() == by_batch.evaluate()
+
+
+def test_evaluate_batches_a_dataset_as_eval_loader_is_batched():
+    """Hezar's trainer.evaluate(eval_dataset): a dataset, batched like eval_loader (it was read one sample at a time)."""
+    trainer = Trainer(mlp(), "sgd", classification(), batch_size=32, eval_batch_size=20, lr=0.1, loss_fn=CE,
+                      metrics=["accuracy"], max_iter=2)
+    seen = []
+    trainer.model.register_forward_hook(lambda module, inputs, output: seen.append(tuple(inputs[0].shape)))
+    assert trainer.evaluate(classification(60, seed=1)) == trainer.evaluate(DataLoader(classification(60, seed=1), 20))
+    assert seen == [(20, 6)] * 6
+
+
+# ---------------------------------------------------------------------- no silent restart
+def test_train_after_train_epoch_goes_on_where_the_trainer_stands():
+    """It restarted at iteration 0 on the trained weights: epochs [0, 0, 1, 2]."""
+
+    def make():
+        return Trainer(mlp(), "sgd", classification(), batch_size=32, lr=0.1, loss_fn=CE, max_epochs=3, seed=0,
+                       eval_loader=classification(64, seed=1), progress_bar=False)
+
+    straight = make()
+    straight.train()
+    stepped = make()
+    stepped.train_epoch()
+    history = stepped.train()
+    assert [row["epoch"] for row in history.epochs] == [0, 1, 2]
+    timeless = [{k: v for k, v in row.items() if "time" not in k} for row in history.epochs]
+    assert timeless == [{k: v for k, v in row.items() if "time" not in k} for row in straight.history.epochs]
+    assert all(torch.equal(p, q) for p, q in zip(stepped.model.parameters(), straight.model.parameters()))
+
+
+def test_a_second_train_is_refused_in_one_line():
+    trainer = Trainer(mlp(), "sgd", classification(), batch_size=32, lr=0.1, loss_fn=CE, max_epochs=1,
+                      progress_bar=False)
+    trainer.train()
+    with pytest.raises(RuntimeError, match=r"^this Trainer has trained already \(to iteration 7\): a second train\(\) "
+                                           r"would start the run over on the trained weights"):
+        trainer.train()
+    with pytest.raises(RuntimeError, match="every iteration of the run"):
+        trainer.train_epoch()
+
+
+# ---------------------------------------------------------------------- the seeds' method names
+@pytest.mark.parametrize("name", sorted(SEED_METHODS))
+def test_a_seeds_method_on_a_subclass_is_warned_naming_what_treadle_calls(name, treadle_caplog):
+    """pytorch-accelerated's calculate_train_batch_loss, qurious' _compute_loss(outputs, targets)...
+    were never called, silently."""
+    subclass = type("MyTrainer", (Trainer,), {name: lambda self, *args: None})
+    subclass(mlp(), "sgd", classification(), batch_size=32, lr=0.1, loss_fn=CE, max_iter=1)
+    found = [w for w in warnings_of(treadle_caplog) if name in w]
+    assert found == [f"MyTrainer.{name} is never called by treadle: the name is {SEED_METHODS[name]} (docs/migrating.md)"]
+
+
+def test_the_seed_methods_are_those_docs_migrating_maps():
+    text = (ROOT / "docs" / "migrating.md").read_text()
+    for name in SEED_METHODS:
+        assert f"`{name}" in text, name
+    # Every override point migrating.md maps to compute_loss is warned about.
+    for line in text.splitlines():
+        if "override `compute_loss" in line or "| `compute_loss(self, batch)`" in line:
+            first = line.split("|")[1]
+            for name in re.findall(r"`(\w+)(?:\(|`)", first):
+                assert name in SEED_METHODS, (name, line)
+
+
+# ---------------------------------------------------------------------- evaluation asks for what it reports
+class Continuations(torch.utils.data.Dataset):
+    """Prompts of 4 tokens whose labels are the 3 tokens to generate: a
+    decoder-only model has no forward loss on them."""
+
+    def __init__(self):
+        self.ids = CountingTokens(8, seed=1).ids
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        ids = self.ids[i]
+        return {"input_ids": ids[:4], "attention_mask": torch.ones(4, dtype=torch.long), "labels": ids[4:7]}
+
+
+def _text(rows):
+    return ["".join(chr(97 + t % 26) for t in row.tolist()) for row in rows]
+
+
+def test_evaluate_with_generate_on_a_decoder_only_model_computes_no_forward_loss_it_was_not_asked_for():
+    """eval_step computed the forward loss on the continuation labels and failed with torch's
+    "Expected input batch_size (...) to match target batch_size (...)"."""
+    cer = ("cer", {"decode": lambda out: _text(out[:, 4:]), "decode_targets": _text})
+    generate = {"max_new_tokens": 3, "do_sample": False, "pad_token_id": 0}
+    trainer = Trainer(tiny_gpt2(), "adamw", CountingTokens(16), batch_size=8, lr=1e-3, eval_loader=Continuations(),
+                      eval_batch_size=4, metrics=[cer], evaluate_with_generate=generate, max_iter=1,
+                      progress_bar=False)
+    batch = default_collate([Continuations()[i] for i in range(4)])
+    step = trainer.eval_step(batch)
+    assert set(step) == {"cer"} and 0 <= step["cer"] <= 1
+    assert set(trainer.evaluate()) == {"cer"}
+    asking = Trainer(tiny_gpt2(), "adamw", CountingTokens(16), batch_size=8, lr=1e-3, eval_loader=Continuations(),
+                     eval_batch_size=4, metrics=[cer, "loss"], evaluate_with_generate=generate, max_iter=1)
+    with pytest.raises(ValueError) as error:
+        asking.evaluate()
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith("the evaluation 'loss' is the model's forward loss on the batch (input_ids (4, 4), "
+                              "attention_mask (4, 4), labels (4, 3)), which this batch does not allow")
+    assert message.endswith("leave 'loss' out of metrics where the labels are the text to generate rather than "
+                            "the inputs' next tokens")
+
+
+def test_evaluate_without_a_loss_fn_explains_a_model_that_returns_predictions():
+    """Training explained it; evaluate() gave torch's "linear(): argument 'input' ... must be Tensor, not list"."""
+    trainer = Trainer(mlp(), "sgd", classification(), batch_size=32, lr=0.1, max_iter=1)
+    with pytest.raises(TypeError) as error:
+        trainer.evaluate(DataLoader(classification(32, seed=1), batch_size=16))
+    assert str(error.value).startswith("the model was given the whole (inputs, targets) batch, as there is no "
+                                       "loss_fn, and raised: linear(): argument 'input'")
+    assert str(error.value).endswith("A model that returns predictions needs a loss_fn (train.step.loss_fn in a config)")
+
+
+# ---------------------------------------------------------------------- the table
+def _generator():
+    return (b for b in DataLoader(classification(), batch_size=32))
+
+
+#: For each (setting, need) of the table: the arguments that give the setting
+#: where the need does not hold (``_model``, ``_optimizer``, ``_data`` replace
+#: the positional ones).
+CASES = {
+    ("max_epochs", "epochs"): dict(_data=_generator, max_iter=None, max_epochs=1),
+    ("scheduler_interval", "a scheduler"): dict(scheduler_interval="epoch"),
+    ("scheduler_interval", "a torch scheduler"): dict(scheduler="cosine", scheduler_interval="epoch"),
+    ("scheduler_interval", "epochs"): dict(_data=_generator, scheduler_interval="epoch",
+                                           scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 2)),
+    ("warmup_iters", "a schedule the Trainer builds"): dict(
+        warmup_iters=2, scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 2)),
+    ("lr", "a named optimizer"): dict(lr=0.1),
+    ("weight_decay", "a named optimizer"): dict(weight_decay=0.01),
+    ("no_decay_norm_and_bias", "a named optimizer"): dict(no_decay_norm_and_bias=False),
+    ("no_decay_norm_and_bias", "a weight decay"): dict(_optimizer="sgd", lr=0.1, no_decay_norm_and_bias=False),
+    ("batch_size", "no total_batch_size"): dict(_data=classification, batch_size=8, total_batch_size=16),
+    ("batch_size", "a dataset"): dict(batch_size=8),
+    ("total_batch_size", "a dataset"): dict(total_batch_size=8),
+    ("eval_batch_size", "an evaluation dataset"): dict(
+        eval_loader=DataLoader(classification(16), batch_size=8), eval_batch_size=4),
+    ("eval_batch_size", "an evaluation set"): dict(eval_batch_size=4),
+    ("shuffle", "a dataset"): dict(shuffle=True),
+    ("collate_fn", "a dataset"): dict(collate_fn=default_collate),
+    ("num_workers", "a dataset"): dict(num_workers=2),
+    ("callbacks", "epochs"): dict(_data=_generator, callbacks=[lambda trainer, epoch, metrics: None]),
+    ("checkpoints_dir", "output_dir"): dict(checkpoints_dir="checkpoints"),
+    ("logs_dir", "output_dir"): dict(logs_dir="logs"),
+    ("loggers", "output_dir"): dict(loggers=["csv"]),
+    ("precision", "CUDA"): dict(precision="fp16"),
+    ("clip_grad_norm", "no clip_grad_value"): dict(clip_grad_norm=1.0, clip_grad_value=0.5),
+    ("eval_period", "an evaluation set"): dict(eval_period=5),
+    ("checkpoint_period", "output_dir"): dict(checkpoint_period=5),
+    ("max_to_keep", "output_dir"): dict(max_to_keep=2),
+    ("max_to_keep", "periodic checkpoints"): dict(_output_dir=True, checkpoint_period=0, max_to_keep=2),
+    ("ema_decay", "not FSDP"): dict(ddp="fsdp", ema_decay=0.9),
+    ("best_metric", "an evaluation set"): dict(best_metric="accuracy"),
+    ("best_metric", "output_dir"): dict(best_metric="accuracy", metrics=["accuracy"],
+                                        eval_loader=DataLoader(classification(16), batch_size=8)),
+    ("best_mode", "a watched metric"): dict(best_mode="max"),
+    ("early_stopping_patience", "an evaluation set"): dict(early_stopping_patience=2),
+    ("evaluate_with_generate", "a model that generates"): dict(evaluate_with_generate=True),
+    ("evaluate_with_generate", "a metric of the generated tokens"): dict(_model=tiny_gpt2, evaluate_with_generate=True),
+    ("ddp", "several processes"): dict(ddp="fsdp"),
+    ("dist_timeout", "several processes"): dict(dist_timeout=60),
+}
+
+
+def test_every_need_of_the_table_has_a_case():
+    needs = {(row.name, need.key) for row in SETTINGS for need in row.needs}
+    assert needs == set(CASES)
+
+
+@pytest.mark.parametrize("setting, need", sorted(CASES), ids=[f"{s}-{n}" for s, n in sorted(CASES)])
+def test_a_setting_that_cannot_act_is_refused_or_warned_in_one_line(setting, need, tmp_path, treadle_caplog):
+    kwargs = dict(CASES[(setting, need)])
+    model = (kwargs.pop("_model", None) or mlp)()
+    optimizer = kwargs.pop("_optimizer", None) or torch.optim.SGD(model.parameters(), lr=0.1)
+    data = (kwargs.pop("_data", None) or (lambda: DataLoader(classification(), batch_size=32)))()
+    out = tmp_path / "run"
+    if kwargs.pop("_output_dir", False):
+        kwargs["output_dir"] = str(out)
+    options = dict(loss_fn=CE, max_iter=2, progress_bar=False)
+    options.update(kwargs)
+    refused = next(n for n in next(r for r in SETTINGS if r.name == setting).needs if n.key == need).refuse
+    if refused:
+        with pytest.raises(ValueError) as error:
+            Trainer(model, optimizer, data, **{k: v for k, v in options.items() if v is not None})
+        message = str(error.value)
+        assert "\n" not in message and setting.split("_")[0] in message, message
+        assert not out.exists()
+    else:
+        Trainer(model, optimizer, data, **{k: v for k, v in options.items() if v is not None})
+        found = [w for w in warnings_of(treadle_caplog) if w.startswith(f"{setting}=")]
+        assert len(found) == 1 and "\n" not in found[0], warnings_of(treadle_caplog)
+
+
+def test_bad_values_are_refused_by_the_rule_of_their_row():
+    data = classification()
+    for options, message in [
+        (dict(scheduler_interval="batch"), "scheduler_interval must be one of 'iter', 'epoch'; got 'batch'"),
+        (dict(precision="fp8"), "precision must be one of 'fp32', 'bf16', 'fp16'; got 'fp8'"),
+        (dict(log_period=0), "log_period must be an integer >= 1, got 0"),
+        (dict(device="tpu"), "device='tpu' is not a device; use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"),
+        (dict(progress_bar="yes"), "progress_bar must be one of None, True, False; got 'yes'"),
+        (dict(loggers=["jsn"]), "Unknown loggers ['jsn']; choose from ['json', 'tensorboard', 'csv', 'mlflow', 'wandb']"),
+        (dict(max_to_keep=0), "max_to_keep must be an integer >= 1 or None, got 0"),
+    ]:
+        with pytest.raises(ValueError) as error:
+            Trainer(mlp(), "sgd", data, batch_size=32, lr=0.1, loss_fn=CE, max_iter=2, **options)
+        assert str(error.value) == message
+
+
+def test_the_signature_docstring_and_table_name_the_same_settings_with_the_same_defaults():
+    import inspect
+
+    parameters = list(inspect.signature(Trainer.__init__).parameters.values())[4:]
+    assert [p.name for p in parameters] == [row.name for row in SETTINGS]
+    for parameter, row in zip(parameters, SETTINGS):
+        assert parameter.default == row.default, row.name
+    documented = []
+    for line in Trainer.__doc__.split("Args:")[1].splitlines():
+        match = re.match(r"^        ([a-z_]+(?:, [a-z_]+)*):", line)
+        if match:
+            documented += match.group(1).split(", ")
+    assert documented[:3] == ["model", "optimizer", "train_loader"]
+    assert documented[3:] == [row.name for row in SETTINGS]
+    assert all(row.name in describe() for row in SETTINGS)
+
+
+def test_docs_migrating_names_only_settings_of_the_table():
+    """Every lowercase name the migration tables give on treadle's side is a
+    row of the table, an argument or method of the Trainer, a hook stage, a
+    name of the history, or the seed's own name of its row."""
+    from treadle.engine import HookBase
+
+    names = {row.name for row in SETTINGS}
+    trainer_api = {"model", "optimizer", "train_loader", "train", "train_epoch", "evaluate", "compute_loss",
+                   "eval_step", "train_step", "save_checkpoint", "load_checkpoint", "resume", "move_aside",
+                   "load_optimizer", "load_scheduler"}
+    stages = {name for name in vars(HookBase) if name.startswith(("before_", "after_"))}
+    history = {"train_loss", "eval_loss", "epoch", "iteration"}
+    text = (ROOT / "docs" / "migrating.md").read_text()
+    trainer_part = text[:text.index("## detectron2 and LiBai")]
+    rows = [line.split("|") for line in trainer_part.splitlines() if line.startswith("|") and "---" not in line]
+    seeds_names = {name for cells in rows for name in re.findall(r"\w+", cells[1])}
+    used = {name for cells in rows if len(cells) > 3 for name in re.findall(r"`([a-z_]+)(?:=|`)", cells[2])}
+    assert used - names - trainer_api - stages - history - seeds_names == set()
+    assert {"max_epochs", "batch_size", "best_metric", "checkpoint_period", "lr"} <= used
+    assert "`no_decay_norm_and_bias=False`" in text and "trainer_settings" in text
+
+
+def test_the_checks_come_before_anything_is_built(tmp_path):
+    model = mlp()
+    before = [p.detach().clone() for p in model.parameters()]
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match="^eval_period=5 is when eval_loader is evaluated"):
+        Trainer(model, "sgd", classification(), batch_size=32, lr=0.1, loss_fn=CE, max_iter=2, eval_period=5,
+                init_weights_from=str(tmp_path / "missing.pth"), output_dir=str(out))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before)) and not out.exists()
