@@ -9,6 +9,7 @@ process group it describes. NCCL is used with CUDA, gloo otherwise, so
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import datetime
 import inspect
@@ -282,12 +283,14 @@ def _end_with_the_launcher(launcher_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def join_env_process_group(timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> bool:
+def join_env_process_group(timeout: datetime.timedelta = DEFAULT_TIMEOUT, *, leave_at_exit: bool = False) -> bool:
     """Joins the process group that torchrun's environment describes (see
     :func:`launched_by_torchrun`), unless one is joined already or there is
     none to join. Returns True when this call joined it; the caller then
-    leaves it with :func:`leave_process_group`. Used by :func:`launch` and by
-    the plain :class:`~treadle.engine.Trainer` started by torchrun.
+    leaves it with :func:`leave_process_group`, or has it left when the
+    process exits (``leave_at_exit``: the plain
+    :class:`~treadle.engine.Trainer` started by torchrun). Used by
+    :func:`launch` too.
 
     ``timeout`` bounds the set-up and, as the group's timeout, every
     collective. A process that cannot join within it (a peer that never
@@ -315,6 +318,8 @@ def join_env_process_group(timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> boo
     # Its waits had what was left of the set-up's time; now the group's.
     store.set_timeout(timeout)
     _AgentWatch.joined = True
+    if leave_at_exit:
+        atexit.register(leave_process_group)
     return True
 
 

@@ -27,6 +27,7 @@ import os
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Union
 
 from treadle.checkpoint import Checkpointer, check_checkpoint_file
+from treadle.hooks import LRScheduler
 from treadle.utils.logger import start_log_files
 from treadle.utils.run_folder import RunFolder, claim_on_main_process
 from treadle.utils.run_start import training_starts
@@ -121,6 +122,20 @@ class RunSession:
             return 0
         restore_hyperparameters(snapshot, trainer.optimizer, trainer.hooks)
         return int(extra["iteration"]) + 1
+
+    def load_file(self, trainer: Any, path: Union[str, "os.PathLike[str]"], *, optimizer: bool = True,
+                  scheduler: bool = True) -> Dict[str, Any]:
+        """Loads the weights of the checkpoint ``path`` into the trainer's model,
+        and its optimizer's and learning-rate schedule's states unless told
+        not to, without continuing its run (no iteration, data position or
+        random states). Returns what else the file holds."""
+        rest = self.checkpointer.load(os.fspath(path), checkpointables=["optimizer"] if optimizer else [])
+        saved_hooks = (rest.get("trainer") or {}).get("hooks", {})
+        if scheduler:
+            for key, hook in trainer.hook_state_keys().items():
+                if isinstance(hook, LRScheduler) and key in saved_hooks:
+                    hook.load_state_dict(saved_hooks[key])
+        return rest
 
     def start(self) -> None:
         """Writes what the job left for the start of training (``config.yaml``)

@@ -11,9 +11,7 @@ its evaluation, :mod:`treadle.engine.trainer_eval`; its run in its folder,
 
 from __future__ import annotations
 
-import atexit
 import datetime
-import functools
 import logging
 import os
 import sys
@@ -26,24 +24,23 @@ from torch import nn
 from treadle.checkpoint import Checkpointer, unwrap_model
 from treadle.checkpoint import init_weights_from as load_matching_weights
 from treadle.events import EventWriter, get_default_writers
-from treadle.hooks import HookBase, LRScheduler
+from treadle.hooks import HookBase
 from treadle.utils import comm
 from treadle.utils.device import resolve_device
 from treadle.utils.env import seed_all_rng
 from treadle.utils.logger import setup_logger
-from treadle.utils.run_folder import RunFolder, check_output_dir
+from treadle.utils.run_folder import RunFolder
 
 from .build import build_optimizer, build_step, loader_epoch_length, resolve_scheduler
 from .default_hooks import default_hooks
 from .seed_names import SEED_METHODS, warn_about_seed_methods
 from .history import EpochCallback, TrainingHistory, iteration_history
-from .launch import DEFAULT_TIMEOUT, check_optimizer_holds, join_env_process_group, leave_process_group, wrap_model
+from .launch import DEFAULT_TIMEOUT, check_optimizer_holds, join_env_process_group, wrap_model
 from .session import Resume, RunSession
 from .train_loop import TrainerBase
-from .trainer_data import as_eval_loader, as_train_loader, check_batch_sizes, run_length
-from .trainer_data import warn_about_leftover_batches
+from .trainer_data import as_eval_loader, as_train_loader, check_batch_sizes, run_length, warn_about_leftover_batches
 from .trainer_eval import TrainerEvaluation
-from .trainer_settings import FILE_LOGGERS, LOGGERS, SETTINGS, check_settings, situation_of, wrapper_of
+from .trainer_settings import FILE_LOGGERS, LOGGERS, SETTINGS, checked_settings, records_given_settings, wrapper_of
 
 __all__ = ["Trainer", "TrainingHistory", "LOGGERS", "SEED_METHODS"]
 
@@ -52,19 +49,6 @@ logger = logging.getLogger(__name__)
 # Per-iteration history is kept in memory for the returned history; beyond
 # this many iterations the oldest values are dropped (global averages stay).
 _MAX_HISTORY = 1_000_000
-
-def _records_given_settings(init: Callable[..., None]) -> Callable[..., None]:
-    """Has ``__init__`` know which settings its caller passed: a setting
-    passed at its default value may still be one that cannot act here."""
-
-    @functools.wraps(init)
-    def wrapper(self: "Trainer", model: nn.Module, optimizer: Any, train_loader: Any, **settings: Any) -> None:
-        # None passed for a setting whose default is None asks for nothing.
-        self._given_settings = frozenset(k for k, v in settings.items() if v is not None)
-        init(self, model, optimizer, train_loader, **settings)
-
-    return wrapper
-
 
 class Trainer(TrainerBase):
     """Trains ``model`` from plain objects and returns its history.
@@ -78,22 +62,12 @@ class Trainer(TrainerBase):
         history = trainer.train()
         print(history.epochs[-1]["accuracy"])
 
-    Or one epoch at a time (qurious' ``train_epoch``): ``row =
-    trainer.train_epoch()`` trains the next epoch and returns its row.
-
-    Every setting either acts, or is refused (a ``ValueError`` in one line)
-    or warned about (one line) when the ``Trainer`` is built, before anything
-    is written: the table of settings is :mod:`treadle.engine.trainer_settings`
-    (``python -m treadle.engine.trainer_settings`` prints it).
-    ``docs/migrating.md`` maps the arguments of Hezar's, pytorch-accelerated's
-    and qurious' trainers, and of the Hugging Face Trainer, to these.
-
-    On several processes (``torchrun --nproc-per-node N script.py``, or
-    :func:`~treadle.engine.launch` calling a function that builds the
-    Trainer), the same script trains one model: the processes join
-    torchrun's process group, the model is wrapped (``ddp``), data and
-    evaluation are sharded, and files, console and trackers are written by
-    the main process only (``docs/distributed.md``).
+    Every setting acts, or is refused (a ``ValueError``) or warned about in
+    one line when the ``Trainer`` is built, before anything is written: the
+    table of :mod:`treadle.engine.trainer_settings`, shown in
+    ``docs/trainer.md``; ``docs/migrating.md`` maps the seeds' names to these.
+    Under ``torchrun`` (or :func:`~treadle.engine.launch`) the same script
+    trains one model on every process (``docs/distributed.md``).
 
     Args:
         model: the module to train; moved to ``device``.
@@ -166,7 +140,7 @@ class Trainer(TrainerBase):
         dist_timeout: seconds the processes wait for each other (set-up and collectives).
     """
 
-    @_records_given_settings
+    @records_given_settings
     def __init__(
         self,
         model: nn.Module,
@@ -222,8 +196,9 @@ class Trainer(TrainerBase):
 
     def _build(self, model: nn.Module, optimizer: Any, train_loader: Any, values: Dict[str, Any]) -> None:
         """The constructor's jobs, in order: check every setting, then build."""
-        s = self.settings = self._check_settings(model, optimizer, train_loader, values)
-        self._join_process_group(s.dist_timeout)
+        s = self.settings = checked_settings(model, optimizer, train_loader, values, self._given_settings)
+        # Under torchrun the processes meet here (launch() has joined them before calling the user's function).
+        join_env_process_group(datetime.timedelta(seconds=s.dist_timeout), leave_at_exit=True)
         self.output_dir = s.output_dir
         self.checkpoint_dir, self.logs_dir = _inside(s.output_dir, s.checkpoints_dir), _inside(s.output_dir, s.logs_dir)
         # log.txt starts when train() has claimed the folder: nothing is written into it before.
@@ -254,22 +229,6 @@ class Trainer(TrainerBase):
         self.register_hooks(self.build_hooks(s))
 
     # ------------------------------------------------------------------ builders
-    def _check_settings(self, model: nn.Module, optimizer: Any, train_loader: Any,
-                        values: Dict[str, Any]) -> types.SimpleNamespace:
-        """The settings, checked against their table before anything is built."""
-        situation = situation_of(model, optimizer, train_loader, values)
-        s = types.SimpleNamespace(**check_settings(situation, self._given_settings))
-        check_batch_sizes(train_loader, s.eval_loader, s.batch_size, s.total_batch_size, s.eval_batch_size)
-        if s.output_dir is not None:
-            check_output_dir(s.output_dir)
-        return s
-
-    def _join_process_group(self, timeout: float) -> None:
-        # Under torchrun the processes meet here (launch() has joined them
-        # before calling the user's function); they leave at exit.
-        if join_env_process_group(datetime.timedelta(seconds=timeout)):
-            atexit.register(leave_process_group)
-
     def build_model(self, model: nn.Module, s: types.SimpleNamespace) -> nn.Module:
         """``model`` on the device, with ``init_weights_from``'s weights, wrapped on several processes."""
         model.to(self.device)
@@ -338,12 +297,6 @@ class Trainer(TrainerBase):
         total_batch = getattr(self.train_loader, "total_batch_size", None)
         # One iteration is one update: grad_accum_steps batches.
         samples_per_iter = total_batch * s.grad_accum_steps if total_batch else None
-        writers = get_default_writers(
-            self.logs_dir, self.max_iter, samples_per_iter=samples_per_iter, console=not bar,
-            files=[n for n in s.loggers if n in FILE_LOGGERS],
-            trackers={n: {"dir": self.logs_dir} if n == "wandb" else {} for n in s.loggers if n in ("mlflow", "wandb")},
-            writers=[w for w in s.loggers if isinstance(w, EventWriter)],
-        )
         return default_hooks(
             optimizer=self.optimizer, scheduler=scheduler, scheduler_interval=s.scheduler_interval,
             ema_decay=s.ema_decay, evaluate=self.evaluate if self.eval_loader is not None else None,
@@ -352,8 +305,20 @@ class Trainer(TrainerBase):
             stop_metric=watched if s.early_stopping_patience else None, stop_patience=s.early_stopping_patience,
             stop_mode=mode, epochs=self.history.epochs if self.epoch_length else None, epoch_callbacks=s.callbacks,
             checkpoint_period=s.checkpoint_period if s.checkpoint_period is not None else self.epoch_length or 0,
-            max_to_keep=s.max_to_keep, writers=writers, log_period=s.log_period, progress_bar=bar,
+            max_to_keep=s.max_to_keep, writers=self.build_writers(samples_per_iter, console=not bar),
+            log_period=s.log_period, progress_bar=bar,
             output_dir=self.output_dir, samples_per_iter=samples_per_iter, user_hooks=list(s.hooks),
+        )
+
+    def build_writers(self, samples_per_iter: Optional[int], *, console: bool) -> List[EventWriter]:
+        """What ``loggers`` names, and the console where no progress bar shows the losses
+        (:func:`~treadle.events.get_default_writers`, ``DefaultTrainer``'s assembly too)."""
+        loggers = self.settings.loggers
+        return get_default_writers(
+            self.logs_dir, self.max_iter, samples_per_iter=samples_per_iter, console=console,
+            files=[n for n in loggers if n in FILE_LOGGERS],
+            trackers={n: {"dir": self.logs_dir} if n == "wandb" else {} for n in loggers if n in ("mlflow", "wandb")},
+            writers=[w for w in loggers if isinstance(w, EventWriter)],
         )
 
     def _own_compute_loss(self) -> Optional[Callable[[Any], Any]]:
@@ -370,22 +335,16 @@ class Trainer(TrainerBase):
         """Trains to ``max_iter`` and returns the :class:`TrainingHistory`.
 
         ``resume=True`` continues exactly from the last checkpoint of
-        ``output_dir``; ``resume="path/to/model_0000019.pth"`` from that
-        checkpoint (Hezar's ``resume_from_checkpoint``): model, optimizer,
-        schedule, hooks, random states and data position, then the
-        iterations after it. Learning rate and other optimizer settings given
-        to this ``Trainer`` are kept over the checkpoint's (a warning names each).
+        ``output_dir``, ``resume=path`` from that checkpoint (Hezar's
+        ``resume_from_checkpoint``); the settings given to this ``Trainer``
+        are kept over the checkpoint's (a warning names each). After
+        :meth:`train_epoch`, ``train()`` trains the rest of the run; a second
+        ``train()`` is refused in one line (it would start over on the trained weights).
 
-        After :meth:`train_epoch`, ``train()`` trains the rest of the run. A
-        ``Trainer`` trains one run: once ``train()`` has run, calling it again
-        is refused in one line (continue a stopped run with
-        ``train(resume=True)``, or build a new ``Trainer``).
-
-        The ``output_dir`` is claimed first: another job running there, or a
-        fresh start in a folder holding an earlier run, is refused with a
+        The ``output_dir`` is claimed first (:mod:`treadle.engine.session`):
+        another job there, or a fresh start over an earlier run, is a
         :class:`~treadle.utils.run_folder.RunFolderError`, unless
-        ``move_aside=True`` renames the earlier run's folder to
-        ``{output_dir}.old-{date}-{time}``. Nothing is deleted.
+        ``move_aside=True`` renames the earlier run's folder. Nothing is deleted.
         """
         if not isinstance(resume, (bool, str, os.PathLike)):
             raise TypeError(f"resume must be True, False or a checkpoint path, got {resume!r}")
@@ -487,7 +446,7 @@ class Trainer(TrainerBase):
         with ``evaluate_with_generate``, only where ``metrics`` ask for it."""
         return self.evaluation.one_batch(batch, self.evaluator, self.device)
 
-    # ------------------------------------------------------------------ checkpoints without an output_dir
+    # ------------------------------------------------------------------ checkpoints by path
     def _checkpoint_io(self) -> Checkpointer:
         return self.checkpointer or Checkpointer(unwrap_model(self.model), "", optimizer=self.optimizer, trainer=self)
 
@@ -495,23 +454,15 @@ class Trainer(TrainerBase):
         """Writes a full checkpoint (model, optimizer, schedule, hooks, random
         states, data position) to ``path``, atomically, with ``extra`` values;
         ``output_dir`` is not needed. Returns the path."""
-        return self._checkpoint_io().save_file(os.fspath(path), iteration=self.last_run_iter, **extra)
+        return self.session.checkpointer.save_file(os.fspath(path), iteration=self.last_run_iter, **extra)
 
     def load_checkpoint(self, path: str, load_optimizer: bool = True, load_scheduler: bool = True) -> Dict[str, Any]:
         """Loads the model's weights from ``path`` (qurious' and
-        pytorch-accelerated's ``load_checkpoint``), and the optimizer's and the
-        schedule's states unless told not to. Training then starts at
-        iteration 0 with these states; to continue the run where the
-        checkpoint left it, use ``train(resume=path)``. Returns what else the
-        file holds (``iteration``...)."""
-        io = self._checkpoint_io()
-        rest = io.load(os.fspath(path), checkpointables=["optimizer"] if load_optimizer else [])
-        trainer_state = rest.get("trainer") or {}
-        if load_scheduler:
-            for key, hook in self.hook_state_keys().items():
-                if isinstance(hook, LRScheduler) and key in trainer_state.get("hooks", {}):
-                    hook.load_state_dict(trainer_state["hooks"][key])
-        return rest
+        pytorch-accelerated's ``load_checkpoint``), and the optimizer's and
+        the schedule's states unless told not to; training then starts at
+        iteration 0 (``train(resume=path)`` continues the checkpoint's run).
+        Returns what else the file holds (``iteration``...)."""
+        return self.session.load_file(self, path, optimizer=load_optimizer, scheduler=load_scheduler)
 
 
 # ---------------------------------------------------------------------- helpers

@@ -16,15 +16,16 @@ commonly pass it harmlessly (``checkpoint_period`` without ``output_dir``,
 without a word. What a setting needs is decided on a :class:`Situation`:
 what the objects given are, before any is built.
 
-``python -m treadle.engine.trainer_settings`` prints the table.
+:func:`describe` gives the table as ``docs/trainer.md`` shows it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
-import textwrap
+import types
 from collections.abc import Mapping
 from typing import Any, Callable, Dict, FrozenSet, Optional, Sequence, Tuple
 
@@ -33,7 +34,6 @@ from treadle.config.rules import (
     Rule,
     boolean,
     choice,
-    device,
     integer,
     is_int,
     non_negative_number,
@@ -44,6 +44,7 @@ from treadle.config.rules import (
 from treadle.config.train_keys import KEYS as TRAIN_KEYS
 
 __all__ = [
+    "records_given_settings",
     "situation_of",
     "Need",
     "Setting",
@@ -52,6 +53,7 @@ __all__ = [
     "LOGGERS",
     "FILE_LOGGERS",
     "check_settings",
+    "checked_settings",
     "wrapper_of",
     "setting",
     "describe",
@@ -166,7 +168,15 @@ def _ddp(key: str, value: Any) -> None:
 
 
 def _device(key: str, value: Any) -> None:
-    device(key, str(value) if type(value).__name__ == "device" else value)
+    """A device that exists here; said as every entry point says it (:func:`resolve_device`)."""
+    from treadle.utils.device import resolve_device
+
+    if not isinstance(value, str) and type(value).__name__ != "device":
+        raise ConfigError(f"{key} must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {shown(value)}")
+    try:
+        resolve_device(value)
+    except RuntimeError:  # torch's own "Expected one of cpu, cuda, ..."
+        raise ConfigError(f"{key}={str(value)!r} is not a device; use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'") from None
 
 
 def _seed(key: str, value: Any) -> None:
@@ -204,19 +214,20 @@ def _row(name: str, default: Any, rule: Optional[Rule], doc: str, *needs: Need) 
 _TRAIN = {key.name: key for key in TRAIN_KEYS}
 
 
-def _shared(name: str, train_key: str, *needs: Need, default: Any = dataclasses.MISSING, doc: str = "") -> Setting:
+def _shared(name: str, train_key: str, *needs: Need, default: Any = dataclasses.MISSING, doc: str = "",
+            rule: Optional[Rule] = None) -> Setting:
     """A row that means what ``train.<train_key>`` means: its rule and words
-    (``doc`` adds to them), and its default unless the ``Trainer``'s differs."""
+    (``doc`` adds to them), and its default, unless the ``Trainer``'s differ."""
     key = _TRAIN[train_key]
     default = key.default if default is dataclasses.MISSING else default
-    return Setting(name, default, key.rule, f"{key.doc} {doc}".strip(), tuple(needs), train_key)
+    return Setting(name, default, rule or key.rule, f"{key.doc} {doc}".strip(), tuple(needs), train_key)
 
 
 #: Every argument of ``Trainer`` after ``model, optimizer, train_loader``, in
 #: the order of its signature.
 SETTINGS: Tuple[Setting, ...] = (
-    _shared("loss_fn", "step.loss_fn", doc="Without it the model computes its own loss from the whole batch "
-            "(model(**batch) for a dict); a subclass may override compute_loss instead."),
+    _shared("loss_fn", "step.loss_fn", doc="A dict batch goes to model(**batch); a subclass may override "
+            "compute_loss instead."),
     _row("eval_loader", None, None, "What evaluation reads: batches, or a dataset batched by eval_batch_size."),
     _row("metrics", (), _sequence, "What evaluation computes (default ['loss']): metric names, (name, options), "
          "torchmetrics objects or DatasetEvaluators; also what evaluate(loader) computes."),
@@ -299,7 +310,7 @@ SETTINGS: Tuple[Setting, ...] = (
     _shared("clip_grad_value", "step.clip_grad_value"),
     _row("compile", False, _bool_or_dict, "Run each step through torch.compile (CompiledStep); a dict is "
          "passed to torch.compile."),
-    _shared("device", "device"),
+    _shared("device", "device", rule=_device, doc="A torch.device is taken too."),
     _row("seed", None, _seed, "Seeds python, numpy and torch before training, and the data order; None: not seeded "
          "(the data order then uses 0)."),
     _shared("log_period", "log_period"),
@@ -416,6 +427,20 @@ def check_settings(situation: Situation, given: FrozenSet[str]) -> Dict[str, Any
     return values
 
 
+def records_given_settings(init: Callable[..., None]) -> Callable[..., None]:
+    """Has ``Trainer.__init__`` know which settings its caller passed
+    (``self._given_settings``): a setting passed at its default value may
+    still be one that cannot act here. ``None`` passed for a setting asks for
+    nothing, and does not count."""
+
+    @functools.wraps(init)
+    def wrapper(self: Any, model: Any, optimizer: Any, train_loader: Any, **settings: Any) -> None:
+        self._given_settings = frozenset(k for k, v in settings.items() if v is not None)
+        init(self, model, optimizer, train_loader, **settings)
+
+    return wrapper
+
+
 def situation_of(model: Any, optimizer: Any, train_loader: Any, values: Mapping[str, Any]) -> Situation:
     """The :class:`Situation` of a ``Trainer(model, optimizer, train_loader, **values)``.
 
@@ -453,6 +478,23 @@ def situation_of(model: Any, optimizer: Any, train_loader: Any, values: Mapping[
     )
 
 
+def checked_settings(model: Any, optimizer: Any, train_loader: Any, values: Mapping[str, Any],
+                     given: FrozenSet[str]) -> types.SimpleNamespace:
+    """The settings of ``Trainer(model, optimizer, train_loader, **values)``,
+    ``given`` by its caller, checked before anything is built or written:
+    by the table (:func:`check_settings`), the batch size a dataset needs,
+    and the output folder's being writable. Attributes by setting name."""
+    from treadle.utils.run_folder import check_output_dir
+
+    from .trainer_data import check_batch_sizes
+
+    s = types.SimpleNamespace(**check_settings(situation_of(model, optimizer, train_loader, values), given))
+    check_batch_sizes(train_loader, s.eval_loader, s.batch_size, s.total_batch_size, s.eval_batch_size)
+    if s.output_dir is not None:
+        check_output_dir(s.output_dir)
+    return s
+
+
 def processes_to_come() -> int:
     """How many processes train: the joined group's size, or torchrun's
     ``WORLD_SIZE`` before the group is joined."""
@@ -463,17 +505,13 @@ def processes_to_come() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
-def describe(width: int = 88) -> str:
-    """The table as text: each setting with its default, its line, and what it needs."""
-    lines = []
+def describe() -> str:
+    """The table in Markdown, as ``docs/trainer.md`` shows it: each setting,
+    its default, what it does (the ``train.*`` key it shares its meaning
+    with) and what it needs to act (refused or warned without it)."""
+    lines = ["| setting | default | what it does | needs, or else |", "|---|---|---|---|"]
     for row in SETTINGS:
-        lines.append(f"{row.name} = {row.default!r}" + (f"    (train.{row.train_key})" if row.train_key else ""))
-        lines += textwrap.wrap(row.doc, width, initial_indent="    ", subsequent_indent="    ")
-        for need in row.needs:
-            verdict = "refused" if need.refuse else "warned"
-            lines.append(f"    needs {need.key} ({verdict} without it)")
+        doc = row.doc + (f" As `train.{row.train_key}`." if row.train_key else "")
+        needs = "; ".join(f"{need.key}: {'refused' if need.refuse else 'warned'}" for need in row.needs)
+        lines.append(f"| `{row.name}` | `{row.default!r}` | {doc} | {needs} |")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(describe())
