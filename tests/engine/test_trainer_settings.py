@@ -76,12 +76,19 @@ def test_treadles_own_optimizer_default_is_logged_and_can_be_turned_off(treadle_
 
 
 def test_a_scheduler_built_on_another_optimizer_is_refused():
+    """The learning rate never changed, silently."""
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     other = torch.optim.SGD(mlp().parameters(), lr=0.1)
     with pytest.raises(ValueError, match=r"^the scheduler \(StepLR\) was built on another optimizer than the one trained"):
         Trainer(model, optimizer, classification(), batch_size=32, loss_fn=CE, max_iter=4,
                 scheduler=torch.optim.lr_scheduler.StepLR(other, 2))
+    with pytest.raises(ValueError, match=r"^the scheduler \(StepLR\) was built on another optimizer than the one trained"):
+        Trainer(model, "sgd", classification(), batch_size=32, lr=0.1, loss_fn=CE, max_iter=4,
+                scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 2))
+    trained = Trainer(model, optimizer, classification(), batch_size=32, loss_fn=CE, max_iter=4, progress_bar=False,
+                      scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 2, gamma=0.5))
+    assert trained.train()["lr"] == pytest.approx([0.1, 0.1, 0.05, 0.05])
 
 
 def test_a_named_schedule_takes_options_and_says_what_it_is(treadle_caplog):
@@ -264,6 +271,8 @@ def _generator():
 #: where the need does not hold (``_model``, ``_optimizer``, ``_data`` replace
 #: the positional ones).
 CASES = {
+    ("scheduler", "the optimizer trained"): dict(
+        scheduler=torch.optim.lr_scheduler.StepLR(torch.optim.SGD(mlp().parameters(), lr=0.1), 2)),
     ("max_epochs", "epochs"): dict(_data=_generator, max_iter=None, max_epochs=1),
     ("scheduler_interval", "a scheduler"): dict(scheduler_interval="epoch"),
     ("scheduler_interval", "a torch scheduler"): dict(scheduler="cosine", scheduler_interval="epoch"),
@@ -307,9 +316,29 @@ CASES = {
 }
 
 
-def test_every_need_of_the_table_has_a_case():
+#: The settings that act whatever else is given, and why.
+ALWAYS_ACTS = {
+    "loss_fn": "the loss of training and evaluation (a compute_loss override may call it)",
+    "eval_loader": "evaluated every eval_period and at the end",
+    "metrics": "what evaluation computes, evaluate(loader) included",
+    "max_iter": "the run length",
+    "hooks": "registered",
+    "output_dir": "the run's folder",
+    "grad_accum_steps": "the step the Trainer builds accumulates",
+    "clip_grad_value": "the step clips (with clip_grad_norm: refused by clip_grad_norm's row)",
+    "compile": "the step the Trainer builds is compiled",
+    "device": "where the model and batches go",
+    "seed": "python, numpy and torch, and the data order",
+    "log_period": "the writers' period, or the progress bar's",
+    "init_weights_from": "loaded into the model",
+    "progress_bar": "shown or not",
+}
+
+
+def test_every_setting_either_always_acts_or_has_a_case_where_it_cannot():
     needs = {(row.name, need.key) for row in SETTINGS for need in row.needs}
     assert needs == set(CASES)
+    assert {row.name for row in SETTINGS if not row.needs} == set(ALWAYS_ACTS)
 
 
 @pytest.mark.parametrize("setting, need", sorted(CASES), ids=[f"{s}-{n}" for s, n in sorted(CASES)])

@@ -82,6 +82,8 @@ class Situation:
         optimizer: ``"name"`` or ``"object"``.
         scheduler: ``"none"``, ``"name"``, ``"fvcore"`` (a ``ParamScheduler``),
             ``"torch"`` (a torch scheduler object) or ``"factory"``.
+        scheduler_fits: ``False`` for a torch scheduler object built on
+            another optimizer than the one trained (or given with a named one).
         processes: how many processes train (torchrun's or ``launch``'s).
         cuda: whether the model will be on a CUDA device.
         generates: whether the model has a ``generate()`` method.
@@ -94,6 +96,7 @@ class Situation:
     eval_type: str
     optimizer: str
     scheduler: str
+    scheduler_fits: bool
     processes: int
     cuda: bool
     generates: bool
@@ -235,7 +238,11 @@ SETTINGS: Tuple[Setting, ...] = (
     _row("max_epochs", None, integer(1), "Passes over the data; with max_iter, whichever comes first.",
          Need("epochs", _EPOCHS, "max_epochs needs data with a length; this train_loader has none, so give max_iter")),
     _row("scheduler", None, None, "A torch scheduler, an fvcore ParamScheduler, a factory (optimizer[, max_iter]), "
-         "a name ('cosine', 'linear', 'step', 'constant') or (name, options); None: the rate is the optimizer's."),
+         "a name ('cosine', 'linear', 'step', 'constant') or (name, options); None: the rate is the optimizer's.",
+         Need("the optimizer trained", lambda s, v: s.scheduler_fits,
+              "the scheduler ({scheduler_type}) was built on another optimizer than the one trained, so it would "
+              "never change the learning rate: build it on that optimizer, or give a factory (scheduler=lambda "
+              "optimizer: ...) or a name")),
     _row("scheduler_interval", "iter", choice(("iter", "epoch")), "When a torch scheduler steps: 'iter' or 'epoch'.",
          Need("a scheduler", lambda s, v: s.scheduler != "none",
               "scheduler_interval={value} says when a scheduler steps, and no scheduler is given", refuse=False),
@@ -385,8 +392,9 @@ def _scores_outputs(metrics: Sequence[Any]) -> bool:
 
 
 def _format(template: str, name: str, value: Any, situation: Situation) -> str:
-    fields = {key: shown(v) if isinstance(v, str) else repr(v) for key, v in situation.values.items()}
-    return template.format(name=name, value=repr(value), train=situation.train_type, eval=situation.eval_type, **fields)
+    fields = {key: repr(v) for key, v in situation.values.items()}
+    return template.format(name=name, value=repr(value), train=situation.train_type, eval=situation.eval_type,
+                           scheduler_type=type(situation["scheduler"]).__name__, **fields)
 
 
 def check_settings(situation: Situation, given: FrozenSet[str]) -> Dict[str, Any]:
@@ -473,6 +481,7 @@ def situation_of(model: Any, optimizer: Any, train_loader: Any, values: Mapping[
         train=data_kind(train_loader), eval=data_kind(values["eval_loader"], "eval_loader"),
         train_type=type(train_loader).__name__, eval_type=type(values["eval_loader"]).__name__,
         optimizer="name" if named else "object", scheduler=scheduler_kind, processes=processes_to_come(),
+        scheduler_fits=scheduler_kind != "torch" or scheduler.optimizer is optimizer,
         cuda=str(device).startswith("cuda") or (device == "auto" and torch.cuda.is_available()),
         generates=callable(getattr(model, "generate", None)), values=values,
     )
