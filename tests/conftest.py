@@ -1,3 +1,4 @@
+import contextlib
 import logging
 
 import pytest
@@ -54,18 +55,33 @@ def _no_pending_run_start():
     forget_pending_starts()
 
 
+@contextlib.contextmanager
+def _loggers_restored(names=("treadle", "fvcore")):
+    """Undoes what setup_logger did meanwhile (handlers, no propagation), so
+    that later tests' caplog sees treadle's records."""
+    loggers = [logging.getLogger(name) for name in names]
+    saved = [(logger.propagate, logger.level, list(logger.handlers)) for logger in loggers]
+    yield
+    for logger, (propagate, level, handlers) in zip(loggers, saved):
+        for handler in [h for h in logger.handlers if h not in handlers]:
+            logger.removeHandler(handler)
+            if getattr(handler, "_treadle_handler", False):
+                handler.close()
+        logger.propagate, logger.level = propagate, level
+
+
 @pytest.fixture(autouse=True)
 def _restore_treadle_logger():
-    """Undoes what setup_logger did during a test (handlers, no propagation),
-    so that later tests' caplog sees treadle's records."""
-    logger = logging.getLogger("treadle")
-    saved = (logger.propagate, logger.level, list(logger.handlers))
-    yield
-    for handler in [h for h in logger.handlers if h not in saved[2]]:
-        logger.removeHandler(handler)
-        if getattr(handler, "_treadle_handler", False):
-            handler.close()
-    logger.propagate, logger.level = saved[0], saved[1]
+    """What setup_logger did during a test, undone after it."""
+    with _loggers_restored():
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _restore_treadle_logger_after_the_module():
+    """The same for a module-scoped fixture that runs a job (default_setup included)."""
+    with _loggers_restored():
+        yield
 
 
 @pytest.fixture
