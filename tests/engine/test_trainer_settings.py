@@ -431,3 +431,11 @@ def test_the_checks_come_before_anything_is_built(tmp_path):
         Trainer(model, "sgd", classification(), batch_size=32, lr=0.1, loss_fn=CE, max_iter=2, eval_period=5,
                 init_weights_from=str(tmp_path / "missing.pth"), output_dir=str(out))
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before)) and not out.exists()
+
+
+def test_a_warning_of_the_checks_reaches_log_txt(tmp_path):
+    trainer = Trainer(mlp(), "sgd", classification(), batch_size=32, lr=0.1, loss_fn=CE, max_iter=2, dist_timeout=60,
+                      output_dir=str(tmp_path), progress_bar=False)
+    trainer.train()
+    log = (tmp_path / "log.txt").read_text()
+    assert "WARNING: dist_timeout=60 bounds what several processes wait for each other; this is one process" in log

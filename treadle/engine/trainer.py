@@ -196,13 +196,15 @@ class Trainer(TrainerBase):
 
     def _build(self, model: nn.Module, optimizer: Any, train_loader: Any, values: Dict[str, Any]) -> None:
         """The constructor's jobs, in order: check every setting, then build."""
+        # The console first, so that what the checks warn about shows as every record does (and reaches
+        # log.txt, which starts when train() has claimed the folder: nothing is written into it before).
+        rank = comm.get_rank() if comm.get_world_size() > 1 else int(os.environ.get("RANK", "0") or 0)
+        setup_logger(output=_logs_dir(values), distributed_rank=rank, defer_file=True)
         s = self.settings = checked_settings(model, optimizer, train_loader, values, self._given_settings)
         # Under torchrun the processes meet here (launch() has joined them before calling the user's function).
         join_env_process_group(datetime.timedelta(seconds=s.dist_timeout), leave_at_exit=True)
         self.output_dir = s.output_dir
         self.checkpoint_dir, self.logs_dir = _inside(s.output_dir, s.checkpoints_dir), _inside(s.output_dir, s.logs_dir)
-        # log.txt starts when train() has claimed the folder: nothing is written into it before.
-        setup_logger(output=self.logs_dir, distributed_rank=comm.get_rank(), defer_file=True)
         warn_about_seed_methods(type(self), Trainer)
         if s.seed is not None:
             seed_all_rng(s.seed)
@@ -466,6 +468,14 @@ class Trainer(TrainerBase):
 
 
 # ---------------------------------------------------------------------- helpers
+def _logs_dir(values: Dict[str, Any]) -> Optional[str]:
+    """Where log.txt goes, from settings not checked yet (a bad one: nowhere; the check then says why)."""
+    output_dir, sub = values["output_dir"], values["logs_dir"]
+    if not isinstance(output_dir, str) or not isinstance(sub, (str, type(None))):
+        return None
+    return _inside(output_dir, sub)
+
+
 def _inside(output_dir: Optional[str], sub: Optional[str]) -> Optional[str]:
     if output_dir is None:
         return None
