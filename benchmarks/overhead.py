@@ -93,7 +93,7 @@ def interleaved(
     runners: Dict[str, Callable[[], float]], rounds: int
 ) -> Dict[str, List[float]]:
     results: Dict[str, List[float]] = {name: [] for name in runners}
-    for name, fn in runners.items():  # warm-up round, not counted
+    for fn in runners.values():  # warm-up round, not counted
         fn()
     for r in range(rounds):
         order = list(runners.items()) if r % 2 == 0 else list(reversed(runners.items()))
@@ -124,9 +124,13 @@ def bench_overhead(rounds: int, iters: int) -> None:
         timings: Dict[str, float] = {}
         results = interleaved(
             {
-                "raw": lambda: run_raw(width, batch, iters, log),
-                "treadle": lambda: run_treadle(width, batch, iters, out_dir, timings),
-                "no writers": lambda: run_part(width, batch, iters, False, 3, out_dir, writers=False),
+                "raw": lambda width=width, batch=batch: run_raw(width, batch, iters, log),
+                "treadle": lambda width=width, batch=batch, timings=timings: run_treadle(
+                    width, batch, iters, out_dir, timings
+                ),
+                "no writers": lambda width=width, batch=batch: run_part(
+                    width, batch, iters, False, 3, out_dir, writers=False
+                ),
             },
             rounds,
         )

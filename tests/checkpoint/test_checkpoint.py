@@ -1083,7 +1083,8 @@ def test_other_runtime_errors_of_torch_save_are_not_disguised(tmp_path, monkeypa
         try:
             open(os.path.join(str(tmp_path), "no-such-cache"))  # an OSError handled on the way...
         except OSError:
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")  # ...is not the cause
+            # ...is not the cause: raised as the context, as torch raises it
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")  # noqa: B904
 
     monkeypatch.setattr(torch, "save", device_fails)
     with pytest.raises(RuntimeError, match="illegal memory access") as info:

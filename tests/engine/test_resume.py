@@ -199,7 +199,7 @@ def test_exact_resume_after_sigkill_at_random_moments(reference, tmp_path):
             # step, a hook, a save or a write.
             started = rng.randint(2, 7)
             seen, changed_at, durations = 0, time.monotonic(), []
-            def enough() -> bool:
+            def enough(progress_file=progress_file, durations=durations, started=started) -> bool:
                 nonlocal seen, changed_at
                 count = len(progress(progress_file))
                 if count != seen:

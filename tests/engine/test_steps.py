@@ -30,7 +30,7 @@ def train(step, iters, hooks=()):
 
     class Grab(HookBase):
         def after_step(self):
-            for name, (value, it) in self.trainer.storage.latest().items():
+            for name, (value, _) in self.trainer.storage.latest().items():
                 history.setdefault(name, []).append(value)
 
     trainer.register_hooks([Grab()])

@@ -213,7 +213,7 @@ def test_wandb_offline_run_holds_the_logged_history(tmp_path):
     steps = [row["_step"] for row in history if "total_loss" in row]
     lines = _metrics(run)
     assert steps == [line["iteration"] for line in lines if "total_loss" in line]
-    for row, line in zip([r for r in history if "total_loss" in r], [l for l in lines if "total_loss" in l]):
+    for row, line in zip([r for r in history if "total_loss" in r], [line for line in lines if "total_loss" in line]):
         assert row["total_loss"] == pytest.approx(line["total_loss"], rel=1e-12)
 
 

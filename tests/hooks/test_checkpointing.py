@@ -177,7 +177,7 @@ def test_best_checkpoint_holds_the_best_iteration_and_leaves_the_pointer(tmp_pat
     script = {1: 0.5, 3: 0.7, 5: 0.6, 7: math.nan, 10: 0.65}
     calls, pointers = [], {}
     # Read when the next iteration starts: checkpoints are taken when an iteration ends.
-    record = lambda r: CallbackHook(
+    record = lambda r: CallbackHook(  # noqa: E731
         before_step=lambda t: pointers.__setitem__(t.iter - 1, (tmp_path / "last_checkpoint").exists() and r.pointer())
     )
     run = best_run(tmp_path, script, calls, extra=[record])
@@ -211,7 +211,7 @@ def test_best_from_the_final_evaluation_matches_model_final(tmp_path):
 def test_best_metric_survives_a_resume(tmp_path):
     script = {1: 0.5, 3: 0.7, 5: 0.6, 7: 0.8, 9: 0.75, 12: 0.1}
     best_iteration_at = {}
-    watch = lambda r: CallbackHook(
+    watch = lambda r: CallbackHook(  # noqa: E731
         after_step=lambda t: best_iteration_at.__setitem__(t.iter, r.load("model_best.pth")["iteration"])
     )
     first = best_run(tmp_path, script, [], extra=[lambda r: crash_at(4)])
@@ -254,7 +254,7 @@ STOP_SCRIPT = {1: 0.5, 3: 0.6, 5: 0.55, 7: 0.58, 9: 0.9, 11: 0.95, 20: 1.0}
 
 def test_early_stopping_stops_at_the_expected_iteration_and_after_train_still_runs(tmp_path):
     calls, steps = [], []
-    count = lambda r: CallbackHook(before_step=lambda t: steps.append(t.iter))
+    count = lambda r: CallbackHook(before_step=lambda t: steps.append(t.iter))  # noqa: E731
     run = early_stopping_run(tmp_path, STOP_SCRIPT, calls, extra=[count])
     run.trainer.train(0, 20)
 
@@ -282,7 +282,7 @@ def test_early_stopping_counters_survive_a_resume(tmp_path):
     }
 
     calls, steps = [], []
-    count = lambda r: CallbackHook(before_step=lambda t: steps.append(t.iter))
+    count = lambda r: CallbackHook(before_step=lambda t: steps.append(t.iter))  # noqa: E731
     second = early_stopping_run(tmp_path, STOP_SCRIPT, calls, extra=[count])
     start = second.resume()
     second.trainer.train(start, 20)

@@ -226,8 +226,8 @@ def test_no_final_evaluation_after_an_interrupted_stop_but_one_after_early_stop(
     for interrupted, expected in ((True, [4]), (False, [4, 7])):
         trainer, _ = make_trainer()
         calls = []
-        stop = CallbackHook(after_step=lambda t: t.request_stop("cut", interrupted=interrupted) if t.iter == 6 else None)
-        trainer.register_hooks([EvalHook(5, lambda: calls.append(trainer.iter) or {"a": 1.0}), stop])
+        stop = CallbackHook(after_step=lambda t, cut=interrupted: t.request_stop("cut", interrupted=cut) if t.iter == 6 else None)
+        trainer.register_hooks([EvalHook(5, lambda calls=calls, t=trainer: calls.append(t.iter) or {"a": 1.0}), stop])
         trainer.train(0, 20)
         assert calls == expected, interrupted
         assert trainer.interrupted is interrupted

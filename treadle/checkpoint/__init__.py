@@ -6,9 +6,6 @@ See ``docs/checkpoints.md``.
 from treadle.utils.atomic import atomic_write, is_local_path
 from .checkpointer import Checkpointer
 
-#: detectron2's name: the same checkpointer (its key-matching heuristics are
-#: ``load(path, matching_heuristics=True)`` or ``path + "?matching_heuristics=True"``).
-DetectionCheckpointer = Checkpointer
 from .key_matching import (
     LoadReport,
     ShapeMismatch,
@@ -27,6 +24,10 @@ from .serialization import (
     load_checkpoint_file,
     save_with_checksums,
 )
+
+#: detectron2's name: the same checkpointer (its key-matching heuristics are
+#: ``load(path, matching_heuristics=True)`` or ``path + "?matching_heuristics=True"``).
+DetectionCheckpointer = Checkpointer
 
 __all__ = [
     "Checkpointer",

@@ -171,7 +171,7 @@ class EMA(HookBase):
             self._pending_state = dict(state)
             return
         try:
-            self.model
+            self.model  # noqa: B018 - reading it tells whether the trainer's model is reachable yet
         except (AttributeError, ReferenceError, RuntimeError):
             self._pending_state = dict(state)
             return
