@@ -206,7 +206,7 @@ class Checkpointer:
         *,
         tag_last_checkpoint: bool = True,
         asynchronous: Optional[bool] = None,
-        then: Optional[Callable[[], None]] = None,
+        then: Optional[Callable[[], object]] = None,
         **extra: Any,
     ) -> Optional[str]:
         """Writes ``{save_dir}/{name}.pth`` atomically; returns its path.
@@ -328,7 +328,7 @@ class Checkpointer:
         sharded: bool,
         *,
         asynchronous: bool,
-        then: Optional[Callable[[], None]],
+        then: Optional[Callable[[], object]],
     ) -> Optional[str]:
         """Gathers the state (every rank) and writes it to ``path`` (main process),
         now or from a host-memory snapshot in the background."""
@@ -359,14 +359,14 @@ class Checkpointer:
         self._background.submit(path, self._write_file, path, self._background.snapshot(data), then)
         return path
 
-    def _write_file(self, path: str, data: Dict[str, Any], then: Optional[Callable[[], None]]) -> None:
+    def _write_file(self, path: str, data: Dict[str, Any], then: Optional[Callable[[], object]]) -> None:
         write_checkpoint_file(path, data, self.path_manager)
         logger.info("Saved checkpoint to %s", path)
         if then is not None:
             then()
 
     def _write_dcp(
-        self, name: str, extra: Dict[str, Any], *, asynchronous: bool, then: Optional[Callable[[], None]]
+        self, name: str, extra: Dict[str, Any], *, asynchronous: bool, then: Optional[Callable[[], object]]
     ) -> Optional[str]:
         """Every rank writes its shards of ``{name}.dcp`` (see
         :mod:`treadle.checkpoint.sharded`); the main process publishes it."""
@@ -396,13 +396,13 @@ class Checkpointer:
         return final if self.save_to_disk else None
 
     def _finish_async_dcp(
-        self, future: "Future[Any]", partial: str, final: str, then: Optional[Callable[[], None]]
+        self, future: "Future[Any]", partial: str, final: str, then: Optional[Callable[[], object]]
     ) -> None:
         dcp_format.finish_async_save(future, final)
         if self.save_to_disk:
             self._publish(partial, final, then)
 
-    def _publish(self, partial: str, final: str, then: Optional[Callable[[], None]]) -> None:
+    def _publish(self, partial: str, final: str, then: Optional[Callable[[], object]]) -> None:
         dcp_format.publish_checkpoint(partial, final)
         logger.info("Saved checkpoint to %s", final)
         if then is not None:
@@ -534,7 +534,8 @@ class Checkpointer:
             else:
                 obj.load_state_dict(state)
         except Exception as e:
-            e.add_note(f"treadle: raised while loading '{name}' from checkpoint '{path}'")
+            if hasattr(e, "add_note"):  # Python >= 3.11
+                e.add_note(f"treadle: raised while loading '{name}' from checkpoint '{path}'")
             raise
 
     def _select(self, checkpointables: Optional[Sequence[str]]) -> List[str]:
@@ -563,8 +564,10 @@ class Checkpointer:
             state = align_by_suffix(unwrap_model(self.model).state_dict().keys(), state)
         report = load_model_state(self.model, state, source=f"checkpoint '{path}'", strict=strict)
         _log_load_report(report, path)
-        rest = dict(checkpoint) if container is not None else {}
-        rest.pop(container, None)
+        rest: Dict[str, Any] = {}
+        if container is not None:
+            rest = dict(checkpoint)
+            rest.pop(container)
         for name in names:
             if name not in rest:
                 logger.warning("Checkpoint %s has no state for '%s'; it keeps its current state.", path, name)

@@ -52,7 +52,7 @@ def is_fsdp_model(model: nn.Module) -> bool:
     return cls is not None and isinstance(model, cls)
 
 
-def _dtensor_type() -> type:
+def _dtensor_type() -> Any:  # the class, typed loosely: isinstance() then narrows nothing
     from torch.distributed.tensor import DTensor
 
     return DTensor

@@ -301,7 +301,7 @@ class AsyncSaver:
         if distributed and self._group is None:
             self._group = dist.new_group(backend="gloo")  # every rank is here, in the same order
         with _quiet_single_process():
-            return dcp.async_save(
+            return dcp.async_save(  # type: ignore[return-value]  # typed Future or AsyncSaveResponse: a Future here
                 state,
                 storage_writer=dcp.FileSystemWriter(partial, single_file_per_rank=True, sync_files=True),
                 process_group=self._group,
@@ -462,8 +462,8 @@ def load_sharded(
         if key not in own:
             report.unexpected.append(key)
             report.shapes[key] = (str(shape) if shape is not None else "", "-")
-        elif shape is not None and isinstance(own[key], torch.Tensor) and tuple(own[key].shape) != shape:
-            report.shape_mismatched.append(ShapeMismatch(key, shape, tuple(own[key].shape)))
+        elif shape is not None and isinstance(mine := own[key], torch.Tensor) and tuple(mine.shape) != shape:
+            report.shape_mismatched.append(ShapeMismatch(key, shape, tuple(mine.shape)))
         else:
             loadable[key] = own[key]
             report.loaded.append(key)

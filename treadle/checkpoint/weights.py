@@ -72,9 +72,8 @@ def init_weights_from(
         checkpoint = path_or_state_dict
     elif isinstance(path_or_state_dict, str):
         source = path_or_state_dict
-        checkpoint = read_weights_file(source)
-        if checkpoint is None:
-            checkpoint = dcp_to_file_state(read_dcp(source))
+        from_file = read_weights_file(source)
+        checkpoint = from_file if from_file is not None else dcp_to_file_state(read_dcp(source))
     else:
         raise TypeError(
             f"init_weights_from expects a file path or a state dict, got {type(path_or_state_dict).__name__}"

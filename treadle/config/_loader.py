@@ -231,7 +231,7 @@ def _config_imports() -> Iterator[None]:
             return _import_relative(name, globals[_MARKER], tuple(fromlist or ()), level, line)
         return original(name, globals, locals, fromlist, level)
 
-    builtins.__import__ = config_import
+    builtins.__import__ = config_import  # type: ignore[assignment]  # the same call, typed more loosely
     try:
         yield
     finally:

@@ -13,7 +13,7 @@ try:  # OmegaConf >= 2.4 keeps tuples as immutable TupleConfig nodes.
 
     SEQUENCE_CONFIGS: Tuple[Type[Any], ...] = (ListConfig, TupleConfig)
 except ImportError:  # OmegaConf 2.3 turns tuples into ListConfig.
-    TupleConfig = None
+    TupleConfig = None  # type: ignore[misc,assignment]  # the name stays, as None, for the checks below
     SEQUENCE_CONFIGS = (ListConfig,)
 
 

@@ -133,7 +133,7 @@ def _instantiate(node: Any, path: str) -> Any:
     bad: List[Any] = [key for key in entries if not isinstance(key, str)]
     if bad:
         raise ConfigError(f"Config node {_shown(path)} has non-string argument names {bad!r}")
-    kwargs = {key: _instantiate(value, join_path(path, key)) for key, value in entries.items()}
+    kwargs = {str(key): _instantiate(value, join_path(path, key)) for key, value in entries.items()}
     return _call(target, kwargs, path, raw_target)
 
 

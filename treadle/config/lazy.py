@@ -45,7 +45,7 @@ class LazyConfig:
             ConfigError: see the loading rules in ``docs/config.md``; also
                 for a key the file does not define, naming it and close keys.
         """
-        cfg = load_config_file(filename)
+        cfg = load_config_file(os.fspath(filename))
         if keys is None:
             return cfg
         where = f"config file '{os.fspath(filename)}'"

@@ -57,6 +57,7 @@ class _StreamReader:
                 # stream a function of positions only, even for sources whose
                 # state carries from item to item (e.g. a shuffle buffer).
                 seed_cpu_rngs(sample_seed(self._seed, self.next_position))
+            assert self._iterator is not None  # _start_cycle made one
             try:
                 item = next(self._iterator)
             except StopIteration:

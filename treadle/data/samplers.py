@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Optional, Sequence, Tuple
+from typing import Iterator, Optional, Sequence, Tuple, cast
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -68,7 +68,7 @@ class TrainingSampler(Sampler[int]):
             return range(self.size)
         # A sequence of ints seeds numpy's SeedSequence: no two (seed, epoch)
         # pairs share a generator, and epoch 10**9 costs what epoch 0 does.
-        return np.random.default_rng([self.seed, epoch]).permutation(self.size)
+        return cast(Sequence[int], np.random.default_rng([self.seed, epoch]).permutation(self.size))
 
     def iter_with_positions(self) -> Iterator[Tuple[int, int]]:
         """Yields ``(global stream position, dataset index)`` for this rank, forever."""

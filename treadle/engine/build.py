@@ -264,7 +264,7 @@ def resolve_scheduler(
     """
     # The warning about a warm-up longer than the run names this argument
     # (also Trainer's), not the config key build_lr_multiplier names by default.
-    warmup = dict(
+    warmup: Dict[str, Any] = dict(
         warmup_iters=warmup_iters, warmup_factor=warmup_factor, warmup_name="warmup_iters", warmup_style=warmup_style
     )
     if scheduler is None:

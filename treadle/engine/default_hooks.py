@@ -128,7 +128,7 @@ def default_hooks(
         EvalHook(eval_period, evaluate) if evaluate is not None else None,
         # Both read the evaluation's results of the same iteration.
         BestCheckpointer(eval_period, checkpointer, best_metric, best_mode) if best_metric is not None else None,
-        EarlyStopping(stop_metric, stop_patience, stop_min_delta, stop_mode) if stop_metric is not None else None,
+        EarlyStopping(stop_metric, stop_patience or 1, stop_min_delta, stop_mode) if stop_metric is not None else None,
         # After the evaluation: the last epoch's row holds the final one.
         EpochHistory(epochs, epoch_callbacks) if epochs is not None else None,
         _USER_HOOKS,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from typing import Any, Dict, List, NoReturn, Optional
+from typing import Any, Dict, List, NoReturn, Optional, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -252,6 +252,7 @@ class DefaultTrainer(TrainerBase):
             trainer=self,
         )
         self.session = RunSession(output_dir, self.checkpointer, write_config=lambda: save_run_config(cfg, output_dir))
+        self._last_eval_results: Optional[Dict[str, Any]] = None
         self._check_evaluation(cfg)
         # The schedule, for LRScheduler() without arguments (LiBai's build_hooks).
         self.scheduler = self.build_lr_scheduler(cfg, self.optimizer)
@@ -387,7 +388,7 @@ class DefaultTrainer(TrainerBase):
             )
         return options
 
-    def build_hooks(self) -> List[Optional[HookBase]]:
+    def build_hooks(self) -> Sequence[Optional[HookBase]]:
         """The default hooks of :func:`~treadle.engine.default_hooks.default_hooks`
         for the config's settings (the order and why: ``docs/defaults.md``)."""
         cfg = self.cfg
@@ -495,7 +496,7 @@ class DefaultTrainer(TrainerBase):
         fresh start), then writes ``config.yaml`` and starts ``log.txt``; the
         folder's lock is released when training ends (:class:`~treadle.engine.session.RunSession`).
         """
-        self._last_eval_results: Optional[Dict[str, Any]] = None
+        self._last_eval_results = None
         self.session.claim(resume=self.start_iter > 0)
         with self.session.running(self.has_work(self.start_iter, self.max_iter)):
             super().train(self.start_iter, self.max_iter)

@@ -147,8 +147,8 @@ class EpochHistory(HookBase):
 
     def after_epoch(self) -> None:
         trainer = self.trainer
-        length = trainer.epoch_length
-        epoch = trainer.epoch
+        length, epoch = trainer.epoch_length, trainer.epoch
+        assert length is not None and epoch is not None  # after_epoch runs only where epochs are known
         first = epoch * length
         # The epoch's last iteration run: fewer when training stopped early in it.
         last = min((epoch + 1) * length - 1, trainer.last_run_iter)

@@ -85,6 +85,7 @@ class HookTable:
         of iterations ``start_iter .. max_iter - 1`` (after every ``before_train``)."""
         self._periods = {}
         for call in self.calls["after_step"]:
+            assert call.hook is not None  # the stages' calls are hooks'
             period = call.hook.after_step_period()
             if period is not None:
                 self._periods[id(call.hook)] = max(int(period), 0)

@@ -612,7 +612,7 @@ def create_fsdp_model(
         return model
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mp_policy = MixedPrecisionPolicy(**dtypes)
+    mp_policy = MixedPrecisionPolicy(param_dtype=dtypes["param_dtype"], reduce_dtype=dtypes["reduce_dtype"])
     if sync_module_states:
         with torch.no_grad():
             for tensor in [*model.parameters(), *model.buffers()]:

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Iterable, Iterator, List, Optional, Tuple, cast
 
 import torch
 from torch import nn
@@ -171,7 +171,7 @@ class EagerStep(StepBase):
         if compute_loss is not None:
             if not callable(compute_loss):
                 raise TypeError(f"compute_loss must be callable, got {type(compute_loss).__name__}")
-            self.compute_loss = compute_loss  # type: ignore[method-assign]
+            self.compute_loss = compute_loss  # type: ignore[method-assign,assignment]
         self._data_iter: Optional[Iterator[Any]] = None
         self._warned_no_data_state = False
         # Whether the model is sharded by FSDP2, found at the first accumulated
@@ -259,7 +259,7 @@ class EagerStep(StepBase):
             if count > 1 and self._fsdp2:
                 # An error mid-accumulation must not leave gradient sync off
                 # for whatever backward runs after it, outside this step.
-                self.model.set_requires_gradient_sync(True)
+                cast(Any, self.model).set_requires_gradient_sync(True)
             raise
         if scaler is not None:
             scaler.unscale_(optimizer)  # hooks and clipping see true gradients
@@ -287,9 +287,9 @@ class EagerStep(StepBase):
         if self._fsdp2 is None:
             self._fsdp2 = is_fsdp_model(self.model)
         if self._fsdp2:
-            self.model.set_requires_gradient_sync(sync)
+            cast(Any, self.model).set_requires_gradient_sync(sync)
             return _NO_CONTEXT
-        return self.model.no_sync() if not sync and hasattr(self.model, "no_sync") else _NO_CONTEXT
+        return cast(Any, self.model).no_sync() if not sync and hasattr(self.model, "no_sync") else _NO_CONTEXT
 
     def _forward(self, batch: Any) -> Dict[str, torch.Tensor]:
         """The losses of ``batch`` by name, their sum ``total_loss`` included,

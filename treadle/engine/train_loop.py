@@ -302,7 +302,7 @@ class TrainerBase:
             self.after_epoch()
             self._epochs_done_through = it
 
-    def time_iterations(self, points: List[Tuple[float, int]], from_iter: int) -> None:
+    def time_iterations(self, points: List[Tuple[Any, int]], from_iter: int) -> None:
         """Has the loop append ``(seconds, iteration)`` to ``points`` for every
         iteration from ``from_iter`` on, in this training: the time from
         :attr:`iter_start_time` to :attr:`step_end_time`, the sum of them in

@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 import types
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -37,6 +37,7 @@ from .seed_names import SEED_METHODS, warn_about_seed_methods
 from .history import EpochCallback, TrainingHistory, iteration_history
 from .launch import DEFAULT_TIMEOUT, check_optimizer_holds, join_env_process_group, wrap_model
 from .session import Resume, RunSession
+from .steps import EagerStep
 from .train_loop import TrainerBase
 from .trainer_data import as_eval_loader, as_train_loader, check_batch_sizes, run_length, warn_about_leftover_batches
 from .trainer_eval import TrainerEvaluation
@@ -139,6 +140,9 @@ class Trainer(TrainerBase):
             dict of ``train.ddp``'s options with its ``kind``.
         dist_timeout: seconds the processes wait for each other (set-up and collectives).
     """
+
+    #: The settings the caller passed (set by ``records_given_settings``).
+    _given_settings: FrozenSet[str] = frozenset()
 
     @records_given_settings
     def __init__(
@@ -289,6 +293,7 @@ class Trainer(TrainerBase):
         return evaluation
 
     def build_checkpointer(self) -> Checkpointer:
+        assert self.checkpoint_dir is not None  # built with an output_dir only
         return Checkpointer(unwrap_model(self.model), self.checkpoint_dir, optimizer=self.optimizer, trainer=self)
 
     def build_hooks(self, s: types.SimpleNamespace) -> List[HookBase]:
@@ -390,7 +395,9 @@ class Trainer(TrainerBase):
         super().after_epoch()
         # train_epoch(): pause after its epoch, unless that is the run's last
         # (then training ends as train() ends it).
-        if self._pause_after_epoch == self.epoch and (self.epoch + 1) * self.epoch_length < self.max_iter:
+        epoch, length = self.epoch, self.epoch_length
+        assert epoch is not None and length is not None  # after_epoch runs only where epochs are known
+        if self._pause_after_epoch == epoch and (epoch + 1) * length < self.max_iter:
             self.request_stop(f"train_epoch(): epoch {self.epoch} done", interrupted=True)
 
     def _run(self, resume: Resume, *, move_aside: bool = False, continuing: bool = False) -> TrainingHistory:
@@ -431,16 +438,24 @@ class Trainer(TrainerBase):
         :meth:`eval_step` and the ``loss`` of :meth:`evaluate` (run in eval
         mode without gradients there), hence of ``best_metric`` and early
         stopping on it."""
-        return self.step.compute_loss(batch)
+        return self._own_step().compute_loss(batch)
 
     def train_step(self, batch: Any) -> Dict[str, float]:
         """One optimizer update on ``batch``, outside :meth:`train` (a notebook's
         loop): returns the losses as floats, ``loss`` being their total. No
         hook runs (the schedule does not advance)."""
-        losses = self.step.train_on_batch(batch)
+        losses = self._own_step().train_on_batch(batch)
         out = {"loss": float(losses.pop("total_loss"))}
         out.update({name: float(value) for name, value in losses.items()})
         return out
+
+    def _own_step(self) -> EagerStep:
+        """The step this Trainer built (``compute_loss`` and ``train_step`` are its)."""
+        step = self.step
+        if not isinstance(step, EagerStep):
+            raise TypeError(f"compute_loss() and train_step() are the Trainer's own step's; this trainer's step is a "
+                            f"{type(step).__name__}")
+        return step
 
     def eval_step(self, batch: Any) -> Dict[str, float]:
         """The loss and ``metrics`` of one batch, in eval mode: floats, by

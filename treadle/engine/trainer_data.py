@@ -121,6 +121,7 @@ def as_eval_loader(data: Any, batch_size: Optional[int], *, num_workers: int = 0
         return None
     if data_kind(data) != "dataset":
         return per_process(data, train=False)
+    assert batch_size is not None  # check_batch_sizes refused a dataset without one
     return build_test_loader(data, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_fn)
 
 

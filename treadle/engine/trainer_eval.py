@@ -100,7 +100,7 @@ class TrainerEvaluation:
         else:
             self.loss_options = {"loss_fn": loss_fn} if loss_fn is not None else {}
         self._batch_loss = LossEvaluator(**self.loss_options)
-        self._training_loss = LossEvaluator(**({"loss_fn": loss_fn} if loss_fn is not None else {}))
+        self._training_loss = LossEvaluator(loss_fn=loss_fn)
         if generate is not None:
             self.forward: Callable[[Any, Any], Any] = functools.partial(_generate_forward, options=generate)
         elif compute_loss is None:

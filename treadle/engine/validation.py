@@ -76,7 +76,7 @@ def _check_readable(node: Any, path: str = "") -> None:
         if node._is_none() or node._is_missing():
             return
         for key in node.keys():
-            child_path = f"{path}.{key}" if path else str(key)
+            child_path = f"{path}.{key!s}" if path else str(key)
             _check_readable(_read(node, key, child_path), child_path)
     elif isinstance(node, ListConfig):
         if node._is_none() or node._is_missing():
@@ -91,7 +91,7 @@ def _check_schema(node: Any, schema: Dict[str, Any], path: str) -> None:
     if path == "train.step" and "_target_" in node:
         return  # a user's step class: its arguments are its own
     for key in node.keys():
-        key_path = f"{path}.{key}"
+        key_path = f"{path}.{key!s}"
         rule = schema.get(str(key), _MISSING)
         value = node[key]
         if rule is _MISSING:
@@ -141,7 +141,9 @@ def _evaluator_metric_names(cfg: DictConfig) -> Optional[List[str]]:
     its metric names checked; None when they cannot all be known from the config
     (a torchmetrics object or an evaluator among them)."""
     node = cfg.dataloader.get("evaluator") if isinstance(cfg.dataloader, DictConfig) else None
-    if _node_target(node) not in ("treadle.evaluation.build_evaluator", "treadle.evaluation.registry.build_evaluator"):
+    if node is None or _node_target(node) not in (
+        "treadle.evaluation.build_evaluator", "treadle.evaluation.registry.build_evaluator"
+    ):
         return None
     metrics = node.get("metrics")
     items = [metrics] if isinstance(metrics, str) else list(metrics or [])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
 from .results import Results
 
@@ -83,8 +83,8 @@ class DatasetEvaluators(DatasetEvaluator):
     def __len__(self) -> int:
         return len(self._evaluators)
 
-    @property  # type: ignore[override]
-    def result_names(self) -> Optional[Tuple[str, ...]]:
+    @property
+    def result_names(self) -> Optional[Tuple[str, ...]]:  # type: ignore[override]  # computed, where the base class has a class attribute
         """Every evaluator's result names, or None when one of them does not say."""
         names: List[str] = []
         for e in self._evaluators:
@@ -144,7 +144,7 @@ def as_evaluator(
         raise TypeError(
             f"expected a DatasetEvaluator, a list of them or None; got {type(evaluator).__name__}"
         )
-    return evaluator
+    return cast(DatasetEvaluator, evaluator)  # any object with the three methods is one
 
 
 def metric_names(metrics: Union[str, Sequence[str]]) -> List[str]:

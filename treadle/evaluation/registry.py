@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
-from typing import Any, Callable, Dict, List, Mapping, Optional, Pattern, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Pattern, Sequence, Set, Tuple, TypeVar, Union
 
 from .evaluator import DatasetEvaluator, DatasetEvaluators
 
@@ -294,7 +294,7 @@ def build_evaluator(metrics: Union[MetricSpec, Sequence[MetricSpec]], **options:
         groups.setdefault(key, []).append(metric)
 
     named = [e for e, _ in entries.values()]
-    used = set()
+    used: Set[str] = set()
     for entry in named:
         if entry.any_option:
             used.update(options)

@@ -82,8 +82,8 @@ class TorchMetricsEvaluator(DatasetEvaluator):
         self.target_key = target_key
         self._device: Optional[torch.device] = None
 
-    @property  # type: ignore[override]
-    def result_names(self) -> Tuple[str, ...]:
+    @property
+    def result_names(self) -> Tuple[str, ...]:  # type: ignore[override]  # computed, where the base class has a class attribute
         if self.collection:
             return tuple(str(k) for k in self.metric.keys())
         return (self.name,)

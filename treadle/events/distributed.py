@@ -46,7 +46,7 @@ def _local_values(entries: List[Entry], device: torch.device, dtype: torch.dtype
             runs[-1][2] += 1
         else:
             runs.append([key, len(members), len(members) + 1])
-        members.append(value if key is None else value.detach().reshape(()))
+        members.append(value.detach().reshape(()) if isinstance(value, torch.Tensor) else value)
     moved = {
         key: (torch.tensor(members, dtype=torch.float64) if key is None else torch.stack(members)).to(
             device=device, dtype=dtype

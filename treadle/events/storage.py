@@ -16,7 +16,7 @@ import logging
 import math
 from contextlib import contextmanager
 from operator import itemgetter, methodcaller
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, Union, cast
 
 import torch
 
@@ -242,7 +242,7 @@ class EventStorage:
         look is ``max_pending_cpu`` puts later, not at every put."""
         series = self._series
         if self._pending_tensors == self._pending_cpu_tensors and all(
-            not series[name] or series[name][-1][0].is_cpu for name in self._series_of_tensors
+            not series[name] or cast(torch.Tensor, series[name][-1][0]).is_cpu for name in self._series_of_tensors
         ):
             return True
         self._cpu_check_at += self._max_pending_cpu
@@ -411,7 +411,8 @@ class EventStorage:
             self._pending_cpu_tensors = pending_cpu_tensors
             raise
         histories = self._history
-        for name, points in pending.items():
+        resolved = cast(Dict[str, List[Tuple[float, int]]], pending)  # every value a float now
+        for name, points in resolved.items():
             history = histories.get(name)
             if history is None:
                 history = histories[name] = HistoryBuffer(self._history_length)
@@ -419,7 +420,7 @@ class EventStorage:
             self._latest[name] = points[-1]
         self._generation += 1
         if self.nonfinite_check != "off":
-            self._check_losses(pending)
+            self._check_losses(resolved)
 
     def _reduce(self, pending: Dict[str, List[Tuple[ScalarValue, int]]]) -> None:
         """Replaces every pending value by its reduction across ranks (in place)."""
@@ -427,6 +428,7 @@ class EventStorage:
         # rather than receiving one tensor (one copy to the device) each.
         kinds = self._kinds
         entries = [(name, v, kinds.get(name)) for name, points in pending.items() for v, _ in points]
+        assert self.reducer is not None
         reduced = self.reducer(entries)
         if len(reduced) != len(entries):
             raise RuntimeError(f"The storage's reducer returned {len(reduced)} values for {len(entries)} scalars.")
@@ -616,7 +618,8 @@ def _resolve_tensors(columns: List[List[Tuple[ScalarValue, int]]]) -> None:
         # float64: values of several dtypes share one copy without rounding.
         # put_scalar accepts any one-element shape; stack needs one: reshape
         # is a view, no kernel.
-        stacked = [torch.stack([points[i][0].reshape(()) for points, i in group]) for group in member_groups]
+        stacked = [torch.stack([cast(torch.Tensor, points[i][0]).reshape(()) for points, i in group])
+                   for group in member_groups]
         flat = stacked[0] if len(stacked) == 1 else torch.cat([t.to(torch.float64) for t in stacked])
         for (points, i), value in zip(members, flat.cpu().tolist()):
             points[i] = (float(value), points[i][1])

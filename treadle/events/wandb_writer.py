@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, cast
 
 from .storage import get_event_storage
 from .tracking import BackgroundSender, import_extra
@@ -125,7 +125,7 @@ class WandbWriter(_IterationRowWriter):
             self._run = wandb.init(
                 project=self.project,
                 name=self.name,
-                mode=self.mode,
+                mode=cast(Any, self.mode),  # one of wandb's, checked when the writer was made
                 dir=self.dir,
                 entity=self.entity,
                 tags=self.tags,

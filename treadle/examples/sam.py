@@ -56,8 +56,9 @@ class SAMStep(EagerStep):
         self.optimizer.zero_grad(set_to_none=True)
         loss = self._loss(batch)
         loss.backward()
-        params: List[torch.Tensor] = [p for p in self._parameters()]
-        grads = [p.grad for p in params]
+        # A parameter without a gradient (unused by this loss) is neither perturbed nor stepped.
+        params: List[torch.Tensor] = [p for p in self._parameters() if p.grad is not None]
+        grads: List[torch.Tensor] = [p.grad for p in params if p.grad is not None]
         # All on the device: the norm and the scale stay tensors (no sync).
         norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
         scale = self.rho / (norm + 1e-12)

@@ -138,21 +138,23 @@ class BestCheckpointer(HookBase):
             previous = self.best_metric
             self.best_metric, self.best_iter = value, metric_iter
             # The trainer state saved with model_best carries the new best.
+            checkpointer = self._checkpointer
+            assert checkpointer is not None  # resolved in before_train
             if self._ema is not None:
                 # The weights that were scored: the evaluation ran on the average.
                 with self._ema.averaged_weights():
-                    if self._checkpointer.checkpoint_format() == "dcp":
-                        self._checkpointer.save_weights(self.file_prefix, iteration=iteration, weights="ema")
+                    if checkpointer.checkpoint_format() == "dcp":
+                        checkpointer.save_weights(self.file_prefix, iteration=iteration, weights="ema")
                     else:
-                        self._checkpointer.save(
+                        checkpointer.save(
                             self.file_prefix, iteration=iteration, tag_last_checkpoint=False, asynchronous=False,
                             weights="ema",
                         )
-            elif self._checkpointer.checkpoint_format() == "dcp":
+            elif checkpointer.checkpoint_format() == "dcp":
                 # The best weights, for evaluation and export: one plain file, weights only.
-                self._checkpointer.save_weights(self.file_prefix, iteration=iteration)
+                checkpointer.save_weights(self.file_prefix, iteration=iteration)
             else:
-                self._checkpointer.save(self.file_prefix, iteration=iteration, tag_last_checkpoint=False, asynchronous=False)
+                checkpointer.save(self.file_prefix, iteration=iteration, tag_last_checkpoint=False, asynchronous=False)
             logger.info(
                 "Saved %s: %s = %.6g at iteration %d (previous best: %s)",
                 self.file_prefix, self.metric, value, metric_iter, "none" if previous is None else f"{previous:.6g}",

@@ -23,7 +23,7 @@ def _better(value: float, best: float, mode: str, min_delta: float) -> bool:
     return value > best + min_delta if mode == "max" else value < best - min_delta
 
 
-def _latest_metric(storage: "EventStorage", metric: str, owner: str) -> Optional[Tuple[float, int]]:
+def _latest_metric(storage: "EventStorage", metric: str, owner: str) -> Tuple[float, int]:
     latest = storage.latest()
     if metric not in latest:
         known = sorted(k for k in latest if storage.kind(k) == "metric")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional, cast
 
 import torch
 from torch import nn
@@ -69,7 +69,7 @@ class EMA(HookBase):
     @property
     def model(self) -> nn.Module:
         if self._model is None:
-            self._model = self.trainer.step.model
+            self._model = cast(Any, self.trainer.step).model  # a step that trains a model has one
         return unwrap_model(self._model)
 
     def _init_average(self) -> None:

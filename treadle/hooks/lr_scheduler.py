@@ -65,7 +65,7 @@ class LRMultiplier(torch.optim.lr_scheduler.LRScheduler):
         # A constant multiplier's rates never move: after the first steps,
         # step() only counts (the plain Trainer's schedule when none is given).
         self._constant = isinstance(multiplier, ConstantParamScheduler)
-        self._constant_base: Optional[List[float]] = None
+        self._constant_base: Optional[List[Union[float, torch.Tensor]]] = None
         super().__init__(optimizer, last_epoch=last_iter)
 
     def state_dict(self) -> Dict[str, Any]:
@@ -75,7 +75,7 @@ class LRMultiplier(torch.optim.lr_scheduler.LRScheduler):
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self.base_lrs = list(state_dict["base_lrs"])
         self.last_epoch = int(state_dict["last_epoch"])
-        self._last_lr = self.get_lr()
+        self._last_lr = list(self.get_lr())
 
     def step(self, epoch: Optional[int] = None) -> None:
         """Moves to the next iteration's rates.
@@ -102,7 +102,7 @@ class LRMultiplier(torch.optim.lr_scheduler.LRScheduler):
         # The base rates these rates were computed from (a resume may set others).
         self._constant_base = list(self.base_lrs)
 
-    def get_lr(self) -> List[float]:
+    def get_lr(self) -> List[Union[float, torch.Tensor]]:  # torch's signature; floats here
         step = min(max(self.last_epoch, 0), self._max_iter)
         try:
             factor = self._multiplier(step / self._max_iter)
@@ -405,10 +405,12 @@ class LRScheduler(_StepsOptimizer, HookBase):
     def after_step(self) -> None:
         self._publish_lr()
         if self._step_per_iter:
+            assert self.scheduler is not None  # resolved in before_train
             self.scheduler.step()
 
     def after_epoch(self) -> None:
         if not self._step_per_iter:
+            assert self.scheduler is not None  # resolved in before_train
             self.scheduler.step()
 
     def overrides(self, stage: str) -> bool:
@@ -430,7 +432,7 @@ class LRScheduler(_StepsOptimizer, HookBase):
         if self._pending_state is not None and "base_lrs" in self._pending_state:
             return list(self._pending_state["base_lrs"])
         if self.scheduler is not None:
-            return list(self.scheduler.base_lrs)
+            return [float(lr) for lr in self.scheduler.base_lrs]
         return None
 
     def set_base_lrs(self, base_lrs: Sequence[float]) -> None:
@@ -506,7 +508,7 @@ class LRMonitor(_StepsOptimizer, HookBase):
         # between its other iterations (record_every_iteration); a tensor
         # rate is put below, read at the flush with the losses.
         self._recorded_by_loop = self._lrs is not None and type(group["lr"]) is float and record is not None
-        if self._recorded_by_loop:
+        if self._recorded_by_loop and record is not None:
             # The series takes tensors too: a rate made a tensor during
             # training is then read at the flush as well.
             lrs = self.trainer.storage.open_series("lr", smoothing_hint=False, tensors=True)

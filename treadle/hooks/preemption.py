@@ -142,7 +142,8 @@ class PreemptionHandler(HookBase):
         self.trainer.at_iteration_end(self._checkpoint_and_stop, f"{type(self).__name__}.after_step")
 
     def _checkpoint_and_stop(self) -> None:
-        it = self._stopping_at
+        it, checkpointer = self._stopping_at, self._checkpointer
+        assert it is not None and checkpointer is not None  # set in after_step and before_train
         self._stopping_at = None
         name = signal.Signals(self._received).name if self._received else "a signal on another rank"
         logger.warning("Received %s: saving a checkpoint at iteration %d and stopping.", name, it)
@@ -150,14 +151,14 @@ class PreemptionHandler(HookBase):
         if periodic is not None and periodic.last_saved_iter == it:
             # Same file, same state: in a grace period a second write is time lost.
             logger.info("The periodic checkpoint of iteration %d was just written; not writing it again.", it)
-            self._checkpointer.wait()  # written in the background: complete it before the grace period ends
+            checkpointer.wait()  # written in the background: complete it before the grace period ends
         else:
             _flush_writers(self)
             # Synchronous: the process is about to exit.
             if periodic is not None:
                 periodic.save(it, asynchronous=False)  # one of the run's periodic files: counted by its max_to_keep
             else:
-                self._checkpointer.save(f"{self.file_prefix}_{it:07d}", iteration=it, asynchronous=False)
+                checkpointer.save(f"{self.file_prefix}_{it:07d}", iteration=it, asynchronous=False)
         self._preempted = True
         self.trainer.request_stop(f"preempted by {name}", interrupted=True)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import torch
 
@@ -51,7 +51,9 @@ class TorchProfiler(HookBase):
             if torch.cuda.is_available():
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
         self._activities = list(activities)
-        self._options = dict(record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack)
+        self._options: Dict[str, Any] = dict(
+            record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack
+        )
         self._profiler: Optional[torch.profiler.profile] = None
         self.trace_files: list = []
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, cast
 
 from treadle.events.writers import EventWriter
 
@@ -46,7 +46,9 @@ class PeriodicWriter(HookBase):
         """The states of the writers that have one (a tracker's run id), by
         ``{index}:{class name}``; saved in checkpoints."""
         states = {
-            f"{i}:{type(w).__name__}": w.state_dict() for i, w in enumerate(self.writers) if callable(getattr(w, "state_dict", None))
+            f"{i}:{type(w).__name__}": cast(Any, w).state_dict()
+            for i, w in enumerate(self.writers)
+            if callable(getattr(w, "state_dict", None))
         }
         return {"writers": states} if states else {}
 
@@ -54,7 +56,7 @@ class PeriodicWriter(HookBase):
         for i, w in enumerate(self.writers):
             saved = state.get("writers", {}).get(f"{i}:{type(w).__name__}")
             if saved is not None and callable(getattr(w, "load_state_dict", None)):
-                w.load_state_dict(saved)
+                cast(Any, w).load_state_dict(saved)
 
     def before_train(self) -> None:
         for w in self.writers:

@@ -153,6 +153,7 @@ class CharTransformerLM(nn.Module):
         # Each block adds two branches to the residual stream.
         residual_std = std / math.sqrt(2 * self.depth)
         for block in self.blocks:
+            assert isinstance(block, _Block)
             nn.init.normal_(block.attn.proj.weight, mean=0.0, std=residual_std)
             nn.init.normal_(block.mlp.fc2.weight, mean=0.0, std=residual_std)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -55,7 +55,7 @@ class MLPClassifier(nn.Module):
         if norm not in _NORMS:
             raise ValueError(f"{owner}: norm must be None, 'batch' or 'layer', got {norm!r}")
 
-        layers = []
+        layers: List[nn.Module] = []
         width_in = self.input_dim
         for width in widths:
             layers.append(nn.Linear(width_in, width))

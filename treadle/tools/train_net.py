@@ -118,7 +118,8 @@ def load_config(args: argparse.Namespace) -> DictConfig:
     if isinstance(train, DictConfig):
         for key in ("output_dir", "init_checkpoint"):
             # "train.output_dir=~/runs/x" is not expanded by the shell (the ~ is not a word's start).
-            value = train._get_node(key)._value() if key in train else None
+            node = train._get_node(key) if key in train else None
+            value = node._value() if node is not None else None
             if isinstance(value, str) and value.startswith("~"):
                 train[key] = os.path.expanduser(value)
     return cfg

@@ -52,7 +52,7 @@ def temporary_name(final_path: str) -> str:
     return os.path.join(directory, f".{name}{TEMP_MARKER}{os.getpid()}.{secrets.token_hex(4)}")
 
 
-def atomic_write(path: str, write: Callable[[BinaryIO], None], path_manager: Any = PathManager) -> None:
+def atomic_write(path: str, write: Callable[[BinaryIO], object], path_manager: Any = PathManager) -> None:
     """Calls ``write(f)`` on a binary file that appears at ``path`` only once complete.
 
     For a local ``path``: if ``write``, the flush, the fsync or the rename fails

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Optional, Union
+from typing import Any, Optional, Union, cast
 
 import torch
 
@@ -64,7 +64,7 @@ def _move(obj: Any, device: torch.device, non_blocking: bool) -> Any:
         if type(obj) is dict:
             return moved
         try:
-            return type(obj)(moved)
+            return cast(Any, type(obj))(moved)  # a Mapping type built from a dict, as most are
         except TypeError:
             to = getattr(obj, "to", None)
             return to(device) if callable(to) else moved

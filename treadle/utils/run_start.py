@@ -15,10 +15,10 @@ from typing import Callable, Dict, Set
 
 __all__ = ["when_training_starts", "training_starts", "forget_pending_starts"]
 
-_pending: Dict[str, Callable[[], None]] = {}
+_pending: Dict[str, Callable[[], object]] = {}
 
 
-def when_training_starts(label: str, action: Callable[[], None]) -> None:
+def when_training_starts(label: str, action: Callable[[], object]) -> None:
     """Runs ``action()`` when training starts; a later action of the same
     ``label`` replaces an earlier one (a second ``default_setup``)."""
     _pending[label] = action

@@ -38,7 +38,9 @@ Split = Literal["train", "test"]
 
 @functools.lru_cache(maxsize=1)
 def _load_cached() -> Tuple[torch.Tensor, torch.Tensor]:
-    resource = importlib.resources.files(_DATA_PACKAGE).joinpath(*_DATA_FILE)
+    resource = importlib.resources.files(_DATA_PACKAGE)
+    for part in _DATA_FILE:  # one part at a time: Python 3.10's joinpath takes one
+        resource = resource.joinpath(part)
     with importlib.resources.as_file(resource) as path:
         if not path.is_file():
             raise FileNotFoundError(
