@@ -72,30 +72,20 @@ class Trainer(TrainerBase):
 
     Args:
         model: the module to train; moved to ``device``.
-        optimizer: a torch optimizer; or a name, ``"sgd"``, ``"adam"`` or
-            ``"adamw"``: torch's class with torch's defaults (``"sgd"`` has no
-            momentum) and ``lr``, ``weight_decay``, or a name with more
-            options: ``("sgd", {"momentum": 0.9})``. Logged when built.
-        train_loader: batches (a ``DataLoader``, a list of batches, a
-            generator), or a dataset (a torch ``Dataset``, a list of samples),
-            batched by ``batch_size`` or ``total_batch_size`` with a resumable loader.
-        loss_fn: ``loss_fn(model(inputs), targets)`` on ``(inputs, targets)``
-            batches. Without it the model computes its own loss from the whole
-            batch (``model(**batch)`` for a dict; its output's ``.loss``). A
-            subclass may override :meth:`compute_loss` instead.
+        optimizer: a torch optimizer, or ``"sgd"``/``"adam"``/``"adamw"``: torch's class with
+            torch's defaults (no momentum for sgd), or ``("sgd", {"momentum": 0.9})``.
+        train_loader: batches (a ``DataLoader``, a list of batches, a generator), or a
+            dataset (a torch ``Dataset``, a list of samples) batched by ``batch_size``.
+        loss_fn: ``loss_fn(model(inputs), targets)`` on ``(inputs, targets)`` batches;
+            without it the model returns its loss (``model(**batch)`` for a dict).
         eval_loader: batches, or a dataset batched by ``eval_batch_size``,
             evaluated every ``eval_period`` iterations and at the end.
-        metrics: what evaluation computes (default ``["loss"]``): metric
-            names (``treadle.evaluation.available_metrics()``), names with
-            options (``("cer", {"decode": fn})``), torchmetrics ``Metric`` or
-            ``MetricCollection`` objects, or ``DatasetEvaluator``s.
+        metrics: what evaluation computes (default ``["loss"]``): names, ``(name,
+            options)``, torchmetrics objects or ``DatasetEvaluator``s.
         max_iter, max_epochs: the run length; with both, whichever comes first.
-        scheduler: a torch scheduler (built on this optimizer), an fvcore
-            ``ParamScheduler``, a factory ``(optimizer[, max_iter]) ->
-            scheduler``, or a name: ``"cosine"``, ``"linear"`` (to 0 over the
-            run), ``"step"`` (x0.1 at 2/3 and 8/9 of it), ``"constant"``, or a
-            name with options (``("step", {"steps": [600], "gamma": 0.5})``).
-            None: the rate is the optimizer's. ``ReduceLROnPlateau`` is refused.
+        scheduler: a torch scheduler (on this optimizer), a ``ParamScheduler``, a factory
+            ``(optimizer[, max_iter])``, ``"cosine"``, ``"linear"``, ``"step"``,
+            ``"constant"`` or ``(name, options)``; None: the optimizer's rate.
         scheduler_interval: when a torch scheduler steps: ``"iter"`` or ``"epoch"``.
         warmup_iters: a linear warm-up from 0 (Hugging Face's) before a
             schedule the Trainer builds (a name, or none: constant).
@@ -110,9 +100,8 @@ class Trainer(TrainerBase):
             ``data_collator`` is ``collate_fn``).
         hooks: more hooks, placed by the rule of ``docs/defaults.md``.
         callbacks: ``fn(trainer, epoch, metrics)`` at each epoch's end.
-        output_dir: where checkpoints, ``metrics.json``, TensorBoard events
-            and ``log.txt`` go; nothing is written without it. One job at a
-            time, no silent overwrite (``docs/checkpoints.md``).
+        output_dir: the run's folder (checkpoints, ``metrics.json``, ``log.txt``);
+            nothing is written without it.
         checkpoints_dir, logs_dir: subfolders of ``output_dir`` (Hezar's layout).
         loggers: the files (``"json"``, ``"tensorboard"``, ``"csv"``), the
             trackers (``"mlflow"``, ``"wandb"``) or ``EventWriter`` objects.
@@ -125,17 +114,15 @@ class Trainer(TrainerBase):
             (``eval_period`` and ``checkpoint_period`` default to an epoch).
         max_to_keep: periodic checkpoints kept.
         ema_decay: keep an EMA of the weights and evaluate with it.
-        best_metric: save ``model_best.pth`` when this evaluation result
-            improves (``"eval/"``, ``"evaluation."``, ``"eval_"`` prefixes
-            accepted; ``"train/..."`` names a training scalar).
+        best_metric: save ``model_best.pth`` when this result improves (``"eval/"``,
+            ``"eval_"``... accepted; ``"train/..."`` names a training scalar).
         best_mode: ``"min"``/``"max"``, against the direction inferred.
         early_stopping_patience: stop after that many evaluations without
             improvement of ``best_metric`` (or of the evaluation ``loss``).
         init_weights_from: a checkpoint whose matching weights are loaded first.
         progress_bar: a tqdm bar; ``None`` shows it when stderr is a terminal.
-        evaluate_with_generate: score the metrics on ``model.generate()``'s
-            outputs (a dict: ``generate()``'s options); the ``loss``, where
-            ``metrics`` ask for it, is the forward's.
+        evaluate_with_generate: score the metrics on ``model.generate()``'s outputs (a
+            dict: its options); a ``loss`` asked for is the forward's.
         ddp: the wrapper on several processes: ``"ddp"``, ``"fsdp"`` or a
             dict of ``train.ddp``'s options with its ``kind``.
         dist_timeout: seconds the processes wait for each other (set-up and collectives).
@@ -372,12 +359,9 @@ class Trainer(TrainerBase):
         ``train_epoch``): ``train_loss`` and the other training means, and the
         evaluation results of the epoch's end when there is an ``eval_loader``.
 
-        Each call goes on where the last one stopped, in this process: model,
-        optimizer, schedule, data order and random states continue, so ``n``
-        calls give the rows, and the weights, of one ``train()`` of ``n``
-        epochs; ``train()`` after it trains the rest. Between calls the run is
-        paused as a preempted one is (no final evaluation, no ``model_final``);
-        the call that trains the run's last epoch ends it as ``train()`` does.
+        ``n`` calls give the rows and weights of one ``train()`` of ``n`` epochs;
+        ``train()`` after them trains the rest. Between calls the run is paused
+        as a preempted one is; the call of the last epoch ends it as ``train()`` does.
         """
         if not self.epoch_length:
             raise ValueError("train_epoch() needs data with a length (the epoch length is not known)")
@@ -429,15 +413,10 @@ class Trainer(TrainerBase):
 
     # ------------------------------------------------------------------ one batch
     def compute_loss(self, batch: Any) -> Any:
-        """The loss of one batch (already on the device). Override it in a
-        subclass for a custom loss (pytorch-accelerated's
-        ``calculate_train_batch_loss``): return a scalar tensor, a dict of
-        scalar losses or an object with ``.loss``. Precision, gradient
-        accumulation, clipping and the optimizer step stay the step's. The
-        override is the loss everywhere: training, :meth:`train_step`,
-        :meth:`eval_step` and the ``loss`` of :meth:`evaluate` (run in eval
-        mode without gradients there), hence of ``best_metric`` and early
-        stopping on it."""
+        """The loss of one batch (on the device). Override it for a custom loss
+        (pytorch-accelerated's ``calculate_train_batch_loss``): a scalar, a dict
+        of scalars or an object with ``.loss``. It is the loss everywhere:
+        training, :meth:`train_step`, :meth:`eval_step`, :meth:`evaluate`."""
         return self._own_step().compute_loss(batch)
 
     def train_step(self, batch: Any) -> Dict[str, float]:
