@@ -36,7 +36,8 @@ setup(
         # from a config and evaluate with torchmetrics (both optional for users).
         # mlflow and wandb: the tests run the MLflow and W&B writers against
         # their real clients (a local MLflow server, W&B offline).
-        "dev": ["pytest", "matplotlib", "transformers", "torchmetrics", "mlflow", "wandb"],
+        # ruff and mypy: the lint and type checks .ci/run runs (configured in pyproject.toml).
+        "dev": ["pytest", "matplotlib", "transformers", "torchmetrics", "mlflow", "wandb", "ruff", "mypy"],
         "metrics": ["torchmetrics"],
         # The peers that benchmarks/peers.py runs beside treadle, when installed
         # (never a CI dependency).

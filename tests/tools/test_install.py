@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import venv
 from pathlib import Path
 
@@ -54,11 +55,25 @@ def installed(tmp_path_factory):
     env_dir = base / "venv"
     venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
+    _see_this_environment(python, base)
     wheel_visible = has_module(python, "wheel", base)
     build = run([str(python), "-m", "pip", "install", "-q", str(source)], base)
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
     shutil.rmtree(source)  # nothing may come from the source tree after the install
     return env_dir, wheel_visible
+
+
+def _see_this_environment(python: Path, cwd: Path) -> None:
+    """``--system-site-packages`` shows the base interpreter's packages, which
+    are not this test's when it runs in a virtualenv (as the README's user
+    runs it): a ``.pth`` file adds this environment's, after the new venv's own
+    (its own treadle comes first)."""
+    here = sysconfig.get_paths()["purelib"]
+    if sys.prefix == sys.base_prefix:
+        return
+    site = run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd)
+    assert site.returncode == 0, site.stderr
+    (Path(site.stdout.strip()) / "outer_environment.pth").write_text(here + "\n")
 
 
 @pytest.fixture(scope="module")

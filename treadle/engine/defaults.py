@@ -25,7 +25,7 @@ from treadle.events.tracking import flatten_params
 from treadle.hooks import HookBase
 from treadle.utils import comm
 from treadle.utils.device import resolve_device
-from treadle.utils.env import collect_env_info, seed_all_rng
+from treadle.utils.env import collect_env_info, import_fvcore_nn, seed_all_rng
 from treadle.utils.atomic import atomic_write
 from treadle.utils.file_io import PathManager, describe_os_error
 from treadle.utils.logger import setup_logger, start_log_files
@@ -262,7 +262,7 @@ class DefaultTrainer(TrainerBase):
     @classmethod
     def build_model(cls, cfg: DictConfig, device: Optional[torch.device] = None) -> nn.Module:
         """Instantiates ``cfg.model``, moves it to the device and logs a parameter-count table."""
-        from fvcore.nn import parameter_count_table
+        parameter_count_table = import_fvcore_nn().parameter_count_table
 
         model = instantiate(cfg.model)
         if not isinstance(model, nn.Module):

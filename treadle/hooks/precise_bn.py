@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from treadle.utils.device import to_device
+from treadle.utils.env import import_fvcore_nn
 
 from .base import HookBase
 from .ema import EMA
@@ -81,9 +82,7 @@ class PreciseBN(HookBase):
         self._input_fn = input_fn
         # fvcore.nn is imported when a PreciseBN is made: importing it takes
         # ~5 MB and 60 modules that a run without PreciseBN never uses.
-        from fvcore.nn.precise_bn import get_bn_modules
-
-        self._disabled = len(get_bn_modules(model)) == 0
+        self._disabled = len(import_fvcore_nn("fvcore.nn.precise_bn").get_bn_modules(model)) == 0
         if self._disabled:
             logger.info("PreciseBN is disabled: the model has no BatchNorm layer in training mode.")
 
@@ -133,7 +132,8 @@ class PreciseBN(HookBase):
         # fvcore assigns new tensors to running_mean/var; anything holding the
         # buffers (EMA's pairs, an optimizer, DDP's buffer broadcast) would keep
         # the stale ones. The results are copied into the buffers themselves.
-        from fvcore.nn.precise_bn import get_bn_modules, update_bn_stats
+        precise_bn = import_fvcore_nn("fvcore.nn.precise_bn")
+        get_bn_modules, update_bn_stats = precise_bn.get_bn_modules, precise_bn.update_bn_stats
 
         modules = get_bn_modules(self._model)
         buffers = [{name: buf for name, buf in bn.named_buffers(recurse=False)} for bn in modules]
