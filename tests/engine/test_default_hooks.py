@@ -20,7 +20,9 @@ def described(hooks):
     """Each hook's class and the settings that make it what it is."""
     keys = ("eval_period", "metric", "mode", "patience", "min_delta", "decay", "max_to_keep")
     return [
-        (type(h).__name__, h.after_step_period(), {k: getattr(h, k) for k in keys if hasattr(h, k)}) for h in hooks
+        (type(h).__name__, (h.after_step_period(), h.after_iteration_period()),
+         {k: getattr(h, k) for k in keys if hasattr(h, k)})
+        for h in hooks
     ]
 
 
@@ -47,7 +49,10 @@ def test_plain_trainer_and_default_trainer_register_the_same_hooks_from_the_same
     ]
     assert described(plain.hooks) == described(from_config.hooks)
     periods = {name: period for name, period, _ in described(plain.hooks)}
-    assert (periods["EvalHook"], periods["PeriodicCheckpointer"], periods["PeriodicWriter"]) == (10, 15, 5)
+    # after_step's and after_iteration's: evaluation, checkpoints (after every hook of the iteration), writes.
+    assert (periods["EvalHook"], periods["PeriodicCheckpointer"][1], periods["PeriodicWriter"]) == (
+        (10, None), 15, (5, None)
+    )
 
 
 def _hook_names(**settings):

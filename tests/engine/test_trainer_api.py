@@ -400,9 +400,9 @@ def test_without_a_scheduler_the_rate_is_read_by_the_loop_and_no_hook_runs_betwe
     trainer = make(max_epochs=3, log_period=5, callbacks=[_halve_lr], output_dir=None)
     history = trainer.train()
     assert history["lr"] == [0.1] * 8 + [0.05] * 8 + [0.025] * 8
-    # Its declared period is 0: called after the last iteration only, not
-    # where the writer (every 5) is due.
-    assert called_at == [23], called_at
+    # Its declared period is 0 and it does not run at the last iteration
+    # (runs_at_last_iteration): never called, not where the writer (every 5) is due.
+    assert called_at == [], called_at
 
 
 def test_without_a_scheduler_a_float_rate_a_callback_makes_a_tensor_is_published_too():

@@ -3,19 +3,21 @@
 The one ordering rule lives here: hooks are called in the order of the hook
 list, constrained only by the dependencies hook classes declare
 (:attr:`HookBase.runs_after`), checked once at registration; a periodic
-hook's ``after_step`` runs at the iterations its
-:meth:`HookBase.after_step_period` declares and nowhere else.
+hook's ``after_step`` and ``after_iteration`` run at the iterations its
+:meth:`HookBase.after_step_period` and :meth:`HookBase.after_iteration_period`
+declare (the last one where :attr:`HookBase.runs_at_last_iteration`), and
+nowhere else.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from treadle.hooks.base import HOOK_STAGES, HookBase
 
-__all__ = ["HookOrderError", "HookTable", "note_origin"]
+__all__ = ["HookOrderError", "HookTable", "HookCall", "PERIODIC_STAGES", "note_origin"]
 
 # An iteration no training reaches.
 _NEVER = 2**62
@@ -26,12 +28,70 @@ class HookOrderError(ValueError):
 
 
 class HookCall(NamedTuple):
-    """One hook's method at one stage, with the key its time is counted under
-    (``hook`` is None for a task asked for by a hook, see ``at_iteration_end``)."""
+    """One hook's method at one stage, with the key its time is counted under."""
 
-    hook: Optional[HookBase]
+    hook: HookBase
     method: Callable[[], None]
     key: str  # "ClassName.stage"
+
+
+#: The stages that run at the periods hooks declare, with the method that declares each.
+PERIODIC_STAGES: Dict[str, str] = {"after_step": "after_step_period", "after_iteration": "after_iteration_period"}
+
+
+class _Schedule:
+    """When one periodic stage's calls are due, over one training: a hook
+    with period ``N`` after iterations ``N - 1``, ``2N - 1``, ..., and after
+    the last where it runs at the last iteration; a hook without a period
+    after every iteration.
+
+    Between two iterations where some periodic hook is due, the calls are
+    the every-iteration ones, kept in one list: the loop asks every
+    iteration, and most iterations need no arithmetic."""
+
+    def __init__(self, calls: List[HookCall]) -> None:
+        self.calls = calls
+        self.periods: Dict[int, Tuple[int, bool]] = {}  # id(hook) -> (period, at the last iteration)
+        self.every_iteration = calls
+        self.next_due = _NEVER
+        self.last_iter = _NEVER
+
+    def plan(self, period_of: str, start_iter: int, max_iter: int) -> None:
+        self.periods = {}
+        for call in self.calls:
+            period = getattr(call.hook, period_of)()
+            if period is not None:
+                self.periods[id(call.hook)] = (max(int(period), 0), bool(call.hook.runs_at_last_iteration))
+        self.every_iteration = [c for c in self.calls if id(c.hook) not in self.periods]
+        self.last_iter = max_iter - 1
+        self.next_due = self._next_due_after(start_iter - 1)
+
+    def forget(self) -> None:
+        self.periods, self.every_iteration = {}, self.calls
+        self.next_due = self.last_iter = _NEVER
+
+    def due(self, iteration: int) -> List[HookCall]:
+        if iteration < self.next_due:
+            return self.every_iteration
+        self.next_due = self._next_due_after(iteration)
+        periods = self.periods
+        return [c for c in self.calls if id(c.hook) not in periods or self._due(periods[id(c.hook)], iteration)]
+
+    def _due(self, period: Tuple[int, bool], iteration: int) -> bool:
+        every, at_last = period
+        if iteration == self.last_iter:
+            return at_last
+        return every > 0 and (iteration + 1) % every == 0
+
+    def _next_due_after(self, iteration: int) -> int:
+        """The first iteration after ``iteration`` where a periodic hook may be due."""
+        if not self.periods:
+            return _NEVER
+        due = self.last_iter if self.last_iter > iteration else _NEVER
+        for every, _ in self.periods.values():
+            if every > 0:
+                due = min(due, ((iteration + 1) // every + 1) * every - 1)
+        return due
 
 
 class HookTable:
@@ -44,13 +104,10 @@ class HookTable:
     def __init__(self) -> None:
         self.hooks: List[HookBase] = []
         self.calls: Dict[str, List[HookCall]] = {stage: [] for stage in HOOK_STAGES}
-        # Seconds spent in each "Hook.stage" (and in iteration-end tasks).
+        # Seconds spent in each "Hook.stage".
         self.seconds: Dict[str, float] = defaultdict(float)
-        # The after_step schedule of the current training (see plan_after_step).
-        self._periods: Dict[int, int] = {}
-        self._every_iteration: List[HookCall] = []
-        self._next_due = _NEVER
-        self._last_iter = _NEVER
+        # When the periodic stages' calls are due in the current training (see plan_periods).
+        self.schedules: Dict[str, _Schedule] = {stage: _Schedule([]) for stage in PERIODIC_STAGES}
 
     # ------------------------------------------------------------------ registration
     def register(self, hooks: Sequence[Optional[HookBase]]) -> List[HookBase]:
@@ -70,56 +127,34 @@ class HookTable:
         self.hooks = candidate
         for h in candidate:
             declared = (*h.runs_after, *h.uses)
-            # Resolved here, once, for HookBase.hooks_of.
-            h.__dict__["_registered_peers"] = [p for p in candidate if p is not h and isinstance(p, declared)] if declared else []
+            h.attach_peers([p for p in candidate if p is not h and isinstance(p, declared)] if declared else [])
         self.calls = {
             stage: [HookCall(h, getattr(h, stage), f"{type(h).__name__}.{stage}") for h in candidate if h.overrides(stage)]
             for stage in HOOK_STAGES
         }
-        # A hook registered during training: its after_step runs every iteration.
-        self._every_iteration = [c for c in self.calls["after_step"] if id(c.hook) not in self._periods]
+        for stage, schedule in self.schedules.items():
+            # A hook registered during training: its periodic stages run every iteration.
+            periods = schedule.periods
+            schedule.calls = self.calls[stage]
+            schedule.every_iteration = [c for c in schedule.calls if id(c.hook) not in periods]
         return added
 
-    def plan_after_step(self, start_iter: int, max_iter: int) -> None:
-        """Asks each hook's :meth:`~HookBase.after_step_period`, for a training
-        of iterations ``start_iter .. max_iter - 1`` (after every ``before_train``)."""
-        self._periods = {}
-        for call in self.calls["after_step"]:
-            assert call.hook is not None  # the stages' calls are hooks'
-            period = call.hook.after_step_period()
-            if period is not None:
-                self._periods[id(call.hook)] = max(int(period), 0)
-        self._every_iteration = [c for c in self.calls["after_step"] if id(c.hook) not in self._periods]
-        self._last_iter = max_iter - 1
-        self._next_due = self._next_due_after(start_iter - 1)
+    def plan_periods(self, start_iter: int, max_iter: int) -> None:
+        """Asks each hook's periods (:meth:`~HookBase.after_step_period`,
+        :meth:`~HookBase.after_iteration_period`), for a training of iterations
+        ``start_iter .. max_iter - 1`` (after every ``before_train``)."""
+        for stage, schedule in self.schedules.items():
+            schedule.plan(PERIODIC_STAGES[stage], start_iter, max_iter)
 
     def forget_plan(self) -> None:
-        """Outside training, ``after_step`` runs every hook's (as detectron2's does)."""
-        self._periods = {}
-        self._every_iteration = self.calls["after_step"]
-        self._next_due = self._last_iter = _NEVER
+        """Outside training, a periodic stage runs every hook's (as detectron2's ``after_step`` does)."""
+        for schedule in self.schedules.values():
+            schedule.forget()
 
     # ------------------------------------------------------------------ calls
-    def after_step_calls(self, iteration: int) -> List[HookCall]:
-        """The ``after_step`` calls due after ``iteration``, in hook order."""
-        if iteration < self._next_due:
-            return self._every_iteration
-        self._next_due = self._next_due_after(iteration)
-        periods = self._periods
-        return [c for c in self.calls["after_step"] if id(c.hook) not in periods or self._due(periods[id(c.hook)], iteration)]
-
-    def _due(self, period: int, iteration: int) -> bool:
-        return iteration == self._last_iter or (period > 0 and (iteration + 1) % period == 0)
-
-    def _next_due_after(self, iteration: int) -> int:
-        """The first iteration after ``iteration`` where a periodic hook is due."""
-        if not self._periods:
-            return _NEVER
-        due = self._last_iter if self._last_iter > iteration else _NEVER
-        for period in self._periods.values():
-            if period > 0:
-                due = min(due, ((iteration + 1) // period + 1) * period - 1)
-        return due
+    def due(self, stage: str, iteration: int) -> List[HookCall]:
+        """The calls of a periodic ``stage`` due after ``iteration``, in hook order."""
+        return self.schedules[stage].due(iteration)
 
     def run(self, calls: List[HookCall], iteration: int) -> None:
         """Calls each of ``calls`` in order and counts its time.

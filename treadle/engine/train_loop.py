@@ -31,7 +31,7 @@ __all__ = ["TrainerBase", "HookOrderError"]
 logger = logging.getLogger(__name__)
 
 # The stages called inside the iteration loop: their time is not the step's.
-_ITERATION_STAGES = ("before_step", "after_backward", "after_step", "after_epoch")
+_ITERATION_STAGES = ("before_step", "after_backward", "after_step", "after_epoch", "after_iteration")
 
 
 class TrainerBase:
@@ -102,9 +102,9 @@ class TrainerBase:
         self._restored_storage: Optional[Dict[str, Any]] = None
         self.iter_start_time = 0.0
         self.step_end_time = 0.0
+        # In after_train, when the hooks' after_epoch of the last epoch has run (see after_epoch).
+        self._hooks_ended_epoch = False
         self._records = IterationRecords()
-        # Work hooks asked to run when the current iteration ends (at_iteration_end).
-        self._iteration_end_tasks: List[Tuple[Callable[[], None], str]] = []
         self._loop_started: Optional[float] = None
         self._loop_seconds: Optional[float] = None
         self._loop_hook_seconds = 0.0
@@ -223,9 +223,8 @@ class TrainerBase:
         """The iterations of :meth:`train`: each one's hooks, step and hooks."""
         clock = time.perf_counter
         records = self._records
-        self._table.plan_after_step(start_iter, max_iter)  # every before_train has run: periods are known
-        # Epoch ends are looked for only when a hook wants them.
-        ends_epochs = bool(self.epoch_length and self._table.calls["after_epoch"])
+        self._table.plan_periods(start_iter, max_iter)  # every before_train has run: periods are known
+        epoch_length = self.epoch_length
         self._loop_started = clock()
         try:
             for it in range(start_iter, max_iter):
@@ -237,10 +236,11 @@ class TrainerBase:
                 if records.active:
                     records.add(it, self.step_end_time - self.iter_start_time)
                 self.after_step()
-                if ends_epochs:
-                    self._end_epoch_if_due(it)
-                if self._iteration_end_tasks:
-                    self._run_iteration_end_tasks()
+                if epoch_length and (it + 1) % epoch_length == 0 and it + 1 != max_iter:
+                    self.epoch = it // epoch_length
+                    self.after_epoch()
+                    self._epochs_done_through = it
+                self.after_iteration()
                 if self._stop_reason is not None:
                     break
         finally:
@@ -275,7 +275,6 @@ class TrainerBase:
         self.interrupted = self.finished = False
         self.training_error = None
         self._epochs_done_through = start_iter - 1
-        self._iteration_end_tasks = []
         self._records = IterationRecords()
         self._table.seconds.clear()
         self._loop_seconds = None
@@ -293,14 +292,6 @@ class TrainerBase:
         # join: no more collectives here; the launcher ends them.
         self.storage.reducer = None
         self._after_train_after_error()
-
-    def _end_epoch_if_due(self, it: int) -> None:
-        """Runs ``after_epoch`` when iteration ``it`` ends an epoch; the run's
-        last epoch ends in :meth:`after_train`, after the final evaluation."""
-        if (it + 1) % self.epoch_length == 0 and it + 1 != self.max_iter:  # type: ignore[operator]
-            self.epoch = it // self.epoch_length  # type: ignore[operator]
-            self.after_epoch()
-            self._epochs_done_through = it
 
     def time_iterations(self, points: List[Tuple[Any, int]], from_iter: int) -> None:
         """Has the loop append ``(seconds, iteration)`` to ``points`` for every
@@ -329,22 +320,6 @@ class TrainerBase:
         "lr")``) runs no Python frame. An exception from it fails the
         iteration, as a failing step does."""
         self._records.read_every_iteration(points, read)
-
-    def at_iteration_end(self, task: Callable[[], None], key: str) -> None:
-        """Runs ``task()`` once, when the current iteration ends: after every
-        hook's ``after_step`` (and ``after_epoch``) of the iteration, before
-        the next one starts. For work that needs the state every hook leaves,
-        whatever order the hooks were registered in: a checkpoint taken there
-        holds each hook's finished state (``PeriodicCheckpointer`` and
-        ``PreemptionHandler`` use it). ``key`` is where its time is counted
-        (``"Hook.after_step"``) and what an error names. Tasks run in the
-        order they were asked for; a failed iteration runs none.
-        """
-        self._iteration_end_tasks.append((task, key))
-
-    def _run_iteration_end_tasks(self) -> None:
-        tasks, self._iteration_end_tasks = self._iteration_end_tasks, []
-        self._table.run([HookCall(None, task, key) for task, key in tasks], self.iter)  # type: ignore[arg-type]
 
     def has_work(self, start_iter: int, max_iter: int) -> bool:
         """Whether :meth:`train` would run anything: iterations, or the end of a
@@ -375,11 +350,24 @@ class TrainerBase:
     def after_step(self) -> None:
         """Runs the ``after_step`` of the hooks due at this iteration (see
         :meth:`HookBase.after_step_period`); outside training, every hook's."""
-        self._table.run(self._table.after_step_calls(self.iter), self.iter)
+        self._table.run(self._table.due("after_step", self.iter), self.iter)
 
     def after_epoch(self) -> None:
-        """Runs every hook's ``after_epoch``; ``epoch`` is the index of the epoch that ended."""
-        self._table.run(self._table.calls["after_epoch"], self.iter)
+        """Runs every hook's ``after_epoch``; ``epoch`` is the index of the
+        epoch that ended. Called at every epoch's end (with ``epoch_length``
+        known), whatever hooks are registered, so a trainer's override runs
+        too. The epoch that ends with training ends in :meth:`after_train`:
+        each hook's ``after_epoch`` just before its own ``after_train`` (later
+        hooks see the final evaluation), then this method once they all ran,
+        with the hooks' part already done."""
+        if not self._hooks_ended_epoch:
+            self._table.run(self._table.calls["after_epoch"], self.iter)
+
+    def after_iteration(self) -> None:
+        """Runs the ``after_iteration`` of the hooks due at this iteration (see
+        :meth:`HookBase.after_iteration_period`), once every hook's
+        ``after_step`` and ``after_epoch`` of it has run."""
+        self._table.run(self._table.due("after_iteration", self.iter), self.iter)
 
     def after_train(self) -> None:
         """Runs every hook's ``after_train``, also when one of them raises.
@@ -390,7 +378,8 @@ class TrainerBase:
         """
         self.storage.iter = self.iter
         first: Optional[BaseException] = None
-        for call in self._after_train_calls():
+        ends_epoch = self._ends_last_epoch()
+        for call in self._after_train_calls(ends_epoch):
             t0 = time.perf_counter()
             try:
                 call.method()
@@ -401,27 +390,39 @@ class TrainerBase:
                 first = e
                 note_origin(e, f"hook {call.key} at iteration {self.iter}")
             self._table.seconds[call.key] += time.perf_counter() - t0
+        if ends_epoch and type(self).after_epoch is not TrainerBase.after_epoch and first is None:
+            # A trainer's own after_epoch, for the last epoch too (its hooks' part ran above).
+            self._hooks_ended_epoch = True
+            try:
+                self.after_epoch()
+            finally:
+                self._hooks_ended_epoch = False
         if first is not None:
             raise first
 
-    def _after_train_calls(self) -> List[HookCall]:
-        """The ``after_train`` calls; when training ended (not failed, not
-        interrupted) inside or at the end of an epoch whose ``after_epoch``
-        has not run, each hook's ``after_epoch`` comes just before its own
-        ``after_train``, so later hooks see the final evaluation."""
-        calls = self._table.calls
-        pending = (
+    def _ends_last_epoch(self) -> bool:
+        """Whether training ended (not failed, not interrupted) inside or at
+        the end of an epoch whose ``after_epoch`` has not run; if so, that
+        epoch is now :attr:`epoch`."""
+        if not (
             self.epoch_length
-            and calls["after_epoch"]
             and self.training_error is None
             and not self.interrupted
             and self.iter - 1 > self._epochs_done_through
             and self.iter > self.start_iter
-        )
-        if not pending:
-            return calls["after_train"]
-        self.epoch = (self.iter - 1) // self.epoch_length  # type: ignore[operator]
+        ):
+            return False
+        self.epoch = (self.iter - 1) // self.epoch_length
         self._epochs_done_through = self.iter - 1
+        return True
+
+    def _after_train_calls(self, ends_epoch: bool) -> List[HookCall]:
+        """The ``after_train`` calls; with ``ends_epoch``, each hook's
+        ``after_epoch`` just before its own ``after_train``, so later hooks
+        see the final evaluation."""
+        calls = self._table.calls
+        if not ends_epoch:
+            return calls["after_train"]
         order = {id(h): i for i, h in enumerate(self._table.hooks)}
         return sorted(calls["after_epoch"] + calls["after_train"], key=lambda c: (order[id(c.hook)], c.key.endswith(".after_train")))
 

@@ -17,6 +17,7 @@ HOOK_STAGES: Tuple[str, ...] = (
     "after_backward",
     "after_step",
     "after_epoch",
+    "after_iteration",
     "after_train",
 )
 
@@ -32,7 +33,13 @@ class HookBase:
             trainer.run_step()        # the step object calls hook.after_backward()
             hook.after_step()         #   between backward and optimizer.step
             hook.after_epoch()        # when iter ends an epoch (see below)
+            hook.after_iteration()    # every hook's after_step (and after_epoch) has run
         hook.after_train()            # also after an exception or a stop request
+
+    ``after_iteration`` is for work that needs the state every hook leaves at
+    the iteration, whatever the order the hooks were registered in: a
+    checkpoint taken there holds each hook's finished state
+    (``PeriodicCheckpointer`` and ``PreemptionHandler`` save there).
 
     ``after_epoch`` runs when the trainer knows its epoch length
     (``trainer.epoch_length``) and an epoch ends: after every hook's
@@ -61,8 +68,10 @@ class HookBase:
     that flushes the writers first) names its class in :attr:`uses`. Either
     way it finds the registered instances with :meth:`hooks_of`, resolved
     once at registration, never by scanning ``trainer.hooks``.
-    ``after_step`` runs at the iterations :meth:`after_step_period`
-    declares, and nowhere else.
+    ``after_step`` and ``after_iteration`` run at the iterations
+    :meth:`after_step_period` and :meth:`after_iteration_period` declare,
+    the run's last one included where :attr:`runs_at_last_iteration` says
+    so, and nowhere else: a hook never checks its own period.
     """
 
     trainer: "TrainerBase"
@@ -76,6 +85,14 @@ class HookBase:
     order_reason: str = ""
     # Hook classes whose registered instances this hook works with, in any order.
     uses: Tuple[Type["HookBase"], ...] = ()
+    #: Whether a periodic stage (:meth:`after_step_period`,
+    #: :meth:`after_iteration_period`) also runs after the run's last
+    #: iteration. False for a hook whose ``after_train`` does that
+    #: iteration's work (the final evaluation, ``model_final``). Read when
+    #: training starts, after every ``before_train`` (a hook may set it there).
+    runs_at_last_iteration: bool = True
+    # The registered hooks of the declared classes (attach_peers).
+    _peers: Sequence["HookBase"] = ()
 
     def before_train(self) -> None:
         """Called once, before the first iteration."""
@@ -98,21 +115,31 @@ class HookBase:
     def after_step(self) -> None:
         """Called after each iteration (see :meth:`after_step_period`)."""
 
+    def after_iteration(self) -> None:
+        """Called when an iteration ends, after every hook's ``after_step`` and
+        ``after_epoch`` of it (see :meth:`after_iteration_period`)."""
+
     def after_step_period(self) -> Optional[int]:
         """The iterations where :meth:`after_step` runs, for a periodic hook.
 
         ``None`` (the default): every iteration. ``N``: after iterations
-        ``N - 1``, ``2N - 1``, ... and after the run's last one; ``0``: after
-        the last one only. The trainer calls ``after_step`` there and nowhere
-        else, so the hook need not check its period again; the calls in
-        between, which on a fast step are a measurable part of a periodic
-        hook's cost, are not made. A subclass inherits the period with the
-        rest of the class: one whose own ``after_step`` has work at every
-        iteration returns ``None`` here. Asked when training starts, after
-        every ``before_train`` (a period in epochs is known by then); a hook
+        ``N - 1``, ``2N - 1``, ...; ``0``: at no period. Either way also after
+        the run's last iteration where :attr:`runs_at_last_iteration` (the
+        default). The trainer calls ``after_step`` there and nowhere else,
+        so the hook need not check its period again; the calls in between,
+        which on a fast step are a measurable part of a periodic hook's
+        cost, are not made. A subclass inherits the period with the rest of
+        the class: one whose own ``after_step`` has work at every iteration
+        returns ``None`` here. Asked when training starts, after every
+        ``before_train`` (a period in epochs is known by then); a hook
         registered during training is called every iteration of that
         training.
         """
+        return None
+
+    def after_iteration_period(self) -> Optional[int]:
+        """The iterations where :meth:`after_iteration` runs: as
+        :meth:`after_step_period` says for ``after_step``."""
         return None
 
     def hooks_of(self, kind: Type[H]) -> List[H]:
@@ -127,7 +154,12 @@ class HookBase:
                 f"{type(self).__name__}.hooks_of({kind.__name__}): declare {kind.__name__} in "
                 f"{type(self).__name__}.runs_after or .uses first"
             )
-        return [h for h in self.__dict__.get("_registered_peers", ()) if isinstance(h, kind)]
+        return [h for h in self._peers if isinstance(h, kind)]
+
+    def attach_peers(self, peers: Sequence["HookBase"]) -> None:
+        """Called by ``register_hooks`` with the registered hooks of the classes
+        this hook declares (:attr:`runs_after`, :attr:`uses`), for :meth:`hooks_of`."""
+        self._peers = list(peers)
 
     def state_dict(self) -> Dict[str, Any]:
         """State saved in checkpoints; an empty dict saves nothing."""

@@ -187,10 +187,11 @@ class PeriodicCheckpointer(HookBase):
     iteration is lost if the process dies right after the save.
 
     Any registration order resumes exactly: the periodic checkpoint is taken
-    at the iteration boundary (:meth:`TrainerBase.at_iteration_end`), after
-    every hook's ``after_step`` (and ``after_epoch``) of that iteration ran,
-    so it holds each hook's finished state (an EMA or a scheduler registered
-    after this hook included).
+    in ``after_iteration``, after every hook's ``after_step`` (and
+    ``after_epoch``) of that iteration ran, so it holds each hook's finished
+    state (an EMA or a scheduler registered after this hook included). Its
+    period declares no save at the run's last iteration
+    (:attr:`runs_at_last_iteration`): ``after_train`` writes ``model_final`` then.
 
     The signature is detectron2's.
 
@@ -247,8 +248,6 @@ class PeriodicCheckpointer(HookBase):
         self.lineage: List[str] = []
         self._lineage_known = True
         self._state_loaded = False
-        # The iteration whose save waits for the iteration's end.
-        self._scheduled: Optional[int] = None
 
     @property
     def checkpointer(self) -> "Checkpointer":
@@ -258,7 +257,6 @@ class PeriodicCheckpointer(HookBase):
         self._checkpointer = self.checkpointer
         self._period.resolve(self.trainer, "PeriodicCheckpointer")
         self.last_saved_iter = None
-        self._scheduled = None
         if self.max_iter is not None and self.max_iter != self.trainer.max_iter:
             logger.warning(
                 "PeriodicCheckpointer(max_iter=%d), but training ends after %d iterations: model_final is saved "
@@ -304,36 +302,26 @@ class PeriodicCheckpointer(HookBase):
         if self.max_to_keep is not None:
             self.lineage = self.lineage[-self.max_to_keep :]
 
-    def fires_at(self, iteration: int) -> bool:
-        """Whether a periodic checkpoint is due after ``iteration``."""
-        return self._period.fires_after(iteration) and iteration + 1 != self.trainer.max_iter
+    runs_at_last_iteration = False  # after_train writes model_final
 
     def after_step_period(self) -> Optional[int]:
         # An asynchronous save's failure is looked for at every iteration.
         asynchronous = self.async_save if self.async_save is not None else getattr(self._checkpointer, "async_save", True)
-        return None if asynchronous else self._period.iterations
+        return None if asynchronous else 0
 
     def after_step(self) -> None:
-        it = self.trainer.iter
-        if self.fires_at(it):
-            self.save_at_iteration_end(it)
         if self._checkpointer is not None:
             self._checkpointer.raise_if_failed()  # a background save's failure, within one iteration
 
-    def save_at_iteration_end(self, iteration: int) -> None:
-        """Saves ``iteration``'s checkpoint once the iteration ends (once, however
-        often it is asked for)."""
-        if self._scheduled == iteration:
-            return
-        self._scheduled = iteration
-        self.trainer.at_iteration_end(self._save_scheduled, f"{type(self).__name__}.after_step")
+    def after_iteration_period(self) -> Optional[int]:
+        return self._period.iterations
 
-    def _save_scheduled(self) -> None:
-        iteration, self._scheduled = self._scheduled, None
-        if iteration is None or self.last_saved_iter == iteration:
-            return
-        _flush_writers(self)
-        self.save(iteration)
+    def after_iteration(self) -> None:
+        # Every hook's after_step of the iteration has run: the checkpoint holds their state.
+        iteration = self.trainer.iter
+        if self.last_saved_iter != iteration:  # a PreemptionHandler registered before may have saved it
+            _flush_writers(self)
+            self.save(iteration)
 
     def after_train(self) -> None:
         if self.trainer.training_error is not None:

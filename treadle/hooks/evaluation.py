@@ -72,15 +72,13 @@ class EvalHook(HookBase):
         self._period.resolve(self.trainer, "EvalHook")
         self.last_eval_iter = None
 
+    runs_at_last_iteration = False  # after_train evaluates the final weights
+
     def after_step_period(self) -> Optional[int]:
         return self._period.iterations
 
     def after_step(self) -> None:
-        # Called at the period only (after_step_period); the run's last
-        # iteration is evaluated by after_train.
-        it = self.trainer.iter
-        if it + 1 != self.trainer.max_iter:
-            self._do_eval(it)
+        self._do_eval(self.trainer.iter)
 
     def after_train(self) -> None:
         if not self._eval_after_train or self.trainer.training_error is not None or self.trainer.interrupted:

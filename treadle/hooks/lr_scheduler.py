@@ -515,7 +515,8 @@ class LRMonitor(_StepsOptimizer, HookBase):
             record(lrs, functools.partial(operator.getitem, group, "lr"))
 
     def after_step_period(self) -> Optional[int]:
-        # Recorded by the loop: nothing to do at any iteration.
+        # Recorded by the loop: nothing to do at any iteration (at no period, not at the last).
+        self.runs_at_last_iteration = not self._recorded_by_loop
         return 0 if self._recorded_by_loop else None
 
     def after_step(self) -> None:

@@ -86,13 +86,16 @@ class PreciseBN(HookBase):
         if self._disabled:
             logger.info("PreciseBN is disabled: the model has no BatchNorm layer in training mode.")
 
+    runs_at_last_iteration = False  # after_train recomputes for the final weights
+
     def before_train(self) -> None:
         self._period.resolve(self.trainer, "PreciseBN")
 
+    def after_step_period(self) -> Optional[int]:
+        return self._period.iterations
+
     def after_step(self) -> None:
-        it = self.trainer.iter
-        if self._period.fires_after(it) and it + 1 != self.trainer.max_iter:
-            self.update_stats()
+        self.update_stats()
 
     def after_train(self) -> None:
         if self.trainer.training_error is None and not self.trainer.interrupted:

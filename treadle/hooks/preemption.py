@@ -64,9 +64,9 @@ class PreemptionHandler(HookBase):
     ``sync_period`` stops the run there; the resumed run then only does what
     the end of training does (see :attr:`TrainerBase.finished`).
 
-    Any registration order works: the checkpoint is taken at the iteration
-    boundary (:meth:`TrainerBase.at_iteration_end`), after every hook's
-    ``after_step`` of that iteration. Handlers are installed in ``before_train`` (main thread only) and the
+    Any registration order works: the flag is read and the checkpoint taken
+    in ``after_iteration``, after every hook's ``after_step`` of that
+    iteration. Handlers are installed in ``before_train`` (main thread only) and the
     previous ones restored in ``after_train`` (``tools/train_net.py``'s own
     handler then exits with status 75 on a further signal).
     """
@@ -91,7 +91,6 @@ class PreemptionHandler(HookBase):
         self.file_prefix = file_prefix
         self._received: Optional[int] = None
         self._preempted = False
-        self._stopping_at: Optional[int] = None
         self._previous: Dict[int, Any] = {}
         self._world_size = 1
 
@@ -108,7 +107,6 @@ class PreemptionHandler(HookBase):
         self._checkpointer = _trainer_checkpointer(self, self._checkpointer)
         self._received = None
         self._preempted = False
-        self._stopping_at = None
         # Fixed for the whole run; after_step reads it every iteration.
         self._world_size = comm.get_world_size()
         if threading.current_thread() is not threading.main_thread():
@@ -117,14 +115,16 @@ class PreemptionHandler(HookBase):
         for sig in self._signals:
             self._previous[sig] = signal.signal(sig, self._handle)
 
+    def after_iteration_period(self) -> Optional[int]:
+        # One process reads its flag every iteration; several agree every
+        # sync_period, and at the last iteration (runs_at_last_iteration): a
+        # signal in the last partial period must stop the run before its
+        # (long) end, not be lost.
+        return None if self._world_size == 1 else self._sync_period
+
     def _should_stop(self) -> bool:
         if self._world_size == 1:
             return self._received is not None
-        it = self.trainer.iter
-        # The last iteration is a sync point too: a signal in the last
-        # partial period must stop the run before its (long) end, not be lost.
-        if (it + 1) % self._sync_period != 0 and it + 1 != self.trainer.max_iter:
-            return False
         import torch
 
         flag = torch.tensor([1.0 if self._received is not None else 0.0])
@@ -133,18 +133,11 @@ class PreemptionHandler(HookBase):
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
         return bool(flag.item() > 0)
 
-    def after_step(self) -> None:
-        if self._preempted or self._stopping_at is not None or not self._should_stop():
+    def after_iteration(self) -> None:
+        if self._preempted or not self._should_stop():
             return
-        # The checkpoint waits for the iteration's end, after every hook's
-        # after_step, so that it holds their finished state whatever the order.
-        self._stopping_at = self.trainer.iter
-        self.trainer.at_iteration_end(self._checkpoint_and_stop, f"{type(self).__name__}.after_step")
-
-    def _checkpoint_and_stop(self) -> None:
-        it, checkpointer = self._stopping_at, self._checkpointer
-        assert it is not None and checkpointer is not None  # set in after_step and before_train
-        self._stopping_at = None
+        it, checkpointer = self.trainer.iter, self._checkpointer
+        assert checkpointer is not None  # resolved in before_train
         name = signal.Signals(self._received).name if self._received else "a signal on another rank"
         logger.warning("Received %s: saving a checkpoint at iteration %d and stopping.", name, it)
         periodic = self._periodic_checkpointer()

@@ -113,11 +113,13 @@ class TorchMemoryStats(HookBase):
     def before_train(self) -> None:
         if not self._enabled:
             logger.info("TorchMemoryStats does nothing: CUDA is not available.")
+            self.runs_at_last_iteration = False
+
+    def after_step_period(self) -> Optional[int]:
+        return self._period if self._enabled else 0
 
     def after_step(self) -> None:
         if not self._enabled or self._runs >= self._max_runs:
-            return
-        if (self.trainer.iter + 1) % self._period != 0 and self.trainer.iter + 1 != self.trainer.max_iter:
             return
         gib = 1024.0**3
         logger.info(

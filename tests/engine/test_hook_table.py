@@ -1,0 +1,154 @@
+"""The hook rule without exceptions: a periodic hook is called exactly at its
+iterations, and at the run's last one only where it declares so; work at
+an iteration's end is a declared stage; a trainer's own stages run whatever
+hooks are registered."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from treadle.checkpoint import Checkpointer
+from treadle.engine import HookBase, StepBase, TrainerBase
+from treadle.events import ScalarKind
+from treadle.hooks import EvalHook, PeriodicCheckpointer, PeriodicWriter, PreciseBN, PreemptionHandler
+from treadle.hooks.callback import CallbackHook
+
+MAX_ITER = 10
+
+
+class Step(StepBase):
+    def run_step(self):
+        self.storage.put_scalar("total_loss", torch.tensor(1.0), kind=ScalarKind.LOSS)
+
+
+class Periodic(HookBase):
+    """Declares a period for both periodic stages and records where it is called."""
+
+    def __init__(self, period, at_last):
+        self.period, self.runs_at_last_iteration = period, at_last
+        self.steps, self.iterations = [], []
+
+    def after_step_period(self):
+        return self.period
+
+    def after_iteration_period(self):
+        return self.period
+
+    def after_step(self):
+        self.steps.append(self.trainer.iter)
+
+    def after_iteration(self):
+        self.iterations.append(self.trainer.iter)
+
+
+def train(*hooks, max_iter=MAX_ITER, epoch_length=None, trainer_class=TrainerBase):
+    trainer = trainer_class(Step())
+    trainer.epoch_length = epoch_length
+    trainer.register_hooks(list(hooks))
+    trainer.train(0, max_iter)
+    return trainer
+
+
+@pytest.mark.parametrize("period, at_last, expected", [
+    (3, True, [2, 5, 8, 9]),
+    (3, False, [2, 5, 8]),
+    (5, True, [4, 9]),
+    (0, True, [9]),
+    (0, False, []),
+    (None, False, list(range(MAX_ITER))),  # no period: every iteration, whatever the flag says
+])
+def test_a_periodic_stage_runs_at_its_iterations_and_at_the_last_only_where_declared(period, at_last, expected):
+    hook = Periodic(period, at_last)
+    train(hook)
+    assert hook.steps == expected
+    assert hook.iterations == expected
+
+
+def test_after_iteration_runs_after_every_hooks_after_step_and_after_epoch_of_the_iteration():
+    order = []
+
+    class Late(HookBase):
+        def after_iteration(self):
+            order.append(("iteration", self.trainer.iter))
+
+    class Early(HookBase):
+        def after_step(self):
+            order.append(("step", self.trainer.iter))
+
+        def after_epoch(self):
+            order.append(("epoch", self.trainer.iter))
+
+    trainer = train(Late(), Early(), max_iter=4, epoch_length=2)
+    assert order[:6] == [("step", 0), ("iteration", 0), ("step", 1), ("epoch", 1), ("iteration", 1), ("step", 2)]
+    assert "Late.after_iteration" in trainer.timings()
+
+
+def test_eval_hook_evaluates_at_its_period_and_once_after_training():
+    hook_iters = []
+    hook = EvalHook(3, lambda: hook_iters.append(hook.trainer.iter) or {"a": 1.0})
+    train(hook)
+    # After iterations 2, 5, 8 (period 3), not after 9 (the last): after training, at iteration 10.
+    assert hook_iters == [2, 5, 8, 10]
+
+
+def test_periodic_checkpointer_saves_at_its_period_and_model_final_at_the_end(tmp_path):
+    model = nn.Linear(2, 2)
+    trainer = TrainerBase(Step())
+    trainer.register_hooks([PeriodicCheckpointer(Checkpointer(model, str(tmp_path), trainer=trainer), 4)])
+    trainer.train(0, MAX_ITER)
+    assert sorted(p.name for p in tmp_path.glob("model_*.pth")) == ["model_0000003.pth", "model_0000007.pth",
+                                                                    "model_final.pth"]
+
+
+def test_precise_bn_recomputes_at_its_period_and_after_training(monkeypatch):
+    model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    hook = PreciseBN(4, model, [torch.randn(8, 2) for _ in range(2)], num_iter=2)
+    calls = []
+    monkeypatch.setattr(PreciseBN, "update_stats", lambda self: calls.append(self.trainer.iter))
+    train(hook)
+    assert calls == [3, 7, 10]  # not at 9: after training recomputes for the final weights
+
+
+def test_periodic_writer_writes_at_its_period_and_at_the_last_iteration():
+    from treadle.events import EventWriter
+
+    written = []
+
+    class Recording(EventWriter):
+        def write(self):
+            written.append(hook.trainer.iter)
+
+    hook = PeriodicWriter([Recording()], period=4)
+    train(hook)
+    assert written[:3] == [3, 7, 9]
+
+
+def test_preemption_handler_on_one_process_reads_its_flag_after_every_iteration(tmp_path):
+    import os
+    import signal
+
+    model = nn.Linear(2, 2)
+    trainer = TrainerBase(Step())
+    handler = PreemptionHandler(Checkpointer(model, str(tmp_path), trainer=trainer), exit_code=None)
+    kill = CallbackHook(after_step=lambda t: os.kill(os.getpid(), signal.SIGUSR1) if t.iter == 4 else None)
+    trainer.register_hooks([handler, kill])
+    assert handler.after_iteration_period() is None
+    trainer.train(0, MAX_ITER)
+    # The signal arrived in iteration 4's after_step (after the handler's own): saved at 4's end.
+    assert trainer.last_run_iter == 4 and (tmp_path / "model_0000004.pth").is_file()
+
+
+def test_a_trainers_own_after_epoch_runs_at_every_epoch_end_with_no_hook_registered():
+    ends = []
+
+    class EpochTrainer(TrainerBase):
+        def after_epoch(self):
+            super().after_epoch()
+            ends.append((self.epoch, self.iter))
+
+    trainer = train(max_iter=9, epoch_length=3, trainer_class=EpochTrainer)
+    # Epochs 0 and 1 end in the loop; the last one, once training ends (iteration 9: one past the last).
+    assert ends == [(0, 2), (1, 5), (2, 9)]
+    assert trainer.hooks == []
