@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Iterable, Iterator, List, Optional, Tuple, cast
+from typing import Any, Callable, ContextManager, Dict, Iterable, Iterator, List, Optional, Tuple, cast
 
 import torch
 from torch import nn
@@ -23,10 +23,9 @@ from treadle.config.train_keys import PRECISIONS
 from treadle.evaluation.loss import LOSS_FN, MODEL, as_losses, forward_loss, loss_source
 from treadle.events import ScalarKind, get_event_storage
 from treadle.events.storage import EventStorage
+from treadle.hooks.base import TrainerProtocol
 from treadle.utils.device import to_device
 
-if TYPE_CHECKING:
-    from .train_loop import TrainerBase
 
 __all__ = ["StepBase", "EagerStep", "CompiledStep", "PRECISIONS"]
 
@@ -51,7 +50,7 @@ class StepBase:
     ``trainer.step``; it is ``None`` for a step run on its own.
     """
 
-    trainer: Optional["TrainerBase"] = None
+    trainer: Optional[TrainerProtocol] = None
 
     def run_step(self) -> None:
         raise NotImplementedError

@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 from treadle.events import EventStorage
 from treadle.events.distributed import reduce_across_ranks
-from treadle.hooks.base import HookBase
+from treadle.hooks.base import HookBase, TrainerProtocol
 from treadle.utils import comm
 from treadle.utils.frame_stack import call_with_frame_room
 from treadle.utils.run_start import training_starts
@@ -122,7 +122,7 @@ class TrainerBase:
     def step(self, step: StepBase) -> None:
         if not isinstance(step, StepBase):
             raise TypeError(f"trainer.step must be a StepBase, got {type(step).__name__}")
-        step.trainer = weakref.proxy(self)
+        step.trainer = cast(TrainerProtocol, weakref.proxy(self))
         self._step = step
 
     @property
@@ -140,7 +140,7 @@ class TrainerBase:
         for h in self._table.register(hooks):
             # A proxy, not a reference: the trainer holds its hooks, and a
             # cycle would keep both alive after the trainer is dropped.
-            h.trainer = weakref.proxy(self)
+            h.trainer = cast(TrainerProtocol, weakref.proxy(self))
 
     def request_stop(self, reason: str, *, interrupted: bool = False) -> None:
         """Ends training after the current iteration; ``after_train`` runs as on success.
@@ -475,7 +475,10 @@ class TrainerBase:
         scaler) and RNG states (of every rank, when there are several: then
         every rank must call this at the same point). Resuming continues at
         ``iteration + 1``."""
-        return capture_state(self)
+        return capture_state(
+            last_run_iter=self._last_run_iter, finished=self.finished, max_iter=self.max_iter,
+            hooks=self._table.hooks, step=self._step, storage=getattr(self, "storage", None),
+        )
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.iter = self._last_run_iter = int(state["iteration"])
@@ -487,3 +490,9 @@ class TrainerBase:
         if "step" in state:
             self.step.load_state_dict(state["step"])
         restore_rng(state)
+
+
+def _offers_what_hooks_use(trainer: TrainerBase) -> TrainerProtocol:
+    """Never called: mypy checks here that a TrainerBase is what a hook's
+    ``self.trainer`` promises (:class:`~treadle.hooks.base.TrainerProtocol`)."""
+    return trainer

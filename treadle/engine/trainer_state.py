@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Dict, Sequence
+from typing import Any, Dict, Sequence
 
 from treadle.hooks.base import HookBase
 from treadle.utils import comm
 from treadle.utils.rng import get_rng_state, set_rng_state
 
-if TYPE_CHECKING:
-    from .train_loop import TrainerBase
 
 __all__ = ["hook_state_keys", "capture_state", "restore_hook_states", "restore_rng"]
 
@@ -31,29 +29,30 @@ def hook_state_keys(hooks: Sequence[HookBase]) -> Dict[str, HookBase]:
     return keys
 
 
-def capture_state(trainer: "TrainerBase") -> Dict[str, Any]:
-    """See :meth:`TrainerBase.state_dict`."""
+def capture_state(
+    *, last_run_iter: int, finished: bool, max_iter: int, hooks: Sequence[HookBase], step: Any, storage: Any
+) -> Dict[str, Any]:
+    """A trainer's state (see :meth:`TrainerBase.state_dict`), from its parts:
+    ``step`` may be None (no step object yet), ``storage`` None (outside training)."""
     rng = get_rng_state()
     state: Dict[str, Any] = {
-        "iteration": trainer.last_run_iter,
+        "iteration": last_run_iter,
         "rng": rng,
-        "finished": trainer.finished,
-        "max_iter": trainer.max_iter,
+        "finished": finished,
+        "max_iter": max_iter,
     }
     if comm.get_world_size() > 1:
         # Each rank draws its own dropout masks: all of them are needed for
         # an exact resume. A collective: every rank calls this together.
         state["rng_per_rank"] = comm.all_gather(rng)
-    hooks = {key: h.state_dict() for key, h in hook_state_keys(trainer.hooks).items()}
-    hooks = {key: hook_state for key, hook_state in hooks.items() if hook_state}
-    if hooks:
-        state["hooks"] = hooks
-    step = trainer._step
+    hook_states = {key: h.state_dict() for key, h in hook_state_keys(hooks).items()}
+    hook_states = {key: hook_state for key, hook_state in hook_states.items() if hook_state}
+    if hook_states:
+        state["hooks"] = hook_states
     if step is not None:
         step_state = step.state_dict()
         if step_state:
             state["step"] = step_state
-    storage = getattr(trainer, "storage", None)
     if storage is not None:
         # The recent values of every scalar: after a resume, smoothed
         # values (medians over a window) are those of an uninterrupted run.

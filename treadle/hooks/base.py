@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Type, TypeVar
 
-if TYPE_CHECKING:  # hooks reach the trainer through self.trainer, never by import
-    from treadle.engine.train_loop import TrainerBase
+from treadle.events import EventStorage
 
-__all__ = ["HookBase", "HOOK_STAGES"]
+__all__ = ["HookBase", "HOOK_STAGES", "TrainerProtocol"]
 
 H = TypeVar("H", bound="HookBase")
 
@@ -20,6 +19,57 @@ HOOK_STAGES: Tuple[str, ...] = (
     "after_iteration",
     "after_train",
 )
+
+
+class TrainerProtocol(Protocol):
+    """What the loop offers a hook (and a step object) through ``self.trainer``.
+
+    :class:`~treadle.engine.TrainerBase` satisfies it; hooks are typed with
+    it, never with the engine's classes, so that the layers' imports point
+    down (``treadle.hooks`` imports nothing of ``treadle.engine``). A hook
+    that needs what a particular trainer adds (``trainer.checkpointer``, a
+    step's ``model``) looks it up with ``getattr`` and says what it needs.
+    """
+
+    #: The iteration being run (in ``after_train``: one past the last one run).
+    iter: int
+    start_iter: int
+    max_iter: int
+    #: Iterations per epoch where the data has a length; the index of the
+    #: epoch that ended, during ``after_epoch``.
+    epoch_length: Optional[int]
+    epoch: Optional[int]
+    #: During ``after_train``: the exception that ended training, whether a
+    #: stop request cut the run short, whether it finished.
+    training_error: Optional[BaseException]
+    interrupted: bool
+    finished: bool
+    #: ``time.perf_counter()`` when the iteration began and when its step returned.
+    iter_start_time: float
+    step_end_time: float
+    storage: EventStorage
+
+    @property
+    def last_run_iter(self) -> int: ...
+
+    @property
+    def hooks(self) -> List["HookBase"]: ...
+
+    @property
+    def step(self) -> Any: ...
+
+    @property
+    def timed_iteration_seconds(self) -> float: ...
+
+    def request_stop(self, reason: str, *, interrupted: bool = False) -> None: ...
+
+    def after_backward(self) -> None: ...
+
+    def timings(self) -> Dict[str, float]: ...
+
+    def time_iterations(self, points: List[Tuple[Any, int]], from_iter: int) -> None: ...
+
+    def record_every_iteration(self, points: List[Tuple[Any, int]], read: Callable[[], Any]) -> None: ...
 
 
 class HookBase:
@@ -74,7 +124,7 @@ class HookBase:
     so, and nowhere else: a hook never checks its own period.
     """
 
-    trainer: "TrainerBase"
+    trainer: TrainerProtocol
 
     # Attribute names saved by the default state_dict/load_state_dict.
     state_attributes: Sequence[str] = ()

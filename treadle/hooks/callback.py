@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
-from .base import HookBase
-
-if TYPE_CHECKING:
-    from treadle.engine.train_loop import TrainerBase
+from .base import HookBase, TrainerProtocol
 
 __all__ = ["CallbackHook"]
 
-Callback = Optional[Callable[["TrainerBase"], Any]]
+Callback = Optional[Callable[[TrainerProtocol], Any]]
 
 
 class CallbackHook(HookBase):

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from treadle.engine.train_loop import TrainerBase
+from .base import TrainerProtocol
 
 __all__ = ["Period"]
 
@@ -30,7 +27,7 @@ class Period:
         self.unit = unit
         self.iterations = every if unit == "iter" else 0
 
-    def resolve(self, trainer: "TrainerBase", owner: str) -> int:
+    def resolve(self, trainer: TrainerProtocol, owner: str) -> int:
         """Fixes the period in iterations; called in ``before_train``."""
         if self.unit == "epoch" and self.every > 0:
             if not trainer.epoch_length:
