@@ -164,3 +164,122 @@ def test_no_private_name_of_the_checkpointer_is_read_outside_its_module():
                 found += [f"{path.relative_to(root)}:{node.lineno}: imports {a.name}"
                           for a in node.names if a.name.startswith("_")]
     assert found == []
+
+
+# ---------------------------------------------------------------------- the whole package
+def _treadle_imports(root):
+    """``{module: {treadle modules it imports}}`` for every module of the
+    package under ``root`` (dotted names; a package is its ``__init__``),
+    from every import statement, ``TYPE_CHECKING`` and function-level ones
+    included. A module's own packages are not edges: Python imports them
+    before it anyway."""
+    import ast
+    from pathlib import Path
+
+    root = Path(root)
+
+    def name_of(path):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    modules = {name_of(p): p for p in root.rglob("*.py")}
+    edges = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                candidates = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package
+                    for _ in range(node.level - 1):
+                        anchor = anchor.rpartition(".")[0]
+                    base = f"{anchor}.{base}" if base else anchor
+                candidates = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for candidate in candidates:
+                parts = candidate.split(".")
+                for i in range(1, len(parts) + 1):
+                    module = ".".join(parts[:i])
+                    if module in modules and module != name and not name.startswith(module + "."):
+                        targets.add(module)
+        edges[name] = targets
+    return edges
+
+
+def test_no_import_circle_anywhere_in_treadle():
+    """The layers of DESIGN.md point down: hooks see the trainer through
+    TrainerProtocol, never by importing the engine (TYPE_CHECKING imports
+    count too)."""
+    import treadle
+
+    edges = _treadle_imports(os.path.dirname(treadle.__file__))
+    assert "treadle.engine.train_loop" in edges["treadle.engine.trainer"]  # the walk sees imports
+    assert not any(m.startswith("treadle.engine") for m in edges["treadle.hooks.base"])
+    assert _cycles(edges) == [], " ; ".join(" -> ".join(cycle) for cycle in _cycles(edges))
+
+
+def test_the_whole_package_finder_sees_a_type_checking_circle(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("from .a import x\n")
+    (package / "sub" / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.b import y\n")
+    (package / "b.py").write_text("from pkg.sub.a import x\n")
+    edges = _treadle_imports(package)
+    assert edges["pkg.sub.a"] == {"pkg.b"} and edges["pkg.b"] == {"pkg.sub", "pkg.sub.a"}
+    assert _cycles(edges) != []
+
+
+#: Names that look private but are public API, or a key: why each is read.
+_PUBLIC_UNDERSCORE_NAMES = {
+    "_exit": "os._exit: the documented way to end a process without running exit handlers",
+    "_getframe": "sys._getframe: the documented way to read a caller's frame (a config file's line)",
+    "_target_": "a config node's key (detectron2's and Hydra's), not an attribute",
+}
+#: The modules that wrap a library's private names, each the one place for its library.
+_WRAPPERS = {
+    "config/nodes.py": "OmegaConf's node interface",
+    "utils/torch_internals.py": "torch's private calls",
+    "utils/logger.py": "logging's format string (a style's _fmt), read to format a line without a record",
+}
+
+
+def test_no_module_reads_another_objects_private_name_but_the_wrappers():
+    """No module of treadle reads or writes another module's underscore
+    attribute or imports one; a library's private name is read only in the
+    module that wraps that library (_WRAPPERS)."""
+    import ast
+    from pathlib import Path
+
+    import treadle
+
+    root = Path(treadle.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        where = path.relative_to(root).as_posix()
+        if where in _WRAPPERS:
+            continue
+        tree = ast.parse(path.read_text())
+        own_classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+        # Names this module gives objects it does not define (a marker on a logging handler).
+        assigned = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+                    and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                found += [f"{where}:{node.lineno}: imports {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+                continue
+            owner = node.value
+            if isinstance(owner, ast.Name) and (owner.id in ("self", "cls") or owner.id in own_classes):
+                continue
+            if isinstance(owner, ast.Call) and getattr(owner.func, "id", None) == "super":
+                continue
+            if node.attr in _PUBLIC_UNDERSCORE_NAMES or node.attr in assigned:
+                continue  # a name this module gives the objects it makes (a handler's marker) is its own
+            found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []

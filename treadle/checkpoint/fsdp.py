@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from treadle.utils import comm
+from treadle.utils.torch_internals import set_state_dict_metadata, state_dict_metadata
 
 __all__ = [
     "is_fsdp_model",
@@ -80,9 +81,9 @@ def full_model_state_dict(model: nn.Module) -> Dict[str, Any]:
         full = _gathered(value, keep)
         if keep:
             out[key] = full
-    metadata = getattr(state, "_metadata", None)
+    metadata = state_dict_metadata(state)
     if keep and metadata is not None:
-        out._metadata = metadata  # type: ignore[attr-defined]
+        set_state_dict_metadata(out, metadata)
     return out
 
 
@@ -137,9 +138,9 @@ def shard_model_state_dict(model: nn.Module, state: Mapping[str, Any]) -> "Order
     out: "OrderedDict[str, Any]" = OrderedDict(
         (key, _shard_like(value, own[key]) if key in own else value) for key, value in state.items()
     )
-    metadata = getattr(state, "_metadata", None)
+    metadata = state_dict_metadata(state)
     if metadata is not None:
-        out._metadata = metadata  # type: ignore[attr-defined]
+        set_state_dict_metadata(out, metadata)
     return out
 
 

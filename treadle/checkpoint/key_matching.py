@@ -23,6 +23,8 @@ import torch
 from tabulate import tabulate
 from torch import nn
 
+from treadle.utils.torch_internals import compiled_module, set_state_dict_metadata, state_dict_metadata
+
 from .fsdp import full_model_state_dict, is_fsdp_model, shard_model_state_dict
 from .serialization import CheckpointError
 
@@ -69,11 +71,9 @@ def unwrap_model(model: nn.Module) -> nn.Module:
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
             continue
-        # A compiled model implies torch._dynamo was imported; looking it up in
-        # sys.modules keeps plain models from paying for that import.
-        eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-        if eval_frame is not None and isinstance(model, eval_frame.OptimizedModule):
-            model = model._orig_mod
+        inner = compiled_module(model)
+        if inner is not None:
+            model = inner
             continue
         return model
 
@@ -102,9 +102,9 @@ def model_state_for_saving(model: nn.Module) -> Dict[str, Any]:
     if not any(_COMPILE_SEGMENT in k.split(".") for k in state):
         return state
     out: "OrderedDict[str, Any]" = OrderedDict((_drop_compile_segments(k), v) for k, v in state.items())
-    metadata = getattr(state, "_metadata", None)
+    metadata = state_dict_metadata(state)
     if metadata is not None:
-        out._metadata = OrderedDict((_drop_compile_segments(k), v) for k, v in metadata.items())  # type: ignore[attr-defined]
+        set_state_dict_metadata(out, OrderedDict((_drop_compile_segments(k), v) for k, v in metadata.items()))
     return out
 
 
@@ -374,5 +374,5 @@ def _with_metadata(
         own_module, ckpt_module = _module_of(own_key), _module_of(ckpt_key)
         if ckpt_module in ckpt_meta:
             metadata[own_module] = ckpt_meta[ckpt_module]
-    out._metadata = metadata  # type: ignore[attr-defined]
+    set_state_dict_metadata(out, metadata)
     return out

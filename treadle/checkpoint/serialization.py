@@ -44,6 +44,7 @@ import torch
 
 from treadle.utils.file_io import PathManager
 from treadle.utils.logger import strip_ansi
+from treadle.utils.torch_internals import weights_only_globals
 
 __all__ = [
     "CheckpointError",
@@ -83,11 +84,7 @@ _SEQUENCE_TYPES: FrozenSet[type] = frozenset({list, tuple, set, torch.Size})
 def _allowed_tensor_types() -> FrozenSet[type]:
     """Tensor classes torch's weights-only unpickler rebuilds by default."""
     try:
-        from torch._weights_only_unpickler import _get_allowed_globals
-
-        found = {
-            v for v in _get_allowed_globals().values() if isinstance(v, type) and issubclass(v, torch.Tensor)
-        }
+        found = {v for v in weights_only_globals() if isinstance(v, type) and issubclass(v, torch.Tensor)}
     except (ImportError, AttributeError):  # private API: keep the public minimum if it moves
         found = set()
     return frozenset(found | {torch.Tensor, torch.nn.Parameter})

@@ -15,6 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ._values import SEQUENCE_CONFIGS
 from .errors import ConfigError, first_line
+from .nodes import child_node, is_interpolation, is_missing, is_none, key_of, parent_of
 
 __all__ = [
     "join_path",
@@ -43,10 +44,10 @@ def node_path(node: Any) -> str:
     """The dotted path of an OmegaConf node from its root (``""`` for a root or a non-node)."""
     parts: List[str] = []
     while isinstance(node, Node):
-        parent = node._get_parent()
+        parent = parent_of(node)
         if parent is None:
             break
-        parts.append(str(node._key()))
+        parts.append(str(key_of(node)))
         node = parent
     return ".".join(reversed(parts))
 
@@ -55,9 +56,9 @@ def is_branch(node: Any) -> bool:
     """Whether ``node`` is a container one can descend into (not ???, None or ``${...}``)."""
     return (
         isinstance(node, (DictConfig,) + SEQUENCE_CONFIGS)
-        and not node._is_missing()
-        and not node._is_none()
-        and not node._is_interpolation()
+        and not is_missing(node)
+        and not is_none(node)
+        and not is_interpolation(node)
     )
 
 
@@ -74,15 +75,15 @@ def child(node: Any, part: str) -> Any:
             index = int(part)
         except ValueError:
             return None
-        return node._get_node(index) if -len(node) <= index < len(node) else None
+        return child_node(node, index) if -len(node) <= index < len(node) else None
     if isinstance(node, DictConfig):
         # Not `part in node`: that is False for keys whose value is ??? (missing).
         keys = node.keys()
         if part in keys:
-            return node._get_node(part)
+            return child_node(node, part)
         # YAML may give integer keys ({1: a}); the dotted key spells them as text.
         if part.lstrip("-").isdigit() and int(part) in keys:
-            return node._get_node(int(part))
+            return child_node(node, int(part))
     return None
 
 
@@ -94,7 +95,7 @@ def all_keys(cfg: Any, prefix: str = "") -> List[str]:
     for key in cfg.keys():
         path = join_path(prefix, key)
         keys.append(path)
-        sub = cfg._get_node(key)
+        sub = child_node(cfg, key)
         if isinstance(sub, DictConfig) and is_branch(sub):
             keys.extend(all_keys(sub, path))
     return keys
@@ -177,9 +178,9 @@ def select(cfg: Any, key: str, where: Optional[str] = None) -> Any:
         if node is None:
             hint = unknown_key_message(key, cfg)
             raise ConfigError(f"Config key '{key}' not found{place}; {hint}")
-    parent = node._get_parent()
+    parent = parent_of(node)
     try:
-        return parent[node._key()] if parent is not None else node
+        return parent[key_of(node)] if parent is not None else node
     except OmegaConfBaseException as e:
         first = first_line(e)
         raise ConfigError(f"Config key '{key}'{place} cannot be read: {first}") from e

@@ -6,6 +6,8 @@ from typing import Any, Tuple, Type
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, SCMode
 
+from .nodes import child_node
+
 __all__ = ["SEQUENCE_CONFIGS", "tuples_to_lists", "tuple_nodes_to_lists"]
 
 try:  # OmegaConf >= 2.4 keeps tuples as immutable TupleConfig nodes.
@@ -52,7 +54,7 @@ def _has_tuple_node(node: Any) -> bool:
     if isinstance(node, TupleConfig):
         return True
     if isinstance(node, DictConfig):
-        return any(_has_tuple_node(node._get_node(key)) for key in node.keys())
+        return any(_has_tuple_node(child_node(node, key)) for key in node.keys())
     if isinstance(node, ListConfig):
-        return any(_has_tuple_node(node._get_node(i)) for i in range(len(node)))
+        return any(_has_tuple_node(child_node(node, i)) for i in range(len(node)))
     return False

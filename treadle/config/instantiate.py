@@ -13,7 +13,8 @@ from omegaconf.errors import OmegaConfBaseException
 from ._keys import join_path, node_path
 from ._values import SEQUENCE_CONFIGS
 from .errors import ConfigError, first_line
-from .locate import _locate, _NotLocatable, target_name
+from .locate import NotLocatable, resolve_path, target_name
+from .nodes import is_none, metadata_of
 
 __all__ = ["instantiate"]
 
@@ -34,8 +35,8 @@ def _read(container: Any, key: Any, path: str) -> Any:
 def _resolve_target(target: Any, path: str) -> Callable[..., Any]:
     if isinstance(target, str):
         try:
-            obj = _locate(target)
-        except _NotLocatable as e:
+            obj = resolve_path(target)
+        except NotLocatable as e:
             raise ConfigError(
                 f"Cannot import _target_ '{target}' of config node {_shown(path)}: {e}"
             ) from e
@@ -101,7 +102,7 @@ def _call(target: Callable[..., Any], kwargs: Dict[str, Any], path: str, raw_tar
 
 def _instantiate(node: Any, path: str) -> Any:
     if isinstance(node, SEQUENCE_CONFIGS):
-        if node._is_none():
+        if is_none(node):
             return None
         values = [_instantiate(_read(node, i, path), join_path(path, i)) for i in range(len(node))]
         return values if isinstance(node, ListConfig) else tuple(values)
@@ -109,9 +110,9 @@ def _instantiate(node: Any, path: str) -> Any:
         values = [_instantiate(v, join_path(path, i)) for i, v in enumerate(node)]
         return values if isinstance(node, list) else tuple(values)
     if isinstance(node, DictConfig):
-        if node._is_none():
+        if is_none(node):
             return None
-        object_type = node._metadata.object_type
+        object_type = metadata_of(node).object_type
         if object_type is not None and dataclasses.is_dataclass(object_type):
             try:
                 return OmegaConf.to_object(node)

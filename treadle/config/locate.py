@@ -19,7 +19,7 @@ from .errors import ConfigError
 __all__ = ["locate", "import_path"]
 
 
-class _NotLocatable(Exception):
+class NotLocatable(Exception):
     """Internal: why a dotted path does not resolve (the reason is the message)."""
 
 
@@ -34,9 +34,9 @@ def _import_module(name: str) -> Optional[types.ModuleType]:
     except ModuleNotFoundError as e:
         if e.name is not None and (name == e.name or name.startswith(e.name + ".")):
             return None
-        raise _NotLocatable(f"importing module '{name}' failed: {type(e).__name__}: {e}") from e
+        raise NotLocatable(f"importing module '{name}' failed: {type(e).__name__}: {e}") from e
     except Exception as e:
-        raise _NotLocatable(f"importing module '{name}' failed: {type(e).__name__}: {e}") from e
+        raise NotLocatable(f"importing module '{name}' failed: {type(e).__name__}: {e}") from e
 
 
 def _close_names(name: str, obj: Any) -> str:
@@ -44,16 +44,16 @@ def _close_names(name: str, obj: Any) -> str:
     return f" (did you mean {', '.join(repr(m) for m in matches)}?)" if matches else ""
 
 
-def _locate(path: str) -> Any:
+def resolve_path(path: str) -> Any:
     parts = path.split(".")
     if not path or any(not part or part != part.strip() for part in parts):
-        raise _NotLocatable("it is not a dotted import path like 'package.module.name'")
+        raise NotLocatable("it is not a dotted import path like 'package.module.name'")
     obj: Any = _import_module(parts[0])
     if obj is None:
         # A bare name like "dict" or "int" names a builtin, as it would in Python code.
         if len(parts) == 1 and hasattr(builtins, parts[0]):
             return getattr(builtins, parts[0])
-        raise _NotLocatable(f"no module named '{parts[0]}'")
+        raise NotLocatable(f"no module named '{parts[0]}'")
     for i in range(1, len(parts)):
         part = parts[i]
         try:
@@ -69,7 +69,7 @@ def _locate(path: str) -> Any:
                 continue
         owner = ".".join(parts[:i])
         kind = "module" if isinstance(obj, types.ModuleType) else type(obj).__name__
-        raise _NotLocatable(f"{kind} '{owner}' has no attribute '{part}'{_close_names(part, obj)}")
+        raise NotLocatable(f"{kind} '{owner}' has no attribute '{part}'{_close_names(part, obj)}")
     return obj
 
 
@@ -88,15 +88,15 @@ def locate(path: str) -> Any:
             f"Cannot locate {path!r}: an import path must be a string, got {type(path).__name__}"
         )
     try:
-        return _locate(path)
-    except _NotLocatable as e:
+        return resolve_path(path)
+    except NotLocatable as e:
         raise ConfigError(f"Cannot locate '{path}': {e}") from e.__cause__
 
 
 def _resolves_to(path: str, obj: Any) -> bool:
     try:
-        return _locate(path) is obj
-    except _NotLocatable:
+        return resolve_path(path) is obj
+    except NotLocatable:
         return False
 
 

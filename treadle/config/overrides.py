@@ -13,6 +13,7 @@ from ._keys import child, deepest, is_branch, unknown_key_message
 from ._values import SEQUENCE_CONFIGS
 from .errors import ConfigError, first_line
 from .override_parser import Override, parse_override
+from .nodes import child_node, key_of
 
 __all__ = ["apply_overrides"]
 
@@ -100,7 +101,7 @@ def _set(node: Any, key: str, value: Any, override: Override, new: bool, done: L
                 f"cannot be changed one by one; override it whole ({parent_key}=[...])"
             )
         index = int(key)
-        done.append(_Undo(node, index, copy.deepcopy(node._get_node(index))))
+        done.append(_Undo(node, index, copy.deepcopy(child_node(node, index))))
         OmegaConf.update(node, str(index), value, merge=True)
         return
     if not isinstance(node, DictConfig):
@@ -108,7 +109,7 @@ def _set(node: Any, key: str, value: Any, override: Override, new: bool, done: L
             f"Cannot apply override {override.text!r}: its parent is not a config node"
         )
     existing = None if new else child(node, key)
-    real_key: Any = key if existing is None else existing._key()  # YAML may have made it an int
+    real_key: Any = key if existing is None else key_of(existing)  # YAML may have made it an int
     done.append(_Undo(node, real_key, _ABSENT if new else copy.deepcopy(existing)))
     if isinstance(real_key, str) and not any(c in real_key for c in "[]\\"):
         OmegaConf.update(node, real_key, value, merge=True, force_add=new)

@@ -154,7 +154,7 @@ def get_default_optimizer_params(
     return reduce_param_groups(groups)
 
 
-def _expand_param_groups(groups: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def expand_param_groups(groups: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """One group per parameter, with the settings of every group that lists it
     (a later group's setting wins), in the order parameters first appear."""
     per_param: Dict[Any, Dict[str, Any]] = {}
@@ -170,7 +170,7 @@ def reduce_param_groups(groups: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     optimizer steps); a parameter listed in several groups takes their
     settings together, a later group's winning. detectron2's function."""
     merged: Dict[Any, Dict[str, Any]] = {}
-    for group in _expand_param_groups(groups):
+    for group in expand_param_groups(groups):
         settings = {k: v for k, v in group.items() if k != "params"}
         key = tuple(sorted(settings.items()))
         target = merged.setdefault(key, {**settings, "params": []})

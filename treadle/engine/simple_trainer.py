@@ -109,7 +109,7 @@ class SimpleTrainer(TrainerBase):
         comes from the new one (detectron2's method, e.g. for a curriculum)."""
         self.step.data_loader = None  # type: ignore[attr-defined]  # free the old one before building
         self.step.data_loader = data_loader_builder()  # type: ignore[attr-defined]
-        self.step._data_iter = None  # type: ignore[attr-defined]
+        self.step.restart_data()  # type: ignore[attr-defined]
         self._data_loader_iter_obj = None
 
 

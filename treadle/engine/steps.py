@@ -25,6 +25,7 @@ from treadle.events import ScalarKind, get_event_storage
 from treadle.events.storage import EventStorage
 from treadle.hooks.base import TrainerProtocol
 from treadle.utils.device import to_device
+from treadle.utils.torch_internals import dynamo_supported
 
 
 __all__ = ["StepBase", "EagerStep", "CompiledStep", "PRECISIONS"]
@@ -399,6 +400,11 @@ class EagerStep(StepBase):
         if "grad_scaler" in state and self.grad_scaler is not None:
             self.grad_scaler.load_state_dict(state["grad_scaler"])
         # The next batch must come from the restored position.
+        self.restart_data()
+
+    def restart_data(self) -> None:
+        """Has the next batch come from a new iterator over ``data_loader``
+        (a loader replaced, or its position restored)."""
         self._data_iter = None
 
 
@@ -447,7 +453,7 @@ class CompiledStep(EagerStep):
         self.backend = backend
         self._compiled: Optional[Callable] = None
         self._fell_back_reason: Optional[str] = None
-        if not torch._dynamo.is_dynamo_supported():
+        if not dynamo_supported():
             self._fall_back("torch.compile is not supported on this platform or Python version")
         else:
             self._compiled = torch.compile(

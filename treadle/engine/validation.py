@@ -29,6 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 from treadle.config import ConfigError
 from treadle.config.errors import first_line
 from treadle.config.locate import target_name
+from treadle.config.nodes import child_node, is_missing, is_none, raw_value
 from treadle.config.rules import integer, is_int, is_number, shown
 from treadle.config.train_keys import STEP_KINDS, train_rules, train_setting
 
@@ -62,7 +63,8 @@ def _read(node: Any, key: Any, path: str) -> Any:
     try:
         return node[key]
     except OmegaConfBaseException as e:
-        raw = node._get_node(key)._value() if hasattr(node, "_get_node") and node._get_node(key) is not None else None
+        found = child_node(node, key) if isinstance(node, (DictConfig, ListConfig)) else None
+        raw = raw_value(found) if found is not None else None
         if isinstance(raw, str) and raw == "???":
             raise ConfigError(f"{path} has no value (it is '???'); set it, e.g. {path}=VALUE") from None
         written = f" = {raw!r}" if isinstance(raw, str) else ""
@@ -73,13 +75,13 @@ def _check_readable(node: Any, path: str = "") -> None:
     """Reads every value of ``node`` once, so that a broken interpolation or a
     ``???`` anywhere is reported with its key before anything is built."""
     if isinstance(node, DictConfig):
-        if node._is_none() or node._is_missing():
+        if is_none(node) or is_missing(node):
             return
         for key in node.keys():
             child_path = f"{path}.{key!s}" if path else str(key)
             _check_readable(_read(node, key, child_path), child_path)
     elif isinstance(node, ListConfig):
-        if node._is_none() or node._is_missing():
+        if is_none(node) or is_missing(node):
             return
         for i in range(len(node)):
             _check_readable(_read(node, i, f"{path}.{i}"), f"{path}.{i}")
@@ -148,7 +150,7 @@ def _evaluator_metric_names(cfg: DictConfig) -> Optional[List[str]]:
     metrics = node.get("metrics")
     items = [metrics] if isinstance(metrics, str) else list(metrics or [])
     from treadle.evaluation import available_metrics
-    from treadle.evaluation.registry import _lookup
+    from treadle.evaluation.registry import lookup_metric
 
     names: List[str] = []
     complete = True
@@ -163,7 +165,7 @@ def _evaluator_metric_names(cfg: DictConfig) -> Optional[List[str]]:
         names.append(name)
         if isinstance(item, str) or isinstance(item[1], (DictConfig, dict)) and "_target_" not in item[1]:
             try:
-                _lookup(name)
+                lookup_metric(name)
             except KeyError:
                 close = difflib.get_close_matches(name, available_metrics(), n=1)
                 hint = f"did you mean {close[0]!r}? " if close else ""
@@ -223,9 +225,9 @@ def check_run_config(cfg: DictConfig, *, world_size: int = 1, eval_only: bool = 
             "optimizer, lr_multiplier, dataloader (train, test, evaluator) and train"
         )
     for key in required:
-        node = cfg._get_node(key)
-        if not isinstance(node, DictConfig) or node._is_none():
-            got = shown(node._value()) if node is not None else "nothing"
+        node = child_node(cfg, key)
+        if not isinstance(node, DictConfig) or is_none(node):
+            got = shown(raw_value(node)) if node is not None else "nothing"
             raise ConfigError(f"{key} must be a config node (a LazyCall or a dict), got {got}")
     # train first: other sections interpolate its values (``${train.max_iter}``),
     # and the error should name the key whose own value is broken.

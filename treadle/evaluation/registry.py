@@ -151,7 +151,7 @@ def _describe(factory: Callable[..., Any]) -> str:
     return getattr(factory, "__qualname__", None) or repr(factory)
 
 
-def _lookup(metric: str) -> _Entry:
+def lookup_metric(metric: str) -> _Entry:
     if metric in _REGISTRY:
         return _REGISTRY[metric]
     for entry in _REGISTRY.values():
@@ -189,7 +189,7 @@ def known_metric_mode(name: str) -> Optional[str]:
     ``rouge`` or ``iou`` (``"max"``); ``None`` for any other name."""
     last = name.split("/")[-1]
     try:
-        entry = _lookup(last)
+        entry = lookup_metric(last)
     except KeyError:
         entry = None
     if entry is not None and entry.higher_is_better is not None:
@@ -282,7 +282,7 @@ def build_evaluator(metrics: Union[MetricSpec, Sequence[MetricSpec]], **options:
         if metric in seen:
             raise ValueError(f"metric {metric!r} is listed twice")
         seen.add(metric)
-        entry = _lookup(metric)
+        entry = lookup_metric(metric)
         unknown = sorted(k for k in own if k not in entry.options and k != "metrics") if not entry.any_option else []
         if unknown:
             raise TypeError(

@@ -10,7 +10,7 @@ from typing import List, Optional, Set, cast
 from treadle.utils.file_io import PathManager
 
 from .storage import get_event_storage
-from .writer import DEFAULT_FILE_FLUSH_SECS, ITERATION_KEY, _atomic_write_text, _AppendingFileWriter, _lines_before, _read_lines
+from .writer import DEFAULT_FILE_FLUSH_SECS, ITERATION_KEY, atomic_write_text, AppendingFileWriter, lines_before, read_lines
 
 __all__ = ["CSVWriter"]
 
@@ -27,7 +27,7 @@ def _csv_fields(line: str) -> List[str]:
     return next(csv.reader([line]), [])
 
 
-class CSVWriter(_AppendingFileWriter):
+class CSVWriter(AppendingFileWriter):
     """Writes scalars to a CSV file, one row per iteration.
 
     The header is ``iteration`` then the scalar names in sorted order; a
@@ -78,20 +78,20 @@ class CSVWriter(_AppendingFileWriter):
         self._columns = None  # no file or no header yet: read at the next write
         if not PathManager.exists(self._path):
             return
-        lines, tail = _read_lines(self._path)
+        lines, tail = read_lines(self._path)
         changed = bool(tail)
         if tail:
             logger.warning("%s ends in an incomplete row (an interrupted write); dropped: %.80r", self._path, tail)
         if not lines:
             if changed:
-                _atomic_write_text(self._path, "")
+                atomic_write_text(self._path, "")
             return
         self._columns = self._check_header(lines[0])
-        rows, dropped = _lines_before(
+        rows, dropped = lines_before(
             self._path, lines[1:], start_iter, self._row_iteration, "does not start with an iteration", first_lineno=2
         )
         if changed or dropped:
-            _atomic_write_text(self._path, "".join([lines[0]] + rows))
+            atomic_write_text(self._path, "".join([lines[0]] + rows))
 
     @staticmethod
     def _row_iteration(line: str) -> Optional[int]:
@@ -123,7 +123,7 @@ class CSVWriter(_AppendingFileWriter):
         self.close()
         out = [_csv_line([ITERATION_KEY] + columns)]
         if PathManager.exists(self._path):
-            lines, tail = _read_lines(self._path)
+            lines, tail = read_lines(self._path)
             if tail:
                 logger.warning("%s ends in an incomplete row (an interrupted write); dropped: %.80r", self._path, tail)
             if lines:
@@ -134,5 +134,5 @@ class CSVWriter(_AppendingFileWriter):
                         continue
                     cells = dict(zip(old_columns, fields[1:]))
                     out.append(_csv_line([fields[0]] + [cells.get(c, "") for c in columns]))
-        _atomic_write_text(self._path, "".join(out))
+        atomic_write_text(self._path, "".join(out))
         self._columns = columns

@@ -10,7 +10,7 @@ from typing import Dict, Optional
 from treadle.utils.file_io import PathManager
 
 from .storage import get_event_storage
-from .writer import DEFAULT_FILE_FLUSH_SECS, ITERATION_KEY, _atomic_write_text, _AppendingFileWriter, _lines_before, _read_lines
+from .writer import DEFAULT_FILE_FLUSH_SECS, ITERATION_KEY, atomic_write_text, AppendingFileWriter, lines_before, read_lines
 
 __all__ = ["JSONWriter"]
 
@@ -29,7 +29,7 @@ def _json_line_iteration(line: str) -> Optional[int]:
     return it if isinstance(it, int) and not isinstance(it, bool) else None
 
 
-class JSONWriter(_AppendingFileWriter):
+class JSONWriter(AppendingFileWriter):
     """Appends scalars to a JSON-lines file (``metrics.json``).
 
     Each line is one JSON object: ``"iteration"`` first, then the scalars of
@@ -99,8 +99,8 @@ class JSONWriter(_AppendingFileWriter):
         self.close()  # the file may be replaced: do not keep a handle on the old one
         if not PathManager.exists(self._path):
             return
-        lines, tail = _read_lines(self._path)
-        kept, changed = _lines_before(
+        lines, tail = read_lines(self._path)
+        kept, changed = lines_before(
             self._path,
             lines,
             start_iter,
@@ -119,4 +119,4 @@ class JSONWriter(_AppendingFileWriter):
             elif it < start_iter:
                 kept.append(tail + "\n")  # complete record, only its newline was lost
         if changed:
-            _atomic_write_text(self._path, "".join(kept))
+            atomic_write_text(self._path, "".join(kept))

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .storage import get_event_storage
 from .tracking import BackgroundSender, chunks, import_extra
-from .writer import _IterationRowWriter
+from .writer import IterationRowWriter
 
 __all__ = ["MLflowWriter"]
 
@@ -24,7 +24,7 @@ _PARAMS_PER_CALL = 100
 _PARAM_LENGTH = 6000
 
 
-class MLflowWriter(_IterationRowWriter):
+class MLflowWriter(IterationRowWriter):
     """Logs the run's scalars to an MLflow tracking server or local store.
 
     Scalars follow the rule of the ``writer`` module (the points

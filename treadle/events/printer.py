@@ -15,7 +15,7 @@ from termcolor import colored
 
 from treadle.utils.logger import write_info_line
 from .storage import EventStorage, ScalarKind, get_event_storage, has_event_storage
-from .writer import EventWriter, _check_start_iter, _check_window_size
+from .writer import EventWriter, check_start_iter, check_window_size
 
 __all__ = ["CommonMetricPrinter"]
 
@@ -95,7 +95,7 @@ class CommonMetricPrinter(EventWriter):
         ):
             raise ValueError(f"samples_per_iter must be a positive number or None, got {samples_per_iter!r}")
         self._max_iter = max_iter
-        self._window_size = _check_window_size(window_size)
+        self._window_size = check_window_size(window_size)
         self._samples_per_iter = samples_per_iter
         self._color = sys.stdout.isatty() if color is None else bool(color)
         # This module's logger (a child of "treadle", whose handlers print it), as
@@ -112,7 +112,7 @@ class CommonMetricPrinter(EventWriter):
         self._clock_anchor: Optional[Tuple[float, int]] = None
 
     def set_start_iter(self, start_iter: int) -> None:
-        start_iter = _check_start_iter(start_iter)
+        start_iter = check_start_iter(start_iter)
         self._first_iter = start_iter
         self._last_iter = start_iter - 1
         # A resumed run's storage holds the evaluations of the run before
@@ -204,7 +204,7 @@ class CommonMetricPrinter(EventWriter):
 
     def _training_line(self, storage: EventStorage, iteration: int, fresh: Collection[str]) -> str:
         # The medians every writer of this flush shares (computed once).
-        smoothed = storage._smoothed_latest(self._window_size)
+        smoothed = storage.shared_smoothed_latest(self._window_size)
         kinds = storage.kinds()
         hints = storage.smoothing_hints()
         seconds_per_iter = smoothed["time"][0] if "time" in fresh else None

@@ -530,12 +530,19 @@ class EventStorage:
     def latest_with_smoothing_hint(self, window_size: int = 20) -> Dict[str, Tuple[float, int]]:
         """Like :meth:`latest`, but scalars with a smoothing hint are the median of
         their values over the last ``window_size`` iterations."""
-        return dict(self._smoothed_latest(window_size))
+        return dict(self.shared_smoothed_latest(window_size))
 
-    def _smoothed_latest(self, window_size: int) -> Dict[str, Tuple[float, int]]:
+    @property
+    def generation(self) -> int:
+        """A count that grows whenever values are recorded (a read that
+        resolved new ones, a restore): what a writer's cache of rows made
+        from the storage is keyed on."""
+        return self._generation
+
+    def shared_smoothed_latest(self, window_size: int) -> Dict[str, Tuple[float, int]]:
         """:meth:`latest_with_smoothing_hint`, computed once per read that
-        recorded new values and shared (callers must not modify it): the
-        writers of one flush ask for the same medians."""
+        recorded new values and shared, without a copy (callers must not
+        modify it): the writers of one flush ask for the same medians."""
         self.materialize()
         key = (self._generation, window_size)
         cached_key, cached = self._smoothed_cache

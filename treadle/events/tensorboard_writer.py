@@ -7,8 +7,10 @@ import logging
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from treadle.utils.torch_internals import summary_file_writer
+
 from .storage import get_event_storage
-from .writer import _IterationRowWriter
+from .writer import IterationRowWriter
 
 __all__ = ["TensorboardWriter", "TensorboardXWriter", "TensorBoardXWriter"]
 
@@ -19,7 +21,7 @@ DEFAULT_FLUSH_SECS = 10.0
 DEFAULT_MAX_QUEUE = 1000
 
 
-class TensorboardWriter(_IterationRowWriter):
+class TensorboardWriter(IterationRowWriter):
     """Writes scalars, images and histograms to TensorBoard event files.
 
     Scalars follow the rule of this module's docstring (the same points as
@@ -140,7 +142,7 @@ class TensorboardWriter(_IterationRowWriter):
         if self._summary is None:
             return
         if self._kept_rows:
-            file_writer = self._summary._get_file_writer()
+            file_writer = summary_file_writer(self._summary)
             Summary, Value = self._summary_cls, self._summary_cls.Value
             for it, scalars in self._kept_rows:
                 file_writer.add_summary(Summary(value=[Value(tag=n, simple_value=scalars[n]) for n in sorted(scalars)]), it)

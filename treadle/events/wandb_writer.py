@@ -8,14 +8,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, cast
 
 from .storage import get_event_storage
 from .tracking import BackgroundSender, import_extra
-from .writer import _IterationRowWriter
+from .writer import IterationRowWriter
 
 __all__ = ["WandbWriter"]
 
 logger = logging.getLogger(__name__)
 
 
-class WandbWriter(_IterationRowWriter):
+class WandbWriter(IterationRowWriter):
     """Logs the run's scalars to Weights & Biases.
 
     The points are those ``metrics.json`` gets, logged with ``run.log(...,

@@ -93,13 +93,13 @@ class EventWriter(ABC):
         self.close()
 
 
-def _check_window_size(window_size: int) -> int:
+def check_window_size(window_size: int) -> int:
     if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
         raise ValueError(f"window_size must be a positive int, got {window_size!r}")
     return window_size
 
 
-def _check_start_iter(start_iter: int) -> int:
+def check_start_iter(start_iter: int) -> int:
     if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 0:
         raise ValueError(f"start_iter must be a non-negative int, got {start_iter!r}")
     return start_iter
@@ -122,8 +122,8 @@ def _rows_since(
     iteration in [first_iter, last_write])``, computed once per storage read
     for the writers that share the arguments (rows are shared: read only)."""
     global _rows_cache
-    smoothed = storage._smoothed_latest(window_size)  # resolves what is pending
-    key = (storage._generation, window_size, last_write, first_iter)
+    smoothed = storage.shared_smoothed_latest(window_size)  # resolves what is pending
+    key = (storage.generation, window_size, last_write, first_iter)
     cached_storage, *rest = _rows_cache
     if cached_storage is not None and cached_storage() is storage and rest[0] == key:
         return rest[1], rest[2]
@@ -156,7 +156,7 @@ def _rows_since(
     return rows, late
 
 
-class _IterationRowWriter(EventWriter):
+class IterationRowWriter(EventWriter):
     """Implements the selection rule of the module docstring for file writers.
 
     Subclasses call :meth:`_new_rows` in ``write`` and :meth:`_commit` once
@@ -164,7 +164,7 @@ class _IterationRowWriter(EventWriter):
     """
 
     def __init__(self, window_size: int) -> None:
-        self._window_size = _check_window_size(window_size)
+        self._window_size = check_window_size(window_size)
         # The last iteration emitted; everything at or before it is done.
         self._last_write = -1
         self._first_iter = 0
@@ -177,7 +177,7 @@ class _IterationRowWriter(EventWriter):
         return self._window_size
 
     def set_start_iter(self, start_iter: int) -> None:
-        start_iter = _check_start_iter(start_iter)
+        start_iter = check_start_iter(start_iter)
         self._last_write = start_iter - 1
         self._first_iter = start_iter
         self._seen_latest = {}
@@ -208,7 +208,7 @@ class _IterationRowWriter(EventWriter):
 
 # ---------------------------------------------------------------------- files
 
-def _atomic_write_text(path: str, text: str) -> None:
+def atomic_write_text(path: str, text: str) -> None:
     """Replaces ``path`` with ``text`` so that a crash leaves the old or the new file."""
     directory = os.path.dirname(path)
     if directory:
@@ -216,7 +216,7 @@ def _atomic_write_text(path: str, text: str) -> None:
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
-def _read_lines(path: str) -> Tuple[List[str], str]:
+def read_lines(path: str) -> Tuple[List[str], str]:
     """``(complete lines, each ending in '\\n', text after the last '\\n')``.
 
     The second item is non-empty when the file ends in a line cut short, e.g.
@@ -228,7 +228,7 @@ def _read_lines(path: str) -> Tuple[List[str], str]:
     return [p + "\n" for p in parts[:-1]], parts[-1]
 
 
-def _lines_before(
+def lines_before(
     path: str,
     lines: List[str],
     start_iter: int,
@@ -264,11 +264,11 @@ def _open_for_append(path: str) -> IO[str]:
 
 
 #: Seconds a file writer's lines may wait in its buffer before they are
-#: handed to the operating system (see _AppendingFileWriter).
+#: handed to the operating system (see AppendingFileWriter).
 DEFAULT_FILE_FLUSH_SECS = 1.0
 
 
-class _AppendingFileWriter(_IterationRowWriter):
+class AppendingFileWriter(IterationRowWriter):
     """A row writer that appends text to one file, opened when first needed
     (so that a writer closed after a run works again in the next).
 

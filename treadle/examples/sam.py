@@ -20,6 +20,7 @@ import torch
 
 from treadle.engine import EagerStep
 from treadle.events import ScalarKind
+from treadle.utils.torch_internals import foreach_add_, foreach_mul, foreach_norm, foreach_sub_
 
 __all__ = ["SAMStep"]
 
@@ -60,17 +61,17 @@ class SAMStep(EagerStep):
         params: List[torch.Tensor] = [p for p in self._parameters() if p.grad is not None]
         grads: List[torch.Tensor] = [p.grad for p in params if p.grad is not None]
         # All on the device: the norm and the scale stay tensors (no sync).
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        norm = torch.linalg.vector_norm(torch.stack(foreach_norm(grads)))
         scale = self.rho / (norm + 1e-12)
-        perturbation = torch._foreach_mul(grads, scale)
+        perturbation = foreach_mul(grads, scale)
         with torch.no_grad():
-            torch._foreach_add_(params, perturbation)
+            foreach_add_(params, perturbation)
 
         self.optimizer.zero_grad(set_to_none=True)
         perturbed_loss = self._loss(batch)
         perturbed_loss.backward()
         with torch.no_grad():
-            torch._foreach_sub_(params, perturbation)
+            foreach_sub_(params, perturbation)
 
         self._after_backward()
         if self.clip_grad_norm is not None:

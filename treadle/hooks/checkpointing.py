@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from treadle.evaluation.registry import metric_mode
 
 from .base import HookBase
-from .early_stopping import _better, _latest_metric
+from .early_stopping import is_better, latest_metric
 from .ema import EMA
 from .evaluation import EvalHook
 from .periods import Period
@@ -25,7 +25,7 @@ __all__ = ["PeriodicCheckpointer", "BestCheckpointer"]
 logger = logging.getLogger(__name__)
 
 
-def _trainer_checkpointer(hook: HookBase, given: Optional["Checkpointer"]) -> "Checkpointer":
+def trainer_checkpointer(hook: HookBase, given: Optional["Checkpointer"]) -> "Checkpointer":
     if given is not None:
         return given
     checkpointer = getattr(hook.trainer, "checkpointer", None)
@@ -36,7 +36,7 @@ def _trainer_checkpointer(hook: HookBase, given: Optional["Checkpointer"]) -> "C
     return checkpointer
 
 
-def _flush_writers(hook: HookBase) -> None:
+def flush_writers(hook: HookBase) -> None:
     """Flushes every :class:`PeriodicWriter` before a resume point is saved.
 
     A resumed run starts its writers at the iteration after its checkpoint, so
@@ -119,7 +119,7 @@ class BestCheckpointer(HookBase):
         self._eval_hooks = self.hooks_of(EvalHook)
         if not self._eval_hooks:
             raise ValueError(f"BestCheckpointer('{self.metric}') needs an EvalHook registered before it.")
-        self._checkpointer = _trainer_checkpointer(self, self._checkpointer)
+        self._checkpointer = trainer_checkpointer(self, self._checkpointer)
         self._ema = next((h for h in self.hooks_of(EMA) if h.eval_with_ema), None)
         logger.info("BestCheckpointer: saving %s when %s reaches a new %s", self.file_prefix, self.metric,
                     "maximum" if self.mode == "max" else "minimum")
@@ -127,14 +127,14 @@ class BestCheckpointer(HookBase):
     def _check(self, iteration: int) -> None:
         if not any(h.last_eval_iter == self.trainer.iter for h in self._eval_hooks):
             return
-        found = _latest_metric(self.trainer.storage, self.metric, type(self).__name__)
+        found = latest_metric(self.trainer.storage, self.metric, type(self).__name__)
         if found is None:
             return
         value, metric_iter = found
         if math.isnan(value):
             logger.warning("BestCheckpointer: %s is NaN at iteration %d; ignored.", self.metric, metric_iter)
             return
-        if self.best_metric is None or _better(value, self.best_metric, self.mode, 0.0):
+        if self.best_metric is None or is_better(value, self.best_metric, self.mode, 0.0):
             previous = self.best_metric
             self.best_metric, self.best_iter = value, metric_iter
             # The trainer state saved with model_best carries the new best.
@@ -215,7 +215,7 @@ class PeriodicCheckpointer(HookBase):
             ``{file_prefix}_final.safetensors`` (for Hugging Face tools).
     """
 
-    # It flushes the writers before each save (see _flush_writers).
+    # It flushes the writers before each save (see flush_writers).
     uses = (PeriodicWriter,)
     state_attributes = ("lineage",)
 
@@ -251,7 +251,7 @@ class PeriodicCheckpointer(HookBase):
 
     @property
     def checkpointer(self) -> "Checkpointer":
-        return _trainer_checkpointer(self, self._checkpointer)
+        return trainer_checkpointer(self, self._checkpointer)
 
     def before_train(self) -> None:
         self._checkpointer = self.checkpointer
@@ -320,7 +320,7 @@ class PeriodicCheckpointer(HookBase):
         # Every hook's after_step of the iteration has run: the checkpoint holds their state.
         iteration = self.trainer.iter
         if self.last_saved_iter != iteration:  # a PreemptionHandler registered before may have saved it
-            _flush_writers(self)
+            flush_writers(self)
             self.save(iteration)
 
     def after_train(self) -> None:
@@ -335,7 +335,7 @@ class PeriodicCheckpointer(HookBase):
         self.checkpointer.wait()
         if self.trainer.interrupted:  # to be resumed: not a final state
             return
-        _flush_writers(self)
+        flush_writers(self)
         # trainer.iter is one past the last iteration run.
         final = f"{self.file_prefix}_final"
         self.checkpointer.save(final, iteration=self.trainer.iter - 1, asynchronous=False)

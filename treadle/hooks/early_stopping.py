@@ -19,11 +19,11 @@ __all__ = ["EarlyStopping"]
 logger = logging.getLogger(__name__)
 
 
-def _better(value: float, best: float, mode: str, min_delta: float) -> bool:
+def is_better(value: float, best: float, mode: str, min_delta: float) -> bool:
     return value > best + min_delta if mode == "max" else value < best - min_delta
 
 
-def _latest_metric(storage: "EventStorage", metric: str, owner: str) -> Tuple[float, int]:
+def latest_metric(storage: "EventStorage", metric: str, owner: str) -> Tuple[float, int]:
     latest = storage.latest()
     if metric not in latest:
         known = sorted(k for k in latest if storage.kind(k) == "metric")
@@ -75,8 +75,8 @@ class EarlyStopping(HookBase):
     def after_step(self) -> None:
         if not any(h.last_eval_iter == self.trainer.iter for h in self._eval_hooks):
             return
-        value, metric_iter = _latest_metric(self.trainer.storage, self.metric, "EarlyStopping")
-        if not math.isnan(value) and (self.best_metric is None or _better(value, self.best_metric, self.mode, self.min_delta)):
+        value, metric_iter = latest_metric(self.trainer.storage, self.metric, "EarlyStopping")
+        if not math.isnan(value) and (self.best_metric is None or is_better(value, self.best_metric, self.mode, self.min_delta)):
             self.best_metric, self.best_iter = value, metric_iter
             self.num_bad_evals = 0
             return

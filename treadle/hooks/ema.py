@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from treadle.checkpoint import unwrap_model
+from treadle.utils.torch_internals import foreach_lerp_
 
 from .base import HookBase
 
@@ -114,7 +115,7 @@ class EMA(HookBase):
             self._bind()
         if self._lerp_dst:
             # lerp_(avg, x, w) = avg + w * (x - avg) = decay * avg + (1 - decay) * x
-            torch._foreach_lerp_(self._lerp_dst, self._lerp_src, 1.0 - self._current_decay())
+            foreach_lerp_(self._lerp_dst, self._lerp_src, 1.0 - self._current_decay())
         for dst, src in zip(self._copy_dst, self._copy_src):
             dst.copy_(src)
         self.num_updates += 1

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 from treadle.utils import comm
 
 from .base import HookBase
-from .checkpointing import PeriodicCheckpointer, _flush_writers, _trainer_checkpointer
+from .checkpointing import PeriodicCheckpointer, flush_writers, trainer_checkpointer
 from .writing import PeriodicWriter
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ class PreemptionHandler(HookBase):
         self._received = signum
 
     def before_train(self) -> None:
-        self._checkpointer = _trainer_checkpointer(self, self._checkpointer)
+        self._checkpointer = trainer_checkpointer(self, self._checkpointer)
         self._received = None
         self._preempted = False
         # Fixed for the whole run; after_step reads it every iteration.
@@ -146,7 +146,7 @@ class PreemptionHandler(HookBase):
             logger.info("The periodic checkpoint of iteration %d was just written; not writing it again.", it)
             checkpointer.wait()  # written in the background: complete it before the grace period ends
         else:
-            _flush_writers(self)
+            flush_writers(self)
             # Synchronous: the process is about to exit.
             if periodic is not None:
                 periodic.save(it, asynchronous=False)  # one of the run's periodic files: counted by its max_to_keep

@@ -6,7 +6,7 @@ module path.
 """
 
 from treadle.engine.build import (  # noqa: F401
-    _expand_param_groups,
+    expand_param_groups,
     build_optimizer,
     get_default_optimizer_params,
     reduce_param_groups,

@@ -42,6 +42,7 @@ from torch import nn
 from treadle.checkpoint import CheckpointError, Checkpointer, check_checkpoint_file
 from treadle.checkpoint.weights import read_weights_file
 from treadle.config import ConfigError, LazyConfig, get_config_file
+from treadle.config.nodes import child_node, raw_value
 from treadle.config.train_keys import train_setting
 from treadle.engine.defaults import DefaultTrainer, default_argument_parser, default_setup, save_run_config
 from treadle.engine.launch import launch
@@ -118,8 +119,8 @@ def load_config(args: argparse.Namespace) -> DictConfig:
     if isinstance(train, DictConfig):
         for key in ("output_dir", "init_checkpoint"):
             # "train.output_dir=~/runs/x" is not expanded by the shell (the ~ is not a word's start).
-            node = train._get_node(key) if key in train else None
-            value = node._value() if node is not None else None
+            node = child_node(train, key) if key in train else None
+            value = raw_value(node) if node is not None else None
             if isinstance(value, str) and value.startswith("~"):
                 train[key] = os.path.expanduser(value)
     return cfg

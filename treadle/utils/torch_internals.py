@@ -1,0 +1,77 @@
+"""torch's private names that treadle uses, in one place, each with the reason.
+
+Where torch has no public call for what treadle needs, the private one is
+wrapped here, so that a torch release that changes it breaks this module
+only, and the versions tried (``noxfile.py``) say whether it did.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, FrozenSet, Mapping, Optional
+
+import torch
+
+__all__ = [
+    "foreach_norm",
+    "foreach_mul",
+    "foreach_add_",
+    "foreach_sub_",
+    "foreach_lerp_",
+    "compiled_module",
+    "state_dict_metadata",
+    "set_state_dict_metadata",
+    "dynamo_supported",
+    "weights_only_globals",
+    "summary_file_writer",
+]
+
+# The multi-tensor kernels of torch's own optimizers: one launch for a list
+# of tensors instead of one per tensor (SAM's perturbation, the EMA's update).
+# torch keeps them private and uses them publicly in torch.optim.
+foreach_norm: Callable[..., Any] = torch._foreach_norm
+foreach_mul: Callable[..., Any] = torch._foreach_mul
+foreach_add_: Callable[..., None] = torch._foreach_add_
+foreach_sub_: Callable[..., None] = torch._foreach_sub_
+foreach_lerp_: Callable[..., None] = torch._foreach_lerp_
+
+
+def compiled_module(model: Any) -> Optional[torch.nn.Module]:
+    """The module a ``torch.compile``'d model wraps (its ``_orig_mod``), or
+    None for a model that is not one. Looked up in ``sys.modules``: a plain
+    model does not pay for importing ``torch._dynamo``."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is not None and isinstance(model, eval_frame.OptimizedModule):
+        return model._orig_mod
+    return None
+
+
+def state_dict_metadata(state: Mapping[str, Any]) -> Optional[Any]:
+    """The per-module versions a ``state_dict()`` carries in its
+    ``_metadata`` attribute (what ``load_state_dict`` reads to upgrade old
+    formats); None where there are none."""
+    return getattr(state, "_metadata", None)
+
+
+def set_state_dict_metadata(state: Any, metadata: Any) -> None:
+    """Gives a rebuilt state dict the ``_metadata`` of the one it came from."""
+    state._metadata = metadata
+
+
+def dynamo_supported() -> bool:
+    """Whether ``torch.compile`` can run on this platform and Python version."""
+    return bool(torch._dynamo.is_dynamo_supported())
+
+
+def weights_only_globals() -> FrozenSet[Any]:
+    """What torch's weights-only unpickler rebuilds by default (its allow list)."""
+    from torch._weights_only_unpickler import _get_allowed_globals
+
+    return frozenset(_get_allowed_globals().values())
+
+
+def summary_file_writer(summary_writer: Any) -> Any:
+    """The event-file writer behind a ``torch.utils.tensorboard.SummaryWriter``:
+    rows go to it as one ``Summary`` each, where ``add_scalar`` would make
+    one protobuf per value."""
+    return summary_writer._get_file_writer()
