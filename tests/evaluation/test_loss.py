@@ -125,3 +125,37 @@ def test_a_compute_loss_that_is_not_a_scalar_is_named():
 
     with pytest.raises(ValueError, match=r"^MyTrainer.compute_loss returned loss 'total_loss' of shape \(4, 2\); a loss must be a scalar \(reduce it, e\.g\. with \.mean\(\)\)$"):
         LossEvaluator(compute_loss=MyTrainer().compute_loss).process((torch.zeros(4, 3), torch.zeros(4)), None)
+
+
+def test_a_dict_batch_with_a_loss_fn_trains_and_evaluates_to_the_value_computed_by_hand():
+    """One loss contract: training took only (inputs, targets) pairs with a
+    loss_fn, where evaluation also took a dict with its targets under "labels"."""
+    from torch import nn
+
+    from treadle.engine import Trainer
+
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.linear = nn.Linear(6, 3)
+
+        def forward(self, features, labels=None):  # a Hugging Face-style signature
+            return self.linear(features)
+
+    g = torch.Generator().manual_seed(0)
+    batches = [{"features": torch.randn(8, 6, generator=g), "labels": torch.randint(0, 3, (8,), generator=g)}
+               for _ in range(4)]
+    ce = nn.functional.cross_entropy
+    trainer = Trainer(Tagger(), "sgd", batches, lr=0.5, loss_fn=ce, max_iter=4, progress_bar=False, device="cpu")
+    trainer.train()
+    by_hand = Tagger()
+    optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.5)
+    for batch in batches:
+        optimizer.zero_grad()
+        ce(by_hand(batch["features"]), batch["labels"]).backward()
+        optimizer.step()
+    assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), by_hand.parameters()))
+    with torch.no_grad():
+        expected = sum(ce(by_hand(b["features"]), b["labels"], reduction="sum") for b in batches) / 32
+    assert trainer.evaluate(batches)["loss"] == pytest.approx(float(expected), rel=1e-6)

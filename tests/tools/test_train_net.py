@@ -304,3 +304,22 @@ def test_a_busy_folder_is_refused_before_anything_is_printed_also_on_resume(tmp_
     assert len(lines) == 1, "\n".join(lines[:40])
     assert f"'{out}' is in use by another job: PID {os.getpid()}" in lines[0], lines[0]
 
+
+
+def test_sam_ends_its_update_as_every_step_does_clipping_by_value_included():
+    """SAMStep copied the clipping and the optimizer step, and ignored clip_grad_value."""
+    import torch
+    from torch import nn
+
+    from treadle.engine import TrainerBase
+    from treadle.examples import SAMStep
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    before = [p.detach().clone() for p in model.parameters()]
+    batches = [(torch.randn(16, 4) * 100, torch.randint(0, 2, (16,))) for _ in range(2)]
+    step = SAMStep(model, batches, torch.optim.SGD(model.parameters(), lr=1.0), loss_fn=nn.functional.cross_entropy,
+                   clip_grad_value=1e-4)
+    TrainerBase(step).train(0, 2)
+    # Each element's gradient is clamped to 1e-4, so two updates at lr 1 move it by 2e-4 at most.
+    assert max(float((p - q).abs().max()) for p, q in zip(model.parameters(), before)) <= 2e-4 + 1e-7

@@ -261,6 +261,19 @@ class EagerStep(StepBase):
                 # for whatever backward runs after it, outside this step.
                 cast(Any, self.model).set_requires_gradient_sync(True)
             raise
+        grad_norm = self.step_optimizer(hooks=hooks)
+        if count > 1:
+            totals = {name: value / count for name, value in totals.items()}
+        return totals, grad_norm, data_time
+
+    def step_optimizer(self, *, hooks: bool = True) -> Optional[torch.Tensor]:
+        """The end of every update, once the gradients are computed: unscale
+        them (fp16), the trainer's ``after_backward`` (with ``hooks``), clip
+        them (by norm or by value), the optimizer step (through the grad
+        scaler with fp16). Returns the gradient norm before clipping (None
+        without ``clip_grad_norm``). A research step that computes its
+        gradients its own way (SAM's two passes) ends its update with it."""
+        optimizer, scaler = self.optimizer, self.grad_scaler
         if scaler is not None:
             scaler.unscale_(optimizer)  # hooks and clipping see true gradients
         if hooks:
@@ -275,9 +288,7 @@ class EagerStep(StepBase):
         else:
             scaler.step(optimizer)
             scaler.update()
-        if count > 1:
-            totals = {name: value / count for name, value in totals.items()}
-        return totals, grad_norm, data_time
+        return grad_norm
 
     def _gradient_sync(self, sync: bool) -> ContextManager[Any]:
         """A micro-batch's backward, all-reducing gradients across ranks only

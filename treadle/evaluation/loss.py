@@ -6,7 +6,9 @@ The contract (``docs/engine.md``, "Step objects"), used by the training step
 ``eval_step`` and ``evaluate()``, and :class:`LossEvaluator`:
 
 1. with ``loss_fn``, the batch is ``(inputs, targets)`` and the loss is
-   ``loss_fn(model(inputs), targets)``;
+   ``loss_fn(model(inputs), targets)``; or a mapping, fed whole to the model
+   (``model(**batch)``) with its targets under ``"labels"``:
+   ``loss_fn(model(**batch), batch["labels"])``;
 2. without it, the model gets the whole batch (``model(**batch)`` for a
    mapping, see :mod:`treadle.evaluation.batch`) and returns its loss;
 3. a ``compute_loss(batch)`` of the user's replaces both.
@@ -24,13 +26,13 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 import torch
 
-from .batch import batch_size, get_targets, whole_batch_forward
+from .batch import batch_size, call_model, get_targets, whole_batch_forward
 from .evaluator import metric_names
 from .registry import register_metric
 from .results import Results
 from .statistics import StatisticsEvaluator, float_accumulator_dtype
 
-__all__ = ["LossEvaluator", "forward_loss", "as_losses"]
+__all__ = ["LossEvaluator", "forward_loss", "outputs_and_targets", "as_losses"]
 
 LossFn = Callable[[Any, Any], Any]
 
@@ -39,19 +41,30 @@ MODEL = "the model"
 LOSS_FN = "loss_fn"
 
 
-def forward_loss(model: Callable[..., Any], loss_fn: Optional[LossFn], batch: Any) -> Any:
-    """What the contract computes from a training batch, before
-    :func:`as_losses` reads it: ``loss_fn(model(inputs), targets)``, or without
-    ``loss_fn`` the model's output for the whole batch."""
-    if loss_fn is not None:
-        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-            raise TypeError(
-                "With loss_fn, each batch must be an (inputs, targets) pair; got "
-                f"{type(batch).__name__}" + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
-            )
-        inputs, targets = batch
-        return loss_fn(model(inputs), targets)
-    return whole_batch_forward(model, batch)
+def forward_loss(model: Callable[..., Any], loss_fn: Optional[LossFn], batch: Any, target_key: str = "labels") -> Any:
+    """What the contract computes from a batch (training's and evaluation's),
+    before :func:`as_losses` reads it: with ``loss_fn``, ``loss_fn(outputs,
+    targets)`` (the outputs and targets as :func:`outputs_and_targets`
+    gives them); without it, the model's output for the whole batch."""
+    if loss_fn is None:
+        return whole_batch_forward(model, batch)
+    return loss_fn(*outputs_and_targets(model, batch, target_key))
+
+
+def outputs_and_targets(model: Callable[..., Any], batch: Any, target_key: str = "labels") -> Any:
+    """A batch's model outputs and targets, for a ``loss_fn``: ``model(inputs)``
+    and ``targets`` of an ``(inputs, targets)`` pair; the model's output for
+    a whole mapping (``model(**batch)``) and ``batch[target_key]``."""
+    if isinstance(batch, Mapping):
+        return call_model(model, batch), get_targets(batch, target_key, LOSS_FN)
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+        raise TypeError(
+            "With loss_fn, each batch must be an (inputs, targets) pair or a dict with its targets under "
+            f"{target_key!r}; got {type(batch).__name__}"
+            + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
+        )
+    inputs, targets = batch
+    return model(inputs), targets
 
 
 def as_losses(out: Any, source: str) -> Dict[str, torch.Tensor]:

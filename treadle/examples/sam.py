@@ -73,10 +73,10 @@ class SAMStep(EagerStep):
         with torch.no_grad():
             foreach_sub_(params, perturbation)
 
-        self._after_backward()
-        if self.clip_grad_norm is not None:
-            storage.put_scalar("grad_norm", torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm).detach())
-        self.optimizer.step()
+        # The end of the standard update: after_backward, clipping (by norm or value), the step.
+        grad_norm = self.step_optimizer()
+        if grad_norm is not None:
+            storage.put_scalar("grad_norm", grad_norm.detach())
 
         storage.put_scalar("total_loss", loss.detach(), kind=ScalarKind.LOSS)
         storage.put_scalar("loss_perturbed", perturbed_loss.detach(), kind=ScalarKind.LOSS)
