@@ -25,7 +25,7 @@ from treadle.config.train_keys import (
     wrapper_options,
 )
 from treadle.engine.defaults import DefaultTrainer
-from treadle.engine.validation import check_run_config
+from treadle.config.validation import check_run_config
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = [key.name for key in KEYS]

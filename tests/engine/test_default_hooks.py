@@ -120,7 +120,7 @@ def test_the_run_summary_counts_the_samples_of_every_accumulated_batch():
 
 
 def test_a_config_mode_against_the_metrics_direction_is_warned_about_in_one_line(tmp_path, treadle_caplog):
-    from treadle.engine.validation import check_run_config
+    from treadle.config.validation import check_run_config
 
     cfg = LazyConfig.load(str(ROOT / "configs" / "digits_mlp.py"))
     cfg = LazyConfig.apply_overrides(cfg, [

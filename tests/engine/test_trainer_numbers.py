@@ -230,7 +230,7 @@ def test_config_clip_grad_value_updates_as_clip_grad_value_by_hand(tmp_path):
 def test_config_refuses_a_bad_clip_grad_value_naming_the_key(tmp_path, value):
     """train_net's check of the config (check_run_config) names the key."""
     from treadle.config.errors import ConfigError
-    from treadle.engine.validation import check_run_config
+    from treadle.config.validation import check_run_config
 
     with pytest.raises(ConfigError, match=r"^train.step.clip_grad_value must be") as info:
         check_run_config(_digits_cfg(tmp_path, f"train.step.clip_grad_value={value}"))

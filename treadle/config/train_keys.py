@@ -4,7 +4,7 @@ Three readers share it:
 
 - the shipped ``configs/common/train.py`` builds its ``train`` dict with
   :func:`train_defaults` (and lists the table in its docstring);
-- validation (:func:`treadle.engine.validation.check_run_config`) checks each
+- validation (:func:`treadle.config.validation.check_run_config`) checks each
   value with the key's rule (:mod:`treadle.config.rules`);
 - code that reads a config gets a key the config lacks as the table's default,
   through :func:`train_setting` (one key) or :func:`train_section` (a sub-node

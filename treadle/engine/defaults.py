@@ -36,7 +36,7 @@ from .build import build_step, loader_epoch_length, trainable_parameters
 from .default_hooks import default_hooks
 from .launch import create_ddp_model, wrap_model
 from .session import RunSession
-from .validation import check_watched_metric, enabled_trackers
+from treadle.config.validation import check_watched_metric, enabled_trackers
 from .steps import StepBase
 from .train_loop import TrainerBase
 

@@ -165,7 +165,7 @@ class TrainerEvaluation:
         if best_metric is None and not patience:
             return None, None
         # validation.py checks configs (OmegaConf), which a plain Trainer never imports otherwise.
-        from .validation import check_watched_metric, warn_contradicting_mode
+        from treadle.config.validation import check_watched_metric, warn_contradicting_mode
 
         # The key the warnings name: the metric given, or the one early stopping watches without it.
         given = ("best_metric", best_metric) if best_metric is not None else ("early stopping's metric", "loss")

@@ -59,9 +59,10 @@ def outputs_and_targets(model: Callable[..., Any], batch: Any, target_key: str =
         return call_model(model, batch), get_targets(batch, target_key, LOSS_FN)
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
         raise TypeError(
-            "With loss_fn, each batch must be an (inputs, targets) pair or a dict with its targets under "
-            f"{target_key!r}; got {type(batch).__name__}"
+            "With loss_fn, each batch must be an (inputs, targets) pair; got "
+            + type(batch).__name__
             + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
+            + f" (or give a dict with its targets under {target_key!r})"
         )
     inputs, targets = batch
     return model(inputs), targets

@@ -1,25 +1,30 @@
-"""detectron2's ``solver`` names, where a ported script looks for them.
+"""Optimizers, parameter groups and learning-rate schedules (detectron2's ``solver``).
 
-Optimizers' parameter groups and learning-rate schedules live in
-:mod:`treadle.engine.build` and :mod:`treadle.hooks.lr_scheduler`; this module
-only re-exports them under the module name detectron2 users import from
-(``from detectron2.solver import ...`` becomes ``from treadle.solver import ...``).
+``from detectron2.solver import ...`` becomes ``from treadle.solver import ...``.
+The layer below the engine and the hooks: it imports neither.
 """
 
-from treadle.engine.build import (
+from .build import (
+    OPTIMIZERS,
     build_optimizer,
+    expand_param_groups,
     get_default_optimizer_params,
     get_param_groups,
     reduce_param_groups,
+    trainable_parameters,
 )
-from treadle.hooks.lr_scheduler import LRMultiplier, WarmupParamScheduler, build_lr_multiplier
+from .lr_scheduler import LRMultiplier, WarmupParamScheduler, build_lr_multiplier, describe_schedule
 
 __all__ = [
     "LRMultiplier",
     "WarmupParamScheduler",
     "build_lr_multiplier",
+    "describe_schedule",
+    "OPTIMIZERS",
     "build_optimizer",
+    "expand_param_groups",
     "get_default_optimizer_params",
     "get_param_groups",
     "reduce_param_groups",
+    "trainable_parameters",
 ]

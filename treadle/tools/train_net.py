@@ -46,7 +46,7 @@ from treadle.config.nodes import child_node, raw_value
 from treadle.config.train_keys import train_setting
 from treadle.engine.defaults import DefaultTrainer, default_argument_parser, default_setup, save_run_config
 from treadle.engine.launch import launch
-from treadle.engine.validation import check_run_config, check_world_size
+from treadle.config.validation import check_run_config, check_world_size
 from treadle.events import NonFiniteLossError
 from treadle.hooks import PREEMPTED_EXIT_CODE
 from treadle.utils import comm

@@ -26,12 +26,11 @@ import torch
 from omegaconf import DictConfig, ListConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from treadle.config import ConfigError
-from treadle.config.errors import first_line
-from treadle.config.locate import target_name
-from treadle.config.nodes import child_node, is_missing, is_none, raw_value
-from treadle.config.rules import integer, is_int, is_number, shown
-from treadle.config.train_keys import STEP_KINDS, train_rules, train_setting
+from .errors import ConfigError, first_line
+from .locate import target_name
+from .nodes import child_node, is_missing, is_none, raw_value
+from .rules import integer, is_int, is_number, shown
+from .train_keys import STEP_KINDS, train_rules, train_setting
 
 __all__ = [
     "check_run_config",
