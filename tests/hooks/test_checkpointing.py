@@ -3,17 +3,12 @@
 import json
 import logging
 import math
-import os
-import signal
 
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import TensorDataset
 
-from treadle.checkpoint import Checkpointer
-from treadle.data import build_train_loader
-from treadle.engine import EagerStep, TrainerBase
+from tests.hooks.helpers import crash_at, make_run, same, scripted_eval, stop_at
 from treadle.events import JSONWriter
 from treadle.hooks import (
     BestCheckpointer,
@@ -27,81 +22,6 @@ from treadle.hooks import (
 )
 
 
-# ---------------------------------------------------------------- helpers
-class Run:
-    """A tiny job: a linear model, a resumable loader of 16 samples (4 iterations per epoch).
-
-    Each of ``hooks`` is a function of the Run returning a hook (so that it
-    can use the Run's checkpointer and trainer); they are registered in order.
-    """
-
-    def __init__(self, out, *hooks):
-        torch.manual_seed(0)
-        self.model = nn.Linear(3, 1)
-        g = torch.Generator().manual_seed(1)
-        data = TensorDataset(torch.randn(16, 3, generator=g), torch.randn(16, 1, generator=g))
-        self.loader = build_train_loader(data, total_batch_size=4, seed=0)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=0.9)
-        self.trainer = TrainerBase(EagerStep(self.model, self.loader, self.optimizer, loss_fn=nn.functional.mse_loss))
-        self.trainer.epoch_length = self.loader.epoch_length
-        self.checkpointer = Checkpointer(self.model, str(out), optimizer=self.optimizer, trainer=self.trainer)
-        self.out = out
-        # Weights after each iteration, taken before any checkpointing hook runs.
-        self.weights = {}
-        snapshot = CallbackHook(after_step=self._snapshot, after_train=self._snapshot_final)
-        self.trainer.register_hooks([snapshot] + [make(self) for make in hooks])
-
-    def _snapshot(self, trainer):
-        self.weights[trainer.iter] = {k: v.clone() for k, v in self.model.state_dict().items()}
-
-    def _snapshot_final(self, trainer):
-        self.weights["final"] = {k: v.clone() for k, v in self.model.state_dict().items()}
-
-    def load(self, name):
-        return torch.load(self.out / name, weights_only=True)
-
-    def files(self):
-        return sorted(os.listdir(self.out)) if self.out.exists() else []
-
-    def pointer(self):
-        return (self.out / "last_checkpoint").read_text()
-
-    def resume(self):
-        extra = self.checkpointer.resume_or_load("", resume=True)
-        return int(extra["iteration"]) + 1
-
-
-make_run = Run
-
-
-def same(a, b):
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-def scripted_eval(trainer_ref, script, calls, name="acc"):
-    """An eval function returning ``script[iteration]`` as ``name``; records when it ran."""
-
-    def evaluate():
-        it = trainer_ref().iter
-        calls.append(it)
-        return {name: script[it]}
-
-    return evaluate
-
-
-def crash_at(iteration):
-    def maybe_raise(trainer):
-        if trainer.iter == iteration:
-            raise RuntimeError(f"crash at {iteration}")
-
-    return CallbackHook(after_step=maybe_raise)
-
-
-def stop_at(iteration):
-    return CallbackHook(after_step=lambda t: t.request_stop("enough") if t.iter == iteration else None)
-
-
-# ---------------------------------------------------------------- PeriodicCheckpointer
 def test_periodic_checkpoints_every_period_and_a_final_one(tmp_path):
     run = make_run(tmp_path, lambda r: PeriodicCheckpointer(r.checkpointer, period=3))
     run.trainer.train(0, 10)
@@ -161,7 +81,6 @@ def test_max_to_keep_keeps_the_newest_periodic_files(tmp_path):
     assert run.files() == ["last_checkpoint", "model_0000003.pth", "model_0000004.pth", "model_final.pth"]
 
 
-# ---------------------------------------------------------------- BestCheckpointer
 def best_run(out, script, calls, mode="max", extra=()):
     return make_run(
         out,
@@ -237,62 +156,10 @@ def test_best_checkpointer_needs_an_eval_hook_before_it(tmp_path):
         run.trainer.train(0, 2)
 
 
-# ---------------------------------------------------------------- EarlyStopping
-def early_stopping_run(out, script, calls, extra=()):
-    return make_run(
-        out,
-        lambda r: EvalHook(2, scripted_eval(lambda: r.trainer, script, calls)),
-        lambda r: EarlyStopping("acc", patience=2),
-        lambda r: PeriodicCheckpointer(r.checkpointer, period=6),
-        *extra,
-    )
 
 
-# 0.6 at 3 is the best; 5 and 7 do not beat it: the second miss (7) stops training.
-STOP_SCRIPT = {1: 0.5, 3: 0.6, 5: 0.55, 7: 0.58, 9: 0.9, 11: 0.95, 20: 1.0}
 
 
-def test_early_stopping_stops_at_the_expected_iteration_and_after_train_still_runs(tmp_path):
-    calls, steps = [], []
-    count = lambda r: CallbackHook(before_step=lambda t: steps.append(t.iter))  # noqa: E731
-    run = early_stopping_run(tmp_path, STOP_SCRIPT, calls, extra=[count])
-    run.trainer.train(0, 20)
-
-    assert steps == list(range(8))
-    assert run.trainer.stop_reason.startswith("early stopping: acc has not improved by more than 0.0 for 2 evaluation(s)")
-    # The final evaluation is not repeated: the weights after 7 were just evaluated.
-    assert calls == [1, 3, 5, 7]
-    # The final checkpoint is written, with the weights of the last iteration run.
-    assert run.files() == ["last_checkpoint", "model_0000005.pth", "model_final.pth"]
-    final = run.load("model_final.pth")
-    assert final["iteration"] == 7
-    assert same(final["model"], run.weights[7])
-    assert final["trainer"]["hooks"]["EarlyStopping"] == {"best_metric": 0.6, "best_iter": 3, "num_bad_evals": 2}
-
-
-def test_early_stopping_counters_survive_a_resume(tmp_path):
-    first = early_stopping_run(tmp_path, STOP_SCRIPT, [], extra=[lambda r: crash_at(6)])
-    with pytest.raises(RuntimeError, match="crash at 6"):
-        first.trainer.train(0, 20)
-    # The checkpoint at 5 holds one miss (0.55 after the best 0.6).
-    assert first.load("model_0000005.pth")["trainer"]["hooks"]["EarlyStopping"] == {
-        "best_metric": 0.6,
-        "best_iter": 3,
-        "num_bad_evals": 1,
-    }
-
-    calls, steps = [], []
-    count = lambda r: CallbackHook(before_step=lambda t: steps.append(t.iter))  # noqa: E731
-    second = early_stopping_run(tmp_path, STOP_SCRIPT, calls, extra=[count])
-    start = second.resume()
-    second.trainer.train(start, 20)
-    # One more miss, at 7, stops it: as in the uninterrupted run.
-    assert start == 6 and steps == [6, 7]
-    assert calls == [7]
-    assert second.load("model_final.pth")["iteration"] == 7
-
-
-# ---------------------------------------------------------------- writers flush before a resume point
 def test_values_before_a_checkpoint_are_written_before_it(tmp_path):
     """A kill right after a save must not lose what came before it: the writers flush first."""
     metrics = tmp_path / "metrics.json"
@@ -344,47 +211,6 @@ def test_tensorboard_points_before_a_checkpoint_are_on_disk_before_it(tmp_path):
     )
     run.trainer.train(0, 10)
     assert seen_at_save == {3: [0, 1, 2, 3], 7: list(range(8))}
-
-
-# ---------------------------------------------------------------- PreemptionHandler
-def test_an_error_after_a_preemption_stop_propagates_and_every_after_train_runs(tmp_path, treadle_caplog):
-    """A hook crashing in the iteration where the preemption was asked for: the
-    crash wins over the exit, and that failed iteration is not checkpointed (the
-    checkpoint waits for the iteration's end, which never comes)."""
-    previous_handler = signal.getsignal(signal.SIGUSR1)
-    finished = []
-    run = make_run(
-        tmp_path,
-        lambda r: CallbackHook(before_step=lambda t: os.kill(os.getpid(), signal.SIGUSR1) if t.iter == 2 else None),
-        lambda r: PreemptionHandler(r.checkpointer),
-        lambda r: crash_at(2),  # after PreemptionHandler: the stop is already requested
-        lambda r: CallbackHook(after_train=lambda t: finished.append(t.iter)),
-    )
-    with pytest.raises(RuntimeError, match="crash at 2"):
-        run.trainer.train(0, 10)
-    assert run.trainer.stop_reason is None
-    assert finished == [2]  # the hook after PreemptionHandler still closed up
-    # The handler itself saw the error and did not try to exit.
-    assert "PreemptionHandler.after_train failed" not in treadle_caplog.text
-    assert "Exiting with status" not in treadle_caplog.text
-    assert not (tmp_path / "model_0000002.pth").exists()
-    assert signal.getsignal(signal.SIGUSR1) == previous_handler
-
-
-def test_preemption_handler_reads_the_world_size_once_per_run_not_per_step(tmp_path, monkeypatch):
-    from treadle.utils import comm
-
-    calls = []
-    real = comm.get_world_size
-    monkeypatch.setattr(comm, "get_world_size", lambda *a, **k: calls.append(1) or real(*a, **k))
-
-    def count(n_iter):
-        run = make_run(tmp_path / str(n_iter), lambda r: PreemptionHandler(r.checkpointer))
-        calls.clear()
-        run.trainer.train(0, n_iter)
-        return len(calls)
-
-    assert count(2) == count(12)
 
 
 def _loss_on(model, data):
@@ -455,7 +281,6 @@ def test_detectron2_argument_order_is_enforced():
         BestCheckpointer("accuracy", None, "max")
 
 
-# ---------------------------------------------------------------- any order resumes exactly
 @pytest.mark.parametrize(
     "order",
     [
