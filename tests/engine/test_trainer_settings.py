@@ -389,8 +389,9 @@ def test_the_signature_docstring_and_table_name_the_same_settings_with_the_same_
     for parameter, row in zip(parameters, SETTINGS):
         assert parameter.default == row.default, row.name
     documented = []
-    for line in Trainer.__doc__.split("Args:")[1].splitlines():
-        match = re.match(r"^        ([a-z_]+(?:, [a-z_]+)*):", line)
+    # cleandoc: Python 3.13 strips a docstring's indentation when compiling, earlier ones do not.
+    for line in inspect.cleandoc(Trainer.__doc__).split("Args:")[1].splitlines():
+        match = re.match(r"^    ([a-z_]+(?:, [a-z_]+)*):", line)
         if match:
             documented += match.group(1).split(", ")
     assert documented[:3] == ["model", "optimizer", "train_loader"]

@@ -31,14 +31,13 @@ from .serialization import UnsafeCheckpointError
 
 __all__ = ["SafeFileSystemReader", "WeightsOnlyLoadPlanner", "load_dcp_metadata", "load_dcp"]
 
-# The globals a DCP metadata file refers to (torch 2.4 to 2.13): DCP's
-# metadata records, its storage index, and what describes a tensor.
+# The globals a DCP metadata file refers to (torch 2.6 to 2.14): DCP's
+# metadata records, its storage index, and what describes a tensor. Paths
+# are pickled under pathlib's module, which Python 3.13 calls pathlib._local.
 _ALLOWED = {
     ("collections", "OrderedDict"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "PurePosixPath"),
-    ("pathlib", "WindowsPath"),
-    ("pathlib", "PureWindowsPath"),
+    *((module, name) for module in ("pathlib", "pathlib._local")
+      for name in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath")),
     ("torch", "Size"),
     ("torch.serialization", "_get_layout"),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import re
 from typing import Any, Callable, Dict, List
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -88,9 +89,11 @@ def _call(target: Callable[..., Any], kwargs: Dict[str, Any], path: str, raw_tar
     except ConfigError:
         raise
     except TypeError as e:
+        hint = _argument_hint(target, kwargs)
+        # Python 3.13 suggests a close name itself; the hint says it once, the same on every version.
+        message = re.sub(r"\. Did you mean '[^']*'\?$", "", str(e)) if hint.startswith("; did you mean") else str(e)
         raise ConfigError(
-            f"Cannot instantiate config node {_shown(path)} (_target_ {target_name(raw_target)}): "
-            f"{e}{_argument_hint(target, kwargs)}"
+            f"Cannot instantiate config node {_shown(path)} (_target_ {target_name(raw_target)}): {message}{hint}"
         ) from e
     except Exception as e:
         # Keep the original exception type (callers may catch it) and add where it came from.
