@@ -13,7 +13,9 @@ from treadle.hooks.base import HookBase
 from treadle.utils.lazy_exports import lazy_exports
 
 from .steps import PRECISIONS, CompiledStep, EagerStep, StepBase
-from .build import build_optimizer, build_step, get_param_groups, resolve_scheduler
+from treadle.solver import build_optimizer, get_param_groups
+
+from .build import build_step, resolve_scheduler
 from .train_loop import HookOrderError, TrainerBase
 from .simple_trainer import AMPTrainer, SimpleTrainer
 from .trainer import Trainer, TrainingHistory

@@ -15,7 +15,8 @@ import torch
 from fvcore.common.param_scheduler import ParamScheduler
 from torch import nn
 
-from treadle.solver.build import (  # noqa: F401 - the engine's names of them (treadle.engine.build_optimizer)
+# Importable from here too: configs saved before (config.yaml's _target_) name them so.
+from treadle.solver.build import (  # noqa: F401
     OPTIMIZERS,
     build_optimizer,
     get_default_optimizer_params,
@@ -28,12 +29,6 @@ from treadle.solver.lr_scheduler import SCHEDULE_NAMES, SCHEDULE_OPTIONS, build_
 from .steps import CompiledStep, EagerStep, StepBase
 
 __all__ = [
-    "OPTIMIZERS",
-    "build_optimizer",
-    "get_param_groups",
-    "get_default_optimizer_params",
-    "reduce_param_groups",
-    "trainable_parameters",
     "resolve_scheduler",
     "build_step",
     "loader_epoch_length",

@@ -32,7 +32,9 @@ from treadle.utils.logger import setup_logger, start_log_files
 from treadle.utils.run_folder import check_output_dir
 from treadle.utils.run_start import when_training_starts
 
-from .build import build_step, loader_epoch_length, trainable_parameters
+from treadle.solver import trainable_parameters
+
+from .build import build_step, loader_epoch_length
 from .default_hooks import default_hooks
 from .launch import create_ddp_model, wrap_model
 from .session import RunSession

@@ -31,7 +31,9 @@ from treadle.utils.env import seed_all_rng
 from treadle.utils.logger import setup_logger
 from treadle.utils.run_folder import RunFolder
 
-from .build import build_optimizer, build_step, loader_epoch_length, resolve_scheduler
+from treadle.solver import build_optimizer
+
+from .build import build_step, loader_epoch_length, resolve_scheduler
 from .default_hooks import default_hooks
 from .seed_names import SEED_METHODS, warn_about_seed_methods
 from .history import EpochCallback, TrainingHistory, iteration_history

@@ -9,7 +9,7 @@ every group sets its own value, so a literal here would make the override
 import torch
 
 from treadle.config import LazyCall as L
-from treadle.engine.build import get_param_groups
+from treadle.solver import get_param_groups
 
 SGD = L(torch.optim.SGD)(
     params=L(get_param_groups)(weight_decay="${..weight_decay}", weight_decay_norm=0.0, weight_decay_bias=0.0),
