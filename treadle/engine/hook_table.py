@@ -39,7 +39,7 @@ class HookCall(NamedTuple):
 PERIODIC_STAGES: Dict[str, str] = {"after_step": "after_step_period", "after_iteration": "after_iteration_period"}
 
 
-class _Schedule:
+class Schedule:
     """When one periodic stage's calls are due, over one training: a hook
     with period ``N`` after iterations ``N - 1``, ``2N - 1``, ..., and after
     the last where it runs at the last iteration; a hook without a period
@@ -106,8 +106,13 @@ class HookTable:
         self.calls: Dict[str, List[HookCall]] = {stage: [] for stage in HOOK_STAGES}
         # Seconds spent in each "Hook.stage".
         self.seconds: Dict[str, float] = defaultdict(float)
-        # When the periodic stages' calls are due in the current training (see plan_periods).
-        self.schedules: Dict[str, _Schedule] = {stage: _Schedule([]) for stage in PERIODIC_STAGES}
+        # When the periodic stages' calls are due in the current training (see plan_periods);
+        # an attribute each, read by the loop every iteration.
+        self.after_step_schedule = Schedule([])
+        self.after_iteration_schedule = Schedule([])
+        self.schedules: Dict[str, Schedule] = {
+            "after_step": self.after_step_schedule, "after_iteration": self.after_iteration_schedule
+        }
 
     # ------------------------------------------------------------------ registration
     def register(self, hooks: Sequence[Optional[HookBase]]) -> List[HookBase]:

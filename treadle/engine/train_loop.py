@@ -225,6 +225,10 @@ class TrainerBase:
         records = self._records
         self._table.plan_periods(start_iter, max_iter)  # every before_train has run: periods are known
         epoch_length = self.epoch_length
+        # after_iteration is called where a hook has it (one registered in training too) or the
+        # trainer overrides it: a call less an iteration otherwise.
+        own_iteration_end = type(self).after_iteration is not TrainerBase.after_iteration
+        iteration_hooks = self._table.after_iteration_schedule
         self._loop_started = clock()
         try:
             for it in range(start_iter, max_iter):
@@ -240,7 +244,8 @@ class TrainerBase:
                     self.epoch = it // epoch_length
                     self.after_epoch()
                     self._epochs_done_through = it
-                self.after_iteration()
+                if own_iteration_end or iteration_hooks.calls:
+                    self.after_iteration()
                 if self._stop_reason is not None:
                     break
         finally:
@@ -350,7 +355,7 @@ class TrainerBase:
     def after_step(self) -> None:
         """Runs the ``after_step`` of the hooks due at this iteration (see
         :meth:`HookBase.after_step_period`); outside training, every hook's."""
-        self._table.run(self._table.due("after_step", self.iter), self.iter)
+        self._table.run(self._table.after_step_schedule.due(self.iter), self.iter)
 
     def after_epoch(self) -> None:
         """Runs every hook's ``after_epoch``; ``epoch`` is the index of the
@@ -367,7 +372,7 @@ class TrainerBase:
         """Runs the ``after_iteration`` of the hooks due at this iteration (see
         :meth:`HookBase.after_iteration_period`), once every hook's
         ``after_step`` and ``after_epoch`` of it has run."""
-        self._table.run(self._table.due("after_iteration", self.iter), self.iter)
+        self._table.run(self._table.after_iteration_schedule.due(self.iter), self.iter)
 
     def after_train(self) -> None:
         """Runs every hook's ``after_train``, also when one of them raises.
