@@ -355,7 +355,9 @@ class TrainerBase:
     def after_step(self) -> None:
         """Runs the ``after_step`` of the hooks due at this iteration (see
         :meth:`HookBase.after_step_period`); outside training, every hook's."""
-        self._table.run(self._table.after_step_schedule.due(self.iter), self.iter)
+        calls = self._table.after_step_schedule.due(self.iter)
+        if calls:  # most iterations of periodic hooks have none due
+            self._table.run(calls, self.iter)
 
     def after_epoch(self) -> None:
         """Runs every hook's ``after_epoch``; ``epoch`` is the index of the
@@ -372,7 +374,9 @@ class TrainerBase:
         """Runs the ``after_iteration`` of the hooks due at this iteration (see
         :meth:`HookBase.after_iteration_period`), once every hook's
         ``after_step`` and ``after_epoch`` of it has run."""
-        self._table.run(self._table.after_iteration_schedule.due(self.iter), self.iter)
+        calls = self._table.after_iteration_schedule.due(self.iter)
+        if calls:
+            self._table.run(calls, self.iter)
 
     def after_train(self) -> None:
         """Runs every hook's ``after_train``, also when one of them raises.

@@ -22,6 +22,7 @@ is refused in one line naming where it came from.
 
 from __future__ import annotations
 
+from collections import abc
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 import torch
@@ -55,17 +56,17 @@ def outputs_and_targets(model: Callable[..., Any], batch: Any, target_key: str =
     """A batch's model outputs and targets, for a ``loss_fn``: ``model(inputs)``
     and ``targets`` of an ``(inputs, targets)`` pair; the model's output for
     a whole mapping (``model(**batch)``) and ``batch[target_key]``."""
-    if isinstance(batch, Mapping):
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:  # first: the common case, checked cheaply
+        inputs, targets = batch
+        return model(inputs), targets
+    if isinstance(batch, abc.Mapping):
         return call_model(model, batch), get_targets(batch, target_key, LOSS_FN)
-    if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-        raise TypeError(
-            "With loss_fn, each batch must be an (inputs, targets) pair; got "
-            + type(batch).__name__
-            + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
-            + f" (or give a dict with its targets under {target_key!r})"
-        )
-    inputs, targets = batch
-    return model(inputs), targets
+    raise TypeError(
+        "With loss_fn, each batch must be an (inputs, targets) pair; got "
+        + type(batch).__name__
+        + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
+        + f" (or give a dict with its targets under {target_key!r})"
+    )
 
 
 def as_losses(out: Any, source: str) -> Dict[str, torch.Tensor]:
