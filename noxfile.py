@@ -26,7 +26,7 @@ nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 
 ROOT = Path(__file__).parent
-OLDEST_TORCH = "2.6.0"
+OLDEST_TORCH = "2.13.0"
 NEWEST_TORCH = "2.14.1"
 PINNED_TORCH = re.search(r"^torch==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M).group(1)  # type: ignore[union-attr]
 
