@@ -33,7 +33,7 @@ from .statistics import StatisticsEvaluator, all_reduce_statistics, float_accumu
 
 # The built-in evaluators register their metric names when imported.
 from .classification import ClassificationEvaluator
-from .loss import LossEvaluator, as_losses, forward_loss, outputs_and_targets
+from .loss import LossEvaluator, as_losses, forward_loss
 from .perplexity import PerplexityEvaluator
 from .regression import RegressionEvaluator
 from .sequence import SequenceEvaluator, edit_distance
@@ -48,7 +48,6 @@ __all__ = [
     "LossEvaluator",
     "as_losses",
     "forward_loss",
-    "outputs_and_targets",
     "SequenceEvaluator",
     "PerplexityEvaluator",
     "TorchMetricsEvaluator",

@@ -33,7 +33,7 @@ from .registry import register_metric
 from .results import Results
 from .statistics import StatisticsEvaluator, float_accumulator_dtype
 
-__all__ = ["LossEvaluator", "forward_loss", "outputs_and_targets", "as_losses"]
+__all__ = ["LossEvaluator", "forward_loss", "as_losses"]
 
 LossFn = Callable[[Any, Any], Any]
 
@@ -45,14 +45,14 @@ LOSS_FN = "loss_fn"
 def forward_loss(model: Callable[..., Any], loss_fn: Optional[LossFn], batch: Any, target_key: str = "labels") -> Any:
     """What the contract computes from a batch (training's and evaluation's),
     before :func:`as_losses` reads it: with ``loss_fn``, ``loss_fn(outputs,
-    targets)`` (the outputs and targets as :func:`outputs_and_targets`
-    gives them); without it, the model's output for the whole batch."""
+    targets)`` (``model(inputs)`` and ``targets`` of a pair; ``model(**batch)`` and
+    ``batch[target_key]`` of a mapping); without it, the model's output for the whole batch."""
     if loss_fn is None:
         return whole_batch_forward(model, batch)
-    return loss_fn(*outputs_and_targets(model, batch, target_key))
+    return loss_fn(*_outputs_and_targets(model, batch, target_key))
 
 
-def outputs_and_targets(model: Callable[..., Any], batch: Any, target_key: str = "labels") -> Any:
+def _outputs_and_targets(model: Callable[..., Any], batch: Any, target_key: str = "labels") -> Any:
     """A batch's model outputs and targets, for a ``loss_fn``: ``model(inputs)``
     and ``targets`` of an ``(inputs, targets)`` pair; the model's output for
     a whole mapping (``model(**batch)``) and ``batch[target_key]``."""
