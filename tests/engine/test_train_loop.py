@@ -100,7 +100,9 @@ def test_hook_exception_names_the_hook_and_later_after_train_still_run():
     trainer = make_trainer(log, [Failing("after_step"), Failing("after_train"), Recorder("last", log)])
     with pytest.raises(RuntimeError, match="hook broke") as info:
         trainer.train(0, 5)
-    assert any("Failing.after_step at iteration 2" in note for note in info.value.__notes__)
+    assert info.value.treadle_origin == "hook Failing.after_step at iteration 2"  # what train_net prints, any Python
+    if sys.version_info >= (3, 11):  # and a note under the traceback where Python has them (PEP 678)
+        assert any("Failing.after_step at iteration 2" in note for note in info.value.__notes__)
     # The failing after_train of the second hook did not stop the third one's.
     assert log[-1] == ("last", "after_train", 2)
 
