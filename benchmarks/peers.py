@@ -18,6 +18,10 @@ Systems, each run in its own process, in interleaved rounds:
   ``TensorboardWriter``, the console set up by ``setup_logger()`` (as
   detectron2's ``default_setup`` does; without it no handler would print
   the status lines);
+- ``treadle-schedule``: ``treadle-bare`` with the ``LRScheduler`` hook of
+  detectron2's default config (a cosine fvcore schedule with a linear
+  warm-up, an ``LRMultiplier``): what a schedule costs (its weights are
+  not the hand loop's, which has a constant rate);
 - ``treadle-trainer``: the plain ``Trainer(...)`` with an ``output_dir``
   (its default hooks and writers: timer, LR schedule, checkpoint at the
   end, JSON and TensorBoard, console lines, run summary);
@@ -156,7 +160,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from treadle.utils.frame_stack import call_with_frame_room
 
-TREADLE = ["treadle-bare", "treadle-hooks", "treadle-trainer"]
+TREADLE = ["treadle-bare", "treadle-hooks", "treadle-schedule", "treadle-trainer"]
 PEERS = ["ignite", "accelerate", "mmengine", "mmengine-log", "pytorch-accelerated", "pytorch-accelerated-default",
          "lightning", "lightning-log"]
 SYSTEMS = ["hand", "hand-recorded", *TREADLE, *PEERS]
@@ -386,6 +390,21 @@ def run_treadle_hooks(work: Workload, workdir: str) -> Run:
     trainer = TrainerBase(EagerStep(model, loader, optimizer, loss_fn=F.cross_entropy))
     writers = [CommonMetricPrinter(work.iters), JSONWriter(os.path.join(workdir, "metrics.json")), TensorboardWriter(workdir)]
     trainer.register_hooks([IterationTimer(), PeriodicWriter(writers, period=WRITE_PERIOD)])
+    return model, lambda: trainer.train(0, work.iters)
+
+
+def run_treadle_schedule(work: Workload, workdir: str) -> Run:
+    import torch.nn.functional as F
+    from fvcore.common.param_scheduler import CosineParamScheduler
+
+    from treadle.engine import EagerStep, TrainerBase
+    from treadle.hooks import LRScheduler
+    from treadle.solver import WarmupParamScheduler
+
+    model, optimizer, loader = work.fresh()
+    trainer = TrainerBase(EagerStep(model, loader, optimizer, loss_fn=F.cross_entropy))
+    schedule = WarmupParamScheduler(CosineParamScheduler(1.0, 0.0), warmup_factor=0.001, warmup_length=0.05)
+    trainer.register_hooks([LRScheduler(optimizer, schedule)])
     return model, lambda: trainer.train(0, work.iters)
 
 
