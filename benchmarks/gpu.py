@@ -5,12 +5,21 @@ and a large one (the GPU does).
 
 Systems (each eager row is a fresh model and optimizer per round):
 
-- ``hand``: zero_grad, forward, loss, backward, step over the batches;
+- ``hand``: zero_grad, forward, loss, backward, step over the batches; it
+  never reads its loss (the floor);
+- ``hand-log``: the same loop reading its loss every 20 iterations
+  (``loss.item()``), as its users log it;
 - ``treadle-bare``: ``TrainerBase(EagerStep(...))`` with no hooks;
 - ``treadle-hooks``: plus ``IterationTimer`` and ``PeriodicWriter`` with the
   console, JSON and TensorBoard writers every 20 iterations;
 - ``treadle-trainer``: the plain ``Trainer`` with an ``output_dir`` (its
   default hooks, checkpoint at the end);
+- the peers, where installed (``pip install -c constraints.txt -e
+  ".[bench]"``), logging every 20 iterations as their users do:
+  ``accelerate-log`` (a loop over a model and optimizer prepared by Hugging
+  Face's ``Accelerator``, reading its loss every 20) and ``lightning-log``
+  (``self.log`` at every step, its TensorBoard logger every 20, no
+  checkpoint or progress bar);
 - ``hand-fp16`` / ``treadle-fp16``: autocast fp16 with a ``GradScaler`` (the
   torch.amp recipe, with the ``unscale_`` treadle does for hooks) and
   ``EagerStep(precision="fp16")``;
@@ -36,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import importlib.util
 import logging
 import os
 import statistics
@@ -107,6 +117,71 @@ def run_hand(work: Workload, folder: str) -> Run:
             optimizer.step()
 
     return model, train
+
+
+def run_hand_log(work: Workload, folder: str) -> Run:
+    model, optimizer = work.fresh()
+
+    def train() -> None:
+        for i, (x, y) in enumerate(work.data):
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            if (i + 1) % WRITE_PERIOD == 0:
+                print(f"iteration {i}: loss {loss.item():.4f}")
+
+    return model, train
+
+
+def run_accelerate_log(work: Workload, folder: str) -> Run:
+    from accelerate import Accelerator
+
+    model, optimizer = work.fresh()
+    accelerator = Accelerator()
+    model, optimizer = accelerator.prepare(model, optimizer)
+
+    def train() -> None:
+        for i, (x, y) in enumerate(work.data):
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            if (i + 1) % WRITE_PERIOD == 0:
+                accelerator.print(f"iteration {i}: loss {loss.item():.4f}")
+
+    return accelerator.unwrap_model(model), train
+
+
+def run_lightning_log(work: Workload, folder: str) -> Run:
+    import lightning as L
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    model, _ = work.fresh()
+
+    class Module(L.LightningModule):
+        def __init__(self, net: nn.Module) -> None:
+            super().__init__()
+            self.net = net
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            loss = F.cross_entropy(self.net(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.net.parameters(), lr=LR, momentum=MOMENTUM)
+
+    trainer = L.Trainer(
+        accelerator="gpu", devices=1, max_steps=work.iters, max_epochs=1, default_root_dir=folder,
+        logger=TensorBoardLogger(folder), log_every_n_steps=WRITE_PERIOD, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+    )
+    # batch_size=None: the loader hands over each pre-made batch as it is (stamped when fetched).
+    loader = torch.utils.data.DataLoader(work.data, batch_size=None)
+    module = Module(model)
+    return model, lambda: trainer.fit(module, loader)
 
 
 def run_hand_fp16(work: Workload, folder: str) -> Run:
@@ -204,9 +279,12 @@ def _treadle_compiled(work: Workload) -> Run:
 
 RUNNERS: Dict[str, Callable[[Workload, str], Run]] = {
     "hand": run_hand,
+    "hand-log": run_hand_log,
     "treadle-bare": run_treadle_bare,
     "treadle-hooks": run_treadle_hooks,
     "treadle-trainer": run_treadle_trainer,
+    "accelerate-log": run_accelerate_log,
+    "lightning-log": run_lightning_log,
     "hand-fp16": run_hand_fp16,
     "treadle-fp16": run_treadle_fp16,
     "hand-compiled": _persistent(_hand_compiled),
@@ -215,6 +293,13 @@ RUNNERS: Dict[str, Callable[[Workload, str], Run]] = {
 REFERENCE = {"hand-fp16": "hand-fp16", "treadle-fp16": "hand-fp16", "hand-compiled": "hand-compiled",
              "treadle-compiled": "hand-compiled"}
 COMPILED = ("hand-compiled", "treadle-compiled")
+# Timed where their package is installed.
+PEERS = {"accelerate-log": "accelerate", "lightning-log": "lightning"}
+
+
+def installed(system: str) -> bool:
+    package = PEERS.get(system)
+    return package is None or importlib.util.find_spec(package) is not None
 
 
 def _digest(model: nn.Module) -> str:
@@ -262,8 +347,11 @@ def main() -> None:
     if args.rounds < 1 or args.iters < 20:
         sys.exit("--rounds must be at least 1 and --iters at least 20")
     logging.basicConfig(stream=open(os.devnull, "w"), level=logging.INFO, force=True)
-    small = list(RUNNERS) if not args.no_compile else [s for s in RUNNERS if s not in COMPILED]
-    large = ["hand", "treadle-bare", "treadle-hooks", "treadle-trainer", "hand-fp16", "treadle-fp16"]
+    small = [s for s in RUNNERS if installed(s) and not (args.no_compile and s in COMPILED)]
+    large = [s for s in RUNNERS if installed(s) and s not in COMPILED]
+    missing = [s for s in RUNNERS if not installed(s)]
+    if missing:
+        print(f"not installed, not timed: {', '.join(missing)} (pip install -c constraints.txt -e '.[bench]')")
     rows = measure("small", small, args.rounds, args.iters) + measure("large", large, args.rounds, max(20, args.iters // 3))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; medians of {args.rounds} rounds")
     print(f"{'size':>6} {'system':>17} {'ms/it':>8} {'to':>14} {'ratio':>6} {'+us/it':>7} {'identical':>9}")

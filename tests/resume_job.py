@@ -4,8 +4,8 @@ Run as a script (the tests start it in subprocesses and kill it)::
 
     python tests/resume_job.py --output-dir D --max-iter N [--checkpoint-period P]
         [--resume] [--pause-in-save-marker FILE] [--pause-on checkpoint|pointer|after-pointer]
-        [--progress-file F] [--num-workers W] [--log-period L] [--fail-at K] [--async-save]
-        [--format file|dcp]
+        [--progress-file F] [--num-workers W] [--log-period L] [--defer] [--fail-at K]
+        [--preempt-at K] [--async-save] [--format file|dcp]
 
 or import it and call :func:`run` (the in-process tests do).
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from treadle.hooks import IterationTimer, LRScheduler, PeriodicCheckpointer, Per
 from treadle.utils.env import seed_all_rng
 from treadle.utils.logger import setup_logger
 
-__all__ = ["SEED", "ToyDataset", "MLP", "Job", "build_job", "run", "main", "FailAt", "ProgressFile"]
+__all__ = ["SEED", "ToyDataset", "MLP", "Job", "build_job", "run", "main", "FailAt", "PreemptAt", "ProgressFile"]
 
 SEED = 1234
 BATCH_SIZE = 8
@@ -115,6 +116,18 @@ class FailAt(HookBase):
             raise RuntimeError(f"FailAt: simulated crash at iteration {self.iteration}")
 
 
+class PreemptAt(HookBase):
+    """Sends this process a SIGTERM in ``after_step`` of one iteration: a
+    preemption, which ``PreemptionHandler`` answers at that iteration's end."""
+
+    def __init__(self, iteration: int) -> None:
+        self.iteration = iteration
+
+    def after_step(self) -> None:
+        if self.trainer.iter == self.iteration:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 @dataclass
 class Job:
     model: MLP
@@ -132,6 +145,7 @@ def build_job(
     max_to_keep: Optional[int] = MAX_TO_KEEP,
     progress_file: Optional[str] = None,
     log_period: int = 1,
+    defer: Optional[bool] = None,
     extra_hooks: Sequence[Optional[HookBase]] = (),
     async_save: bool = False,
     checkpoint_format: Optional[str] = None,
@@ -163,7 +177,7 @@ def build_job(
             *extra_hooks,
             PeriodicCheckpointer(checkpointer, period=checkpoint_period, max_to_keep=max_to_keep, async_save=async_save),
             PreemptionHandler(checkpointer),
-            PeriodicWriter(writers, period=log_period),
+            PeriodicWriter(writers, period=log_period, defer=defer),
         ]
     )
     return Job(model, optimizer, trainer, checkpointer, loader)
@@ -179,7 +193,9 @@ def run(
     max_to_keep: Optional[int] = MAX_TO_KEEP,
     progress_file: Optional[str] = None,
     log_period: int = 1,
+    defer: Optional[bool] = None,
     fail_at: Optional[int] = None,
+    preempt_at: Optional[int] = None,
     async_save: bool = False,
     checkpoint_format: Optional[str] = None,
 ) -> Job:
@@ -196,7 +212,11 @@ def run(
         max_to_keep=max_to_keep,
         progress_file=progress_file,
         log_period=log_period,
-        extra_hooks=[FailAt(fail_at)] if fail_at is not None else [],
+        defer=defer,
+        extra_hooks=[
+            FailAt(fail_at) if fail_at is not None else None,
+            PreemptAt(preempt_at) if preempt_at is not None else None,
+        ],
         async_save=async_save,
         checkpoint_format=checkpoint_format,
     )
@@ -262,7 +282,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--pause-on", choices=("checkpoint", "pointer", "after-pointer"), default="checkpoint")
     parser.add_argument("--progress-file", help="append each iteration's number to this file as it starts")
     parser.add_argument("--log-period", type=int, default=1, help="PeriodicWriter period")
+    parser.add_argument("--defer", action="store_true", help="PeriodicWriter(defer=True): rows a period late")
     parser.add_argument("--fail-at", type=int, help="raise an exception after this iteration")
+    parser.add_argument("--preempt-at", type=int, help="send this process a SIGTERM at this iteration")
     parser.add_argument("--async-save", action="store_true", help="periodic checkpoints written in the background")
     parser.add_argument("--format", choices=("file", "dcp"), help="the Checkpointer's format")
     return parser.parse_args(argv)
@@ -282,7 +304,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         max_to_keep=args.max_to_keep,
         progress_file=args.progress_file,
         log_period=args.log_period,
+        defer=True if args.defer else None,
         fail_at=args.fail_at,
+        preempt_at=args.preempt_at,
         async_save=args.async_save,
         checkpoint_format=args.format,
     )

@@ -121,6 +121,37 @@ def test_fp16_with_grad_scaler_matches_the_hand_written_recipe_through_skipped_s
         assert torch.equal(p, q)
 
 
+def _deferred_run(tmp_path, defer, guard=None):
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    step = EagerStep(model, make_data(), optimizer, loss_fn=nn.functional.cross_entropy)
+    trainer = TrainerBase(step)
+    writers = [JSONWriter(str(tmp_path / "metrics.json")), CommonMetricPrinter(3 * PERIOD),
+               TensorboardXWriter(str(tmp_path / "tb"))]
+    trainer.register_hooks([
+        guard, IterationTimer(), LRScheduler(scheduler=torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 30)),
+        PeriodicWriter(writers, period=PERIOD, defer=defer),
+    ])
+    trainer.train(0, 3 * PERIOD + 3)
+    lines = [json.loads(line) for line in (tmp_path / "metrics.json").read_text().splitlines()]
+    return [(line["iteration"], line["total_loss"], line["lr"]) for line in lines]
+
+
+def test_the_deferred_flush_never_waits_for_the_device_and_writes_the_waiting_flushs_rows(tmp_path):
+    """On CUDA a periodic flush only starts the copy of its values: with
+    every iteration but the first guarded, flushes included, nothing
+    synchronises until the end of training, and metrics.json holds the
+    rows of a flush that waits."""
+    (tmp_path / "deferred").mkdir()
+    (tmp_path / "waiting").mkdir()
+    guard = SyncGuard()
+    deferred = _deferred_run(tmp_path / "deferred", None, guard)
+    assert guard.guarded == 3 * PERIOD + 3 - 1
+    waiting = _deferred_run(tmp_path / "waiting", False)
+    assert [row[0] for row in deferred] == [9, 19, 29, 32]
+    assert deferred == waiting
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_no_host_sync_between_flushes_with_the_standard_hooks_and_writers(tmp_path, precision):
     """IterationTimer, LRScheduler, EMA, clipping and the three writers every

@@ -12,7 +12,7 @@ from torch import nn
 from treadle.checkpoint import Checkpointer
 from treadle.engine import HookBase, StepBase, TrainerBase
 from treadle.events import ScalarKind
-from treadle.hooks import EvalHook, PeriodicCheckpointer, PeriodicWriter, PreciseBN, PreemptionHandler
+from treadle.hooks import EvalHook, PeriodicCheckpointer, PreciseBN, PreemptionHandler
 from treadle.hooks.callback import CallbackHook
 
 MAX_ITER = 10
@@ -109,20 +109,6 @@ def test_precise_bn_recomputes_at_its_period_and_after_training(monkeypatch):
     monkeypatch.setattr(PreciseBN, "update_stats", lambda self: calls.append(self.trainer.iter))
     train(hook)
     assert calls == [3, 7, 10]  # not at 9: after training recomputes for the final weights
-
-
-def test_periodic_writer_writes_at_its_period_and_at_the_last_iteration():
-    from treadle.events import EventWriter
-
-    written = []
-
-    class Recording(EventWriter):
-        def write(self):
-            written.append(hook.trainer.iter)
-
-    hook = PeriodicWriter([Recording()], period=4)
-    train(hook)
-    assert written[:3] == [3, 7, 9]
 
 
 def test_preemption_handler_on_one_process_reads_its_flag_after_every_iteration(tmp_path):

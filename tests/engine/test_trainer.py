@@ -176,21 +176,6 @@ def test_ema_weights_survive_resume_exactly(tmp_path):
         assert torch.equal(expected[key], got[key]), key
 
 
-def test_progress_bar_shows_smoothed_loss_and_advances_every_iteration():
-    import io
-
-    from treadle.hooks import ProgressBar
-
-    stream = io.StringIO()
-    m = model()
-    trainer = Trainer(m, "sgd", loader(problem()), lr=0.1, loss_fn=nn.functional.cross_entropy, max_iter=8, log_period=4, progress_bar=False)
-    bar = ProgressBar(4, file=stream, disable=False)
-    trainer.register_hooks([bar])
-    trainer.train()
-    text = stream.getvalue()
-    assert "8/8" in text and "total_loss=" in text
-
-
 def test_scheduler_factory_gets_max_iter_only_in_a_required_slot():
     import functools
 

@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from treadle.engine import Trainer
-from treadle.hooks import LRMonitor
 
 from tests.tiny_models import CountingTokens, classification, tiny_gpt2
 
@@ -384,25 +383,10 @@ def test_without_a_scheduler_a_rate_changed_by_a_callback_stays_changed():
     assert all(torch.equal(a, b) for a, b in zip(by_hand.model.parameters(), scheduled.model.parameters()))
 
 
-def test_without_a_scheduler_the_rate_is_read_by_the_loop_and_no_hook_runs_between_the_writers(monkeypatch):
-    # LRMonitor is not called at every iteration to publish the rate (the
-    # loop reads it: TrainerBase.record_every_iteration), so the default
-    # hooks run nothing between the writers' flushes; every iteration still
-    # has the rate its step used, a callback's change included.
-    called_at = []
-    publish = LRMonitor.after_step
-
-    def counted(self):
-        called_at.append(self.trainer.iter)
-        publish(self)
-
-    monkeypatch.setattr(LRMonitor, "after_step", counted)
+def test_without_a_scheduler_every_iteration_has_the_rate_its_step_used_a_callbacks_change_included():
     trainer = make(max_epochs=3, log_period=5, callbacks=[_halve_lr], output_dir=None)
     history = trainer.train()
     assert history["lr"] == [0.1] * 8 + [0.05] * 8 + [0.025] * 8
-    # Its declared period is 0 and it does not run at the last iteration
-    # (runs_at_last_iteration): never called, not where the writer (every 5) is due.
-    assert called_at == [], called_at
 
 
 def test_without_a_scheduler_a_float_rate_a_callback_makes_a_tensor_is_published_too():

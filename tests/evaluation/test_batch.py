@@ -6,7 +6,7 @@ from collections import namedtuple
 import pytest
 import torch
 
-from treadle.evaluation import batch_size, default_forward, get_predictions, get_targets, move_to_device
+from treadle.evaluation import batch_size, forward_batch, get_predictions, get_targets, move_to_device
 
 
 def _echo(x):
@@ -15,22 +15,22 @@ def _echo(x):
 
 def test_pair_feeds_inputs_only():
     x, y = torch.ones(2), torch.zeros(2)
-    assert default_forward(_echo, (x, y)) == ("called with", x)
-    assert default_forward(_echo, [x, y]) == ("called with", x)
+    assert forward_batch(_echo, (x, y)) == ("called with", x)
+    assert forward_batch(_echo, [x, y]) == ("called with", x)
 
 
 def test_dict_and_sample_list_and_tensor_go_whole():
     batch = {"input_ids": torch.ones(2), "labels": torch.zeros(2)}
-    assert default_forward(_echo, batch)[1] is batch
+    assert forward_batch(_echo, batch)[1] is batch
     samples = [{"image": torch.ones(1)}, {"image": torch.zeros(1)}]
-    assert default_forward(_echo, samples)[1] is samples
+    assert forward_batch(_echo, samples)[1] is samples
     t = torch.ones(3)
-    assert default_forward(_echo, t)[1] is t
+    assert forward_batch(_echo, t)[1] is t
 
 
 def test_tuple_of_three_is_rejected_with_the_way_out():
     with pytest.raises(ValueError, match=r"a tuple of 3 items.*pass forward="):
-        default_forward(_echo, (1, 2, 3))
+        forward_batch(_echo, (1, 2, 3))
 
 
 Pair = namedtuple("Pair", ["x", "y"])
@@ -116,3 +116,24 @@ def test_batch_size():
     assert batch_size(["a", "b", "c"]) == 3
     assert batch_size([{"a": 1}, {"a": 2}]) == 2
     assert batch_size(object()) is None
+
+
+def test_forward_batch_whole_gives_a_pair_whole_and_explains_a_predictions_model():
+    pair = (torch.ones(2, 3), torch.zeros(2))
+    assert forward_batch(_echo, pair, whole=True)[1] is pair
+    with pytest.raises(TypeError, match=r"needs a loss_fn"):
+        forward_batch(torch.nn.Linear(3, 1), pair, whole=True)
+
+
+def test_the_forwards_folded_into_forward_batch_warn_and_still_feed():
+    import treadle.evaluation as evaluation
+
+    x, y = torch.ones(2, 3), torch.zeros(2)
+    with pytest.warns(FutureWarning, match=r"treadle.evaluation.default_forward is folded into forward_batch"):
+        assert evaluation.default_forward(_echo, (x, y))[1] is x
+    with pytest.warns(FutureWarning, match=r"use forward_batch\(model, batch, whole=True\)"):
+        assert evaluation.whole_batch_forward(_echo, (x, y))[1][0] is x
+    with pytest.warns(FutureWarning, match=r"whole=loss_fn is None"):
+        assert evaluation.forward_for(None)(_echo, (x, y))[1][0] is x
+    with pytest.raises(AttributeError, match="no attribute 'forward_everything'"):
+        getattr(evaluation, "forward_everything")  # noqa: B009

@@ -15,7 +15,6 @@ from treadle.hooks import (
     CallbackHook,
     EarlyStopping,
     EvalHook,
-    Period,
     PeriodicCheckpointer,
     PeriodicWriter,
     PreemptionHandler,
@@ -36,24 +35,6 @@ def test_periodic_checkpoints_every_period_and_a_final_one(tmp_path):
     final = run.load("model_final.pth")
     assert final["iteration"] == 9
     assert same(final["model"], run.weights[9])
-
-
-def test_period_in_epochs_uses_the_trainer_epoch_length(tmp_path):
-    run = make_run(tmp_path, lambda r: PeriodicCheckpointer(r.checkpointer, period=Period(1, "epoch")))
-    assert run.trainer.epoch_length == 4
-    run.trainer.train(0, 10)
-    assert run.files() == ["last_checkpoint", "model_0000003.pth", "model_0000007.pth", "model_final.pth"]
-
-    run = make_run(tmp_path / "two", lambda r: PeriodicCheckpointer(r.checkpointer, period=Period(2, "epoch")))
-    run.trainer.train(0, 17)
-    assert run.files() == ["last_checkpoint", "model_0000007.pth", "model_0000015.pth", "model_final.pth"]
-
-
-def test_period_in_epochs_without_an_epoch_length_is_an_error(tmp_path):
-    run = make_run(tmp_path, lambda r: PeriodicCheckpointer(r.checkpointer, period=Period(1, "epoch")))
-    run.trainer.epoch_length = None
-    with pytest.raises(ValueError, match=r"PeriodicCheckpointer has a period of 1 epoch\(s\), but the trainer does not know"):
-        run.trainer.train(0, 4)
 
 
 def test_final_checkpoint_after_a_stop_request(tmp_path):

@@ -294,3 +294,47 @@ def test_a_full_disk_writing_config_yaml_is_one_line_naming_it(tmp_path, capfd, 
     assert code == 1 and len(lines) == 1, err[-2000:]
     assert f"'{run / 'config.yaml'}': No space left on device (ENOSPC)" in lines[0], lines[0]
     assert "Traceback" not in out + err
+
+
+def test_a_full_disk_writing_metrics_json_is_one_line_naming_it(tmp_path, capfd, monkeypatch):
+    # /dev/full fails every write with ENOSPC, as a disk with a few KB left
+    # fails the flush of metrics.json before the checkpoint that follows.
+    from treadle.events import writer as writer_module
+
+    real_open = writer_module._open_for_append
+
+    def open_on_a_full_disk(path):
+        return open("/dev/full", "a", encoding="utf-8") if path.endswith("metrics.json") else real_open(path)
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(writer_module, "_open_for_append", open_on_a_full_disk)
+    run = tmp_path / "run"
+    code = cli([f"train.output_dir={run}", *FAST, "train.max_iter=12"])
+    out, err = capfd.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1, err[-3000:]
+    assert f"'{run / 'metrics.json'}': No space left on device (ENOSPC)" in lines[0], lines[0]
+    assert "Traceback" not in out + err
+
+
+def test_a_full_disk_writing_the_tensorboard_file_is_one_line_naming_it_and_no_thread_traceback(
+    tmp_path, capfd, monkeypatch
+):
+    import errno
+
+    from tensorboard.compat.tensorflow_stub.io import gfile
+
+    def full_disk(self, filename, file_content, mode):
+        # As a disk with a few KB left: the event file is created, its bytes find no room.
+        open(filename, mode).close()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(gfile.LocalFileSystem, "_write", full_disk)
+    run = tmp_path / "run"
+    code = cli([f"train.output_dir={run}", *FAST, "train.max_iter=12"])
+    out, err = capfd.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1, err[-3000:]
+    assert "No space left on device (ENOSPC)" in lines[0] and f"'{run}/events.out.tfevents." in lines[0], lines[0]
+    assert "Traceback" not in out + err

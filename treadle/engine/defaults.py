@@ -8,6 +8,7 @@ object and hooks of a lazy config (``configs/``), as detectron2's does; every
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 from typing import Any, Dict, List, NoReturn, Optional, Sequence
@@ -19,7 +20,7 @@ from torch import nn
 from treadle.checkpoint import Checkpointer, unwrap_model
 from treadle.config import LazyCall, LazyConfig, get_config_file, instantiate
 from treadle.config.train_keys import train_section, train_setting
-from treadle.evaluation import forward_for, inference_on_dataset
+from treadle.evaluation import forward_batch, inference_on_dataset
 from treadle.events import get_default_writers
 from treadle.events.tracking import flatten_params
 from treadle.hooks import HookBase
@@ -513,4 +514,4 @@ class DefaultTrainer(TrainerBase):
         # The model is fed as the training step feeds it: a model that computes
         # its own loss (no train.step.loss_fn) gets the whole batch.
         loss_fn = train_setting(cfg, "step.loss_fn")
-        return inference_on_dataset(model, loader, evaluator, device=device, forward=forward_for(loss_fn))
+        return inference_on_dataset(model, loader, evaluator, device=device, forward=functools.partial(forward_batch, whole=loss_fn is None))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
+from typing import Any, Dict, List, Optional, Sequence, cast
 
 from treadle.events import EventStorage
 from treadle.events.distributed import reduce_across_ranks
@@ -21,7 +21,6 @@ from treadle.utils.frame_stack import call_with_frame_room
 from treadle.utils.run_start import training_starts
 
 from .hook_table import HookCall, HookOrderError, HookTable, note_origin
-from .iteration_records import IterationRecords
 from .steps import StepBase
 from .time_table import log_time_table
 from .trainer_state import capture_state, hook_state_keys, restore_hook_states, restore_rng
@@ -104,7 +103,6 @@ class TrainerBase:
         self.step_end_time = 0.0
         # In after_train, when the hooks' after_epoch of the last epoch has run (see after_epoch).
         self._hooks_ended_epoch = False
-        self._records = IterationRecords()
         self._loop_started: Optional[float] = None
         self._loop_seconds: Optional[float] = None
         self._loop_hook_seconds = 0.0
@@ -222,7 +220,6 @@ class TrainerBase:
     def _run_iterations(self, start_iter: int, max_iter: int) -> None:
         """The iterations of :meth:`train`: each one's hooks, step and hooks."""
         clock = time.perf_counter
-        records = self._records
         self._table.plan_periods(start_iter, max_iter)  # every before_train has run: periods are known
         epoch_length = self.epoch_length
         # after_iteration is called where a hook has it (one registered in training too) or the
@@ -237,8 +234,6 @@ class TrainerBase:
                 self.before_step()
                 self.run_step()
                 self.step_end_time = clock()
-                if records.active:
-                    records.add(it, self.step_end_time - self.iter_start_time)
                 self.after_step()
                 if epoch_length and (it + 1) % epoch_length == 0 and it + 1 != max_iter:
                     self.epoch = it // epoch_length
@@ -280,7 +275,6 @@ class TrainerBase:
         self.interrupted = self.finished = False
         self.training_error = None
         self._epochs_done_through = start_iter - 1
-        self._records = IterationRecords()
         self._table.seconds.clear()
         self._loop_seconds = None
         self._loop_hook_seconds = 0.0
@@ -297,34 +291,6 @@ class TrainerBase:
         # join: no more collectives here; the launcher ends them.
         self.storage.reducer = None
         self._after_train_after_error()
-
-    def time_iterations(self, points: List[Tuple[Any, int]], from_iter: int) -> None:
-        """Has the loop append ``(seconds, iteration)`` to ``points`` for every
-        iteration from ``from_iter`` on, in this training: the time from
-        :attr:`iter_start_time` to :attr:`step_end_time`, the sum of them in
-        :attr:`timed_iteration_seconds`. Call it in ``before_train``
-        (:class:`~treadle.hooks.IterationTimer` passes the storage's ``time``
-        series): the loop does it with the clock reads it makes anyway, where
-        a hook would cost a call every iteration."""
-        self._records.time_from(points, from_iter)
-
-    @property
-    def timed_iteration_seconds(self) -> float:
-        """Seconds of the iterations timed for :meth:`time_iterations`, in the last :meth:`train`."""
-        return self._records.timed_seconds
-
-    def record_every_iteration(self, points: List[Tuple[Any, int]], read: Callable[[], Any]) -> None:
-        """Has the loop append ``(read(), iteration)`` to ``points`` after
-        every iteration's step, before any hook's ``after_step``, in this
-        training. Call it in ``before_train``
-        (:class:`~treadle.hooks.LRMonitor` passes the storage's ``lr``
-        series and a read of the rate): for a value a hook would otherwise
-        publish from ``after_step`` at every iteration, where the hook's call
-        is most of the cost on a fast step. ``read`` takes no argument; one
-        made of C functions (``functools.partial(operator.getitem, group,
-        "lr")``) runs no Python frame. An exception from it fails the
-        iteration, as a failing step does."""
-        self._records.read_every_iteration(points, read)
 
     def has_work(self, start_iter: int, max_iter: int) -> bool:
         """Whether :meth:`train` would run anything: iterations, or the end of a

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from treadle.evaluation import build_evaluator, default_forward, forward_for, inference_on_dataset
+from treadle.evaluation import build_evaluator, forward_batch, inference_on_dataset
 from treadle.evaluation import known_metric_mode, metric_mode
 from treadle.evaluation.batch import move_to_device
 from treadle.evaluation.inference import inference_context
@@ -104,10 +104,10 @@ class TrainerEvaluation:
         if generate is not None:
             self.forward: Callable[[Any, Any], Any] = functools.partial(_generate_forward, options=generate)
         elif compute_loss is None:
-            self.forward = forward_for(loss_fn)
+            self.forward = functools.partial(forward_batch, whole=loss_fn is None)
         else:
             # A compute_loss runs the model itself: only metrics other than the loss need outputs.
-            self.forward = _no_outputs if self.metric_names() == ["loss"] else default_forward
+            self.forward = _no_outputs if self.metric_names() == ["loss"] else forward_batch
 
     def metric_names(self) -> List[Optional[str]]:
         return [_metric_name(m) for m in self.metrics]
@@ -127,7 +127,7 @@ class TrainerEvaluation:
         forward's, on the same batch, explained in one line where the batch
         does not allow it (a decoder-only model's continuation labels)."""
         try:
-            outputs = forward_for(self.loss_fn)(self.model, batch)
+            outputs = forward_batch(self.model, batch, whole=self.loss_fn is None)
             return self._training_loss.batch_loss(batch, outputs).mean()
         except (RuntimeError, ValueError, TypeError, IndexError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -5,17 +5,18 @@ runs a model over a data loader and returns ``{"accuracy": ..., "f1": ...}``.
 See ``docs/evaluation.md``.
 """
 
+import functools
+import warnings
+from typing import Any
+
 from .batch import (
     ForwardFn,
     batch_size,
-    call_model,
-    default_forward,
-    forward_for,
+    forward_batch,
     get_predictions,
     get_targets,
     get_tensor_pair,
     move_to_device,
-    whole_batch_forward,
 )
 from .evaluator import DatasetEvaluator, DatasetEvaluators
 from .inference import inference_context, inference_on_dataset
@@ -39,6 +40,32 @@ from .regression import RegressionEvaluator
 from .sequence import SequenceEvaluator, edit_distance
 from .torchmetrics_evaluator import TorchMetricsEvaluator, is_torchmetrics_metric, torchmetrics_name
 
+# The forward's names before forward_batch, kept for one release with a warning.
+_FOLDED_FORWARDS = {
+    "default_forward": ("forward_batch", lambda: forward_batch),
+    "call_model": ("forward_batch(model, batch, whole=True)", lambda: functools.partial(forward_batch, whole=True)),
+    "whole_batch_forward": (
+        "forward_batch(model, batch, whole=True)",
+        lambda: functools.partial(forward_batch, whole=True),
+    ),
+    "forward_for": (
+        "functools.partial(forward_batch, whole=loss_fn is None)",
+        lambda: lambda loss_fn: functools.partial(forward_batch, whole=loss_fn is None),
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    folded = _FOLDED_FORWARDS.get(name)
+    if folded is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    replacement, make = folded
+    warnings.warn(
+        f"treadle.evaluation.{name} is folded into forward_batch: use {replacement}", FutureWarning, stacklevel=2
+    )
+    return make()
+
+
 __all__ = [
     "DatasetEvaluator",
     "DatasetEvaluators",
@@ -54,9 +81,7 @@ __all__ = [
     "is_torchmetrics_metric",
     "torchmetrics_name",
     "MetricSpec",
-    "call_model",
-    "forward_for",
-    "whole_batch_forward",
+    "forward_batch",
     "inference_on_dataset",
     "inference_context",
     "build_evaluator",
@@ -73,7 +98,6 @@ __all__ = [
     "float_accumulator_dtype",
     "edit_distance",
     "ForwardFn",
-    "default_forward",
     "move_to_device",
     "get_targets",
     "get_predictions",

@@ -13,7 +13,7 @@ The rules, the same in training and evaluation (also in ``docs/evaluation.md``):
   does the same, and rejects a list/tuple of another length (pass ``forward=``);
 - without one, the model computes its own loss from the batch: anything that
   is not a mapping goes whole, ``model(batch)``, in evaluation too
-  (:func:`forward_for` gives the evaluation forward matching a training step);
+  (:func:`forward_batch` with ``whole=True``);
 - anything else (a tensor, a custom object) goes whole: ``model(batch)``.
 
 Evaluators always receive the whole batch, so for ``(inputs, targets)`` they
@@ -24,6 +24,7 @@ default, as in Hugging Face models).
 from __future__ import annotations
 
 import inspect
+from collections import abc
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 import torch
@@ -33,10 +34,7 @@ from treadle.utils.device import to_device
 __all__ = [
     "ForwardFn",
     "move_to_device",
-    "call_model",
-    "default_forward",
-    "whole_batch_forward",
-    "forward_for",
+    "forward_batch",
     "get_targets",
     "get_predictions",
     "get_tensor_pair",
@@ -59,7 +57,13 @@ def move_to_device(obj: Any, device: Union[str, torch.device]) -> Any:
 
 
 def _is_sample_list(batch: Any) -> bool:
-    return isinstance(batch, (list, tuple)) and len(batch) > 0 and all(isinstance(b, Mapping) for b in batch)
+    # The first item first: an (inputs, targets) pair of tensors is decided by one check.
+    return (
+        isinstance(batch, (list, tuple))
+        and len(batch) > 0
+        and isinstance(batch[0], abc.Mapping)
+        and all(isinstance(b, abc.Mapping) for b in batch)
+    )
 
 
 # (type of the module, keys of the batch) -> whether the mapping is spread.
@@ -105,42 +109,37 @@ def _spreads(model: Any, batch: Mapping) -> bool:
     return spread
 
 
-def call_model(model: Callable[..., Any], batch: Any) -> Any:
-    """``model(**batch)`` for a mapping (``model(batch)`` when the model takes the
-    mapping whole, see the module docstring), ``model(batch)`` for anything else."""
-    if isinstance(batch, Mapping) and _spreads(model, batch):
+def _call(model: Callable[..., Any], batch: Any) -> Any:
+    # A mapping is spread (or given whole, see _spreads); anything else goes whole.
+    if isinstance(batch, abc.Mapping) and _spreads(model, batch):
         return model(**batch)
     return model(batch)
 
 
-def whole_batch_forward(model: Callable[..., Any], batch: Any) -> Any:
-    """The forward of a model that computes its own loss: the batch goes whole
-    (a mapping spread), exactly as a training step without ``loss_fn`` feeds
-    it. In training and evaluation alike, a model that fails on a whole
-    ``(inputs, targets)`` pair is explained in one line: it returns
-    predictions, and needs a ``loss_fn``."""
-    try:
-        return call_model(model, batch)
-    except (TypeError, AttributeError) as e:
-        if isinstance(batch, (tuple, list)) and len(batch) == 2 and not _is_sample_list(batch):
-            raise type(e)(
-                f"the model was given the whole (inputs, targets) batch, as there is no loss_fn, and raised: "
-                f"{e}. A model that returns predictions needs a loss_fn (train.step.loss_fn in a config)"
-            ) from e
-        raise
+def forward_batch(model: Callable[..., Any], batch: Any, *, whole: bool = False) -> Any:
+    """Feeds ``batch`` to ``model`` by the rules of this module's docstring:
+    treadle's one forward, in training and evaluation.
 
-
-def forward_for(loss_fn: Optional[Any]) -> ForwardFn:
-    """The evaluation forward matching a training step with or without ``loss_fn``."""
-    return default_forward if loss_fn is not None else whole_batch_forward
-
-
-def default_forward(model: Callable[..., Any], batch: Any) -> Any:
-    """Feeds ``batch`` to ``model`` by the rules in this module's docstring
-    (an ``(inputs, targets)`` pair as ``model(inputs)``)."""
-    if isinstance(batch, Mapping) or _is_sample_list(batch):
-        return call_model(model, batch)
-    if isinstance(batch, (list, tuple)):
+    ``whole=False`` (a model trained with a ``loss_fn``; evaluation's
+    default): an ``(inputs, targets)`` pair is ``model(inputs)``; a list or
+    tuple of another length is refused (pass ``forward=``). ``whole=True`` (a
+    model that computes its own loss, trained without ``loss_fn``): the batch
+    goes whole, and a model that fails on a whole pair is explained in one
+    line: it returns predictions, and needs a ``loss_fn``. Either way a
+    mapping is spread, ``model(**batch)``, and a list of per-sample mappings
+    or any other object goes whole.
+    """
+    if whole:
+        try:
+            return _call(model, batch)
+        except (TypeError, AttributeError) as e:
+            if isinstance(batch, (tuple, list)) and len(batch) == 2 and not _is_sample_list(batch):
+                raise type(e)(
+                    f"the model was given the whole (inputs, targets) batch, as there is no loss_fn, and raised: "
+                    f"{e}. A model that returns predictions needs a loss_fn (train.step.loss_fn in a config)"
+                ) from e
+            raise
+    if isinstance(batch, (list, tuple)) and not _is_sample_list(batch):
         if len(batch) != 2:
             raise ValueError(
                 f"cannot feed a batch that is a {type(batch).__name__} of {len(batch)} items: "
@@ -148,13 +147,13 @@ def default_forward(model: Callable[..., Any], batch: Any) -> Any:
                 "pass forward=lambda model, batch: ... to inference_on_dataset"
             )
         return model(batch[0])
-    return model(batch)
+    return _call(model, batch)
 
 
 def get_targets(batch: Any, target_key: str, who: str) -> Any:
     """The targets of ``batch``: ``batch[1]`` of an ``(inputs, targets)`` pair,
     ``batch[target_key]`` of a mapping. ``who`` names the evaluator in errors."""
-    if isinstance(batch, Mapping):
+    if isinstance(batch, abc.Mapping):
         if target_key not in batch:
             raise KeyError(
                 f"{who}: the batch has no target key {target_key!r}; its keys are "
@@ -172,7 +171,7 @@ def get_targets(batch: Any, target_key: str, who: str) -> Any:
 def get_predictions(outputs: Any, output_key: str, who: str) -> Any:
     """The predictions in a model's ``outputs``: the outputs themselves, or
     ``outputs[output_key]`` / ``outputs.output_key`` (Hugging Face ``ModelOutput``)."""
-    if isinstance(outputs, Mapping):
+    if isinstance(outputs, abc.Mapping):
         if output_key not in outputs:
             raise KeyError(
                 f"{who}: the model outputs have no key {output_key!r}; their keys are "
@@ -190,7 +189,7 @@ def batch_size(obj: Any) -> Optional[int]:
     non-tensors. ``None`` when there is no way to tell."""
     if isinstance(obj, torch.Tensor):
         return int(obj.shape[0]) if obj.dim() > 0 else 1
-    if isinstance(obj, Mapping):
+    if isinstance(obj, abc.Mapping):
         for v in obj.values():
             n = batch_size(v)
             if n is not None:
@@ -199,7 +198,7 @@ def batch_size(obj: Any) -> Optional[int]:
     if isinstance(obj, (list, tuple)):
         if not obj:
             return 0
-        if all(not isinstance(v, (torch.Tensor, Mapping, list, tuple)) for v in obj):
+        if all(not isinstance(v, (torch.Tensor, abc.Mapping, list, tuple)) for v in obj):
             return len(obj)
         if _is_sample_list(obj):
             return len(obj)

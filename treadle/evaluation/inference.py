@@ -15,7 +15,7 @@ from treadle.utils import comm
 from treadle.utils.device import resolve_device
 from treadle.utils.frame_stack import call_with_frame_room
 
-from .batch import ForwardFn, default_forward, move_to_device
+from .batch import ForwardFn, forward_batch, move_to_device
 from .evaluator import DatasetEvaluator, as_evaluator
 from .results import Results, format_results
 
@@ -128,7 +128,7 @@ def inference_on_dataset(
     module's mode is restored afterwards, also when the model or evaluator
     raises. Each batch is moved to ``device`` when given (the model is not
     moved: it is the caller's), fed by ``forward(model, batch)`` (default:
-    :func:`~treadle.evaluation.batch.default_forward`) and handed whole to
+    :func:`~treadle.evaluation.batch.forward_batch`) and handed whole to
     ``evaluator.process(batch, outputs)``.
 
     Args:
@@ -150,7 +150,7 @@ def inference_on_dataset(
     if log_period < 0:
         raise ValueError(f"log_period must be >= 0 seconds, got {log_period}")
     evaluator = as_evaluator(evaluator)
-    feed = forward if forward is not None else default_forward
+    feed = forward if forward is not None else forward_batch
     # Checked before the first batch: a missing CUDA is one line, not torch's assertion mid-loop.
     target = resolve_device(device) if device is not None else None
     total = _length(data_loader)

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 import torch
 
-from .batch import batch_size, call_model, get_targets, whole_batch_forward
+from .batch import batch_size, forward_batch, get_targets
 from .evaluator import metric_names
 from .registry import register_metric
 from .results import Results
@@ -48,7 +48,7 @@ def forward_loss(model: Callable[..., Any], loss_fn: Optional[LossFn], batch: An
     targets)`` (``model(inputs)`` and ``targets`` of a pair; ``model(**batch)`` and
     ``batch[target_key]`` of a mapping); without it, the model's output for the whole batch."""
     if loss_fn is None:
-        return whole_batch_forward(model, batch)
+        return forward_batch(model, batch, whole=True)
     return loss_fn(*_outputs_and_targets(model, batch, target_key))
 
 
@@ -56,11 +56,8 @@ def _outputs_and_targets(model: Callable[..., Any], batch: Any, target_key: str 
     """A batch's model outputs and targets, for a ``loss_fn``: ``model(inputs)``
     and ``targets`` of an ``(inputs, targets)`` pair; the model's output for
     a whole mapping (``model(**batch)``) and ``batch[target_key]``."""
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:  # first: the common case, checked cheaply
-        inputs, targets = batch
-        return model(inputs), targets
-    if isinstance(batch, abc.Mapping):
-        return call_model(model, batch), get_targets(batch, target_key, LOSS_FN)
+    if isinstance(batch, (tuple, list)) and len(batch) == 2 or isinstance(batch, abc.Mapping):
+        return forward_batch(model, batch), get_targets(batch, target_key, LOSS_FN)
     raise TypeError(
         "With loss_fn, each batch must be an (inputs, targets) pair; got "
         + type(batch).__name__

@@ -6,7 +6,7 @@ import itertools
 import math
 from collections import deque
 from operator import itemgetter
-from typing import Deque, Iterator, List, Optional, Sequence, Tuple
+from typing import Deque, Iterator, List, Optional, Sequence, Tuple, cast
 
 from fvcore.common.history_buffer import HistoryBuffer as _FvcoreHistoryBuffer
 
@@ -59,18 +59,28 @@ class HistoryBuffer(_FvcoreHistoryBuffer):
         # Every writer asks for the same median at a flush: computed once.
         key = (self._count, window_size)
         if self._median_key != key:
-            window = sorted(self._window(window_size))
-            n = len(window)
-            if n == 0:
-                median = math.nan
-            else:
-                mid = n // 2
-                median = window[mid] if n % 2 else (window[mid - 1] + window[mid]) / 2
-                if any(map(math.isnan, window)):  # sorting does not order NaN
-                    median = math.nan
             self._median_key = key
-            self._median = float(median)
+            self._median = _median(self._window(window_size))
         return self._median
+
+    def point_through(self, iteration: int, window_size: Optional[int] = None) -> Optional[Tuple[float, int]]:
+        """The newest ``(value, iteration)`` at or before ``iteration``, the
+        value being the median over the ``window_size`` iterations that end
+        there when a window is given (the iterations the storage's smoothing
+        counts): what a read at ``iteration`` saw. ``None`` when there is none."""
+        newest: Optional[int] = None
+        window: List[float] = []
+        for value, it in reversed(self._data):
+            if it > iteration:
+                continue
+            if newest is None:
+                newest = it
+                if window_size is None:
+                    return value, it
+            elif it <= newest - cast(int, window_size):
+                break
+            window.append(value)
+        return None if newest is None else (_median(window), newest)
 
     def avg(self, window_size: int) -> float:
         window = self._window(window_size)
@@ -124,3 +134,13 @@ class HistoryBuffer(_FvcoreHistoryBuffer):
 
     def __iter__(self) -> Iterator[Tuple[float, int]]:
         return iter(self._data)
+
+
+def _median(values: List[float]) -> float:
+    """The median of ``values``; NaN when one of them is NaN (as numpy's), or when there are none."""
+    window = sorted(values)
+    n = len(window)
+    if n == 0 or any(map(math.isnan, window)):  # sorting does not order NaN
+        return math.nan
+    mid = n // 2
+    return float(window[mid] if n % 2 else (window[mid - 1] + window[mid]) / 2)

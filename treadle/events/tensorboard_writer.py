@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import glob
 import inspect
 import logging
+import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from treadle.utils.torch_internals import summary_file_writer
+from treadle.utils.file_io import describe_os_error
+from treadle.utils.torch_internals import event_file_path, quiet_event_file_thread_errors, summary_file_writer
 
 from .storage import get_event_storage
 from .writer import IterationRowWriter
@@ -109,7 +112,12 @@ class TensorboardWriter(IterationRowWriter):
 
     def _get_writer(self) -> Any:
         if self._summary is None:
-            self._summary = self._summary_writer_cls(self._log_dir, purge_step=self._purge_step, **self._kwargs)
+            quiet_event_file_thread_errors()
+            try:
+                self._summary = self._summary_writer_cls(self._log_dir, purge_step=self._purge_step, **self._kwargs)
+            except OSError as e:
+                # Its first write failed (a full disk): the file it opened, where there is one.
+                raise OSError(e.errno, describe_os_error(e), _newest_event_file(self._log_dir)) from e
             # Purge once: reopening after close() must not hide this run's own points.
             self._purge_step = None
         return self._summary
@@ -121,6 +129,12 @@ class TensorboardWriter(IterationRowWriter):
         return self._get_writer()
 
     def write(self) -> None:
+        try:
+            self._write()
+        except OSError as e:
+            raise self._failed(e) from e
+
+    def _write(self) -> None:
         storage = get_event_storage()
         rows = self._new_rows(storage)
         images, histograms = storage.images, storage.histograms
@@ -139,6 +153,27 @@ class TensorboardWriter(IterationRowWriter):
     def flush(self) -> None:
         """Hands every kept row to the ``SummaryWriter`` and waits until all
         that was written is in the event file on disk."""
+        try:
+            self._flush()
+        except OSError as e:
+            raise self._failed(e) from e
+
+    def _failed(self, error: OSError) -> OSError:
+        """The error of a write to the event file, naming the file. The
+        ``SummaryWriter`` is let go of: closing it would fail again."""
+        summary, self._summary = self._summary, None
+        self._kept_rows = []
+        path = event_file_path(summary) if summary is not None else self._log_dir
+        if summary is not None:
+            try:
+                summary.close()
+            except OSError:
+                pass  # the same failure
+        if error.filename is not None:
+            return error  # already names what could not be written
+        return OSError(error.errno, describe_os_error(error), path)
+
+    def _flush(self) -> None:
         if self._summary is None:
             return
         if self._kept_rows:
@@ -153,9 +188,21 @@ class TensorboardWriter(IterationRowWriter):
     def close(self) -> None:
         if self._summary is not None:
             self.flush()
-            self._summary.close()
-            self._summary = None
+            summary, self._summary = self._summary, None
+            try:
+                summary.close()
+            except OSError as e:
+                self._summary = summary
+                raise self._failed(e) from e
         self._next_batch_time = 0.0
+
+
+def _newest_event_file(log_dir: str) -> str:
+    """The newest event file this process opened in ``log_dir`` (TensorBoard
+    names them ``events.out.tfevents.{time}.{host}.{pid}.{n}``), else the directory."""
+    pattern = os.path.join(glob.escape(log_dir), f"events.out.tfevents.*.{os.getpid()}.*")
+    files = glob.glob(pattern)
+    return max(files, key=os.path.getmtime) if files else log_dir
 
 
 #: detectron2's names for the TensorBoard writer (it once used tensorboardX).

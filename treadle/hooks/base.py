@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Type, TypeVar
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, Type, TypeVar
 
 from treadle.events import EventStorage
 
@@ -58,18 +58,11 @@ class TrainerProtocol(Protocol):
     @property
     def step(self) -> Any: ...
 
-    @property
-    def timed_iteration_seconds(self) -> float: ...
-
     def request_stop(self, reason: str, *, interrupted: bool = False) -> None: ...
 
     def after_backward(self) -> None: ...
 
     def timings(self) -> Dict[str, float]: ...
-
-    def time_iterations(self, points: List[Tuple[Any, int]], from_iter: int) -> None: ...
-
-    def record_every_iteration(self, points: List[Tuple[Any, int]], read: Callable[[], Any]) -> None: ...
 
 
 class HookBase:

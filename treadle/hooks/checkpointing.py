@@ -36,7 +36,7 @@ def trainer_checkpointer(hook: HookBase, given: Optional["Checkpointer"]) -> "Ch
     return checkpointer
 
 
-def flush_writers(hook: HookBase) -> None:
+def flush_writers(hook: HookBase, *, stop: bool = False) -> None:
     """Flushes every :class:`PeriodicWriter` before a resume point is saved.
 
     A resumed run starts its writers at the iteration after its checkpoint, so
@@ -45,10 +45,11 @@ def flush_writers(hook: HookBase) -> None:
     (kill -9): the metrics of the checkpoint's own iteration when the writer
     is registered after this hook, or an evaluation put between two flushes.
     Written first, a line the checkpoint does not cover is dropped and
-    written again by the resumed run instead.
+    written again by the resumed run instead. ``stop=True``: the run stops
+    here to be resumed (see :meth:`PeriodicWriter.flush`).
     """
     for writer in hook.hooks_of(PeriodicWriter):
-        writer.flush()
+        writer.flush(stop=stop)
 
 
 class BestCheckpointer(HookBase):

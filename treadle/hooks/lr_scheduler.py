@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 import logging
-import operator
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -251,46 +249,24 @@ class LRMonitor(_StepsOptimizer, HookBase):
     every writer without asking.
 
     ``lr`` is the rate the iteration just run used, of the param group with
-    the most parameters (as :class:`LRScheduler`): read by the loop right
-    after each step, before any hook's ``after_step``
-    (:meth:`TrainerBase.record_every_iteration`; a hook called every
-    iteration for it was most of the plain ``Trainer``'s per-iteration hook
-    cost), or, for a rate that is a tensor, put from ``after_step``. Keeps
-    no state: the rate is the optimizer's, saved with it. In
-    ``before_train`` each group's rate is noted as its ``initial_lr`` where
-    none is (as torch's schedulers do): a resume tells by it the rate the
-    run started from, which a new trainer may change, from the rate where
-    the run was, which the checkpoint brings back.
+    the most parameters (as :class:`LRScheduler`), published from
+    ``after_step``. Keeps no state: the rate is the optimizer's, saved with
+    it. In ``before_train`` each group's rate is noted as its
+    ``initial_lr`` where none is (as torch's schedulers do): a resume tells
+    by it the rate the run started from, which a new trainer may change,
+    from the rate where the run was, which the checkpoint brings back.
     """
 
     def __init__(self, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
         self._optimizer = optimizer
         self._lrs: Optional[List[Any]] = None
-        self._recorded_by_loop = False
 
     def before_train(self) -> None:
         _note_initial_lrs(self.optimizer)
         self._param_groups, self._group_index, self._lrs = _lr_series(self.trainer, self.optimizer)
-        group = self._param_groups[self._group_index]
-        record = getattr(self.trainer, "record_every_iteration", None)
-        # A float rate is read by the loop itself, with no call of this hook
-        # between its other iterations (record_every_iteration); a tensor
-        # rate is put below, read at the flush with the losses.
-        self._recorded_by_loop = self._lrs is not None and type(group["lr"]) is float and record is not None
-        if self._recorded_by_loop and record is not None:
-            # The series takes tensors too: a rate made a tensor during
-            # training is then read at the flush as well.
-            lrs = self.trainer.storage.open_series("lr", smoothing_hint=False, tensors=True)
-            record(lrs, functools.partial(operator.getitem, group, "lr"))
-
-    def after_step_period(self) -> Optional[int]:
-        # Recorded by the loop: nothing to do at any iteration (at no period, not at the last).
-        self.runs_at_last_iteration = not self._recorded_by_loop
-        return 0 if self._recorded_by_loop else None
 
     def after_step(self) -> None:
-        if not self._recorded_by_loop:
-            self._publish_lr()
+        self._publish_lr()
 
 
 def _note_initial_lrs(optimizer: torch.optim.Optimizer) -> None:

@@ -141,12 +141,13 @@ class PreemptionHandler(HookBase):
         name = signal.Signals(self._received).name if self._received else "a signal on another rank"
         logger.warning("Received %s: saving a checkpoint at iteration %d and stopping.", name, it)
         periodic = self._periodic_checkpointer()
+        # What an uninterrupted run would have written by now (the resumed run writes the rest).
+        flush_writers(self, stop=True)
         if periodic is not None and periodic.last_saved_iter == it:
             # Same file, same state: in a grace period a second write is time lost.
             logger.info("The periodic checkpoint of iteration %d was just written; not writing it again.", it)
             checkpointer.wait()  # written in the background: complete it before the grace period ends
         else:
-            flush_writers(self)
             # Synchronous: the process is about to exit.
             if periodic is not None:
                 periodic.save(it, asynchronous=False)  # one of the run's periodic files: counted by its max_to_keep

@@ -83,7 +83,11 @@ class LRMultiplier(torch.optim.lr_scheduler.LRScheduler):
         After the first two steps (where torch checks that ``optimizer.step``
         ran first) and without ``epoch``, this does what torch's ``step``
         does, in fewer calls: it runs every iteration, right after the
-        optimizer step has cooled the interpreter's caches.
+        optimizer step has cooled the interpreter's caches. Measured with
+        ``benchmarks/peers.py --interleaved`` (treadle-schedule, detectron2's
+        warm-up cosine; 2 runs of 8 rounds): +28.2 ± 0.6 µs per iteration
+        over the hand loop with this shortcut, +30.3 ± 0.5 with torch's
+        ``step`` (2.7 standard errors).
         """
         if epoch is not None or self._step_count < 2:
             super().step(epoch)

@@ -8,6 +8,7 @@ only, and the versions tried (``noxfile.py``) say whether it did.
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any, Callable, FrozenSet, Mapping, Optional
 
 import torch
@@ -24,6 +25,8 @@ __all__ = [
     "dynamo_supported",
     "weights_only_globals",
     "summary_file_writer",
+    "event_file_path",
+    "quiet_event_file_thread_errors",
 ]
 
 # The multi-tensor kernels of torch's own optimizers: one launch for a list
@@ -75,3 +78,42 @@ def summary_file_writer(summary_writer: Any) -> Any:
     rows go to it as one ``Summary`` each, where ``add_scalar`` would make
     one protobuf per value."""
     return summary_writer._get_file_writer()
+
+
+def event_file_path(summary_writer: Any) -> str:
+    """The event file a ``SummaryWriter`` writes, for errors that name it:
+    TensorBoard keeps its name in a private attribute (its directory where
+    it has none)."""
+    event_writer = getattr(getattr(summary_writer, "file_writer", None), "event_writer", None)
+    return str(getattr(event_writer, "_file_name", None) or summary_writer.log_dir)
+
+
+_quiet_hook_installed = False
+
+
+def quiet_event_file_thread_errors() -> None:
+    """Keeps the traceback of a failed event-file write (a full disk) off stderr.
+
+    TensorBoard's writer thread (``_AsyncWriterThread``) keeps the error for
+    the writer's next call in the training thread, then raises it again, so
+    Python prints its traceback; the training thread then reports the same
+    error, naming the file, in one line (``TensorboardWriter``). Installed
+    once: a ``threading.excepthook`` that passes every other exception on.
+    """
+    global _quiet_hook_installed
+    if _quiet_hook_installed:
+        return
+    previous = threading.excepthook
+
+    def hook(args: Any) -> None:
+        thread = args.thread
+        if (
+            issubclass(args.exc_type, OSError)
+            and type(thread).__name__ == "_AsyncWriterThread"
+            and type(thread).__module__.startswith("tensorboard.")
+        ):
+            return  # raised again, naming the file, by the writer's next call
+        previous(args)
+
+    threading.excepthook = hook
+    _quiet_hook_installed = True
