@@ -253,6 +253,25 @@ def test_exact_resume_after_sigkill_at_random_moments(reference, tmp_path):
 
 
 @pytest.mark.slow
+def test_kill_9_with_the_flush_deferred_then_resume_leaves_every_iteration_once(reference, tmp_path):
+    """With PeriodicWriter(defer=True) the rows of each flush are written at
+    the next one: a kill -9 loses the rows after the last checkpoint, as it
+    does with a flush that waits, and the resumed run writes them again."""
+    run_dir, progress_file = tmp_path / "run", tmp_path / "progress"
+    for attempt, started in enumerate((8, 25)):
+        launch = Launch(run_dir, N_ITERS, tmp_path / f"killed{attempt}.log", "--defer",
+                        "--progress-file", str(progress_file), *(["--resume"] if attempt else []))
+        launch.wait_until(lambda n=started: len(progress(progress_file)) >= n, f"{started} iterations started")
+        launch.kill()
+    final = Launch(run_dir, N_ITERS, tmp_path / "final.log", "--defer", "--resume")
+    assert final.wait() == 0, final.output()[-3000:]
+    lines = read_metrics(run_dir)
+    assert iterations(lines) == list(range(N_ITERS))
+    assert deterministic(lines) == deterministic(read_metrics(reference))
+    assert_bit_identical(final_state(run_dir), final_state(reference))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["file", "dcp"])
 def test_kill_9_during_a_background_save_resumes_exactly_from_the_previous_checkpoint(reference, tmp_path, fmt):
     """Killed while a background save is in flight (its file written, or its
@@ -370,8 +389,9 @@ def test_preemption_exits_only_after_every_hook_finished(tmp_path):
     assert finished == [5]  # the last hook's after_train ran (after iteration 4) before the exit
     assert (tmp_path / "last_checkpoint").read_text() == "model_0000004.pth"
     assert not (tmp_path / "model_final.pth").exists()
-    # Line 2 from the flush before the periodic checkpoint, line 4 from the one before the preemption checkpoint.
-    assert iterations(read_metrics(tmp_path)) == [2, 4]
+    # Line 2 from the flush before the periodic checkpoint; none of the preemption's own at 4: an
+    # uninterrupted run has none there, and the resumed run writes 3 and 4's values in its next line.
+    assert iterations(read_metrics(tmp_path)) == [2]
     assert signal.getsignal(signal.SIGUSR1) == previous_handler  # restored in after_train
 
 

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from tests import resume_job
 from tests.engine.test_hook_table import train
 from treadle.engine import EagerStep, TrainerBase
+from treadle.events import storage as storage_module
 from treadle.events import EventWriter, JSONWriter, ScalarKind, get_event_storage
 from treadle.hooks import PREEMPTED_EXIT_CODE, CallbackHook, PeriodicWriter
 
@@ -64,7 +65,10 @@ def _published_run(path, defer):
     return _rows(path)
 
 
-def test_a_deferred_flush_writes_every_row_of_a_waiting_one_once_and_in_order(tmp_path):
+@pytest.mark.parametrize("one_by_one", [True, False])
+def test_a_deferred_flush_writes_every_row_of_a_waiting_one_once_and_in_order(tmp_path, monkeypatch, one_by_one):
+    # one_by_one=False: CPU tensors take the accelerators' path (stacked, one copy per device).
+    monkeypatch.setattr(storage_module, "_READ_CPU_TENSORS_ONE_BY_ONE", one_by_one)
     (tmp_path / "waits").mkdir()
     (tmp_path / "defers").mkdir()
     waiting = _published_run(tmp_path / "waits", defer=False)
