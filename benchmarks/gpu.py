@@ -157,22 +157,10 @@ def run_lightning_log(work: Workload, folder: str) -> Run:
     import lightning as L
     from lightning.pytorch.loggers import TensorBoardLogger
 
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from peers import lightning_classifier
+
     model, _ = work.fresh()
-
-    class Module(L.LightningModule):
-        def __init__(self, net: nn.Module) -> None:
-            super().__init__()
-            self.net = net
-
-        def training_step(self, batch: Any, batch_idx: int) -> Any:
-            x, y = batch
-            loss = F.cross_entropy(self.net(x), y)
-            self.log("train_loss", loss)
-            return loss
-
-        def configure_optimizers(self) -> Any:
-            return torch.optim.SGD(self.net.parameters(), lr=LR, momentum=MOMENTUM)
-
     trainer = L.Trainer(
         accelerator="gpu", devices=1, max_steps=work.iters, max_epochs=1, default_root_dir=folder,
         logger=TensorBoardLogger(folder), log_every_n_steps=WRITE_PERIOD, enable_checkpointing=False,
@@ -180,7 +168,7 @@ def run_lightning_log(work: Workload, folder: str) -> Run:
     )
     # batch_size=None: the loader hands over each pre-made batch as it is (stamped when fetched).
     loader = torch.utils.data.DataLoader(work.data, batch_size=None)
-    module = Module(model)
+    module = lightning_classifier(model, logging_on=True, lr=LR, momentum=MOMENTUM)
     return model, lambda: trainer.fit(module, loader)
 
 

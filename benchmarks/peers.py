@@ -505,13 +505,13 @@ run_pytorch_accelerated = functools.partial(_run_pytorch_accelerated, default_ca
 run_pytorch_accelerated_default = functools.partial(_run_pytorch_accelerated, default_callbacks=True)
 
 
-def _run_lightning(work: Workload, workdir: str, logging_on: bool) -> Run:
+def lightning_classifier(net: Any, logging_on: bool, lr: float = LR, momentum: float = MOMENTUM) -> Any:
+    """``net`` as a LightningModule: cross-entropy, SGD with momentum, and
+    ``self.log`` of the loss at every step when ``logging_on`` (as its users
+    log). ``benchmarks/gpu.py`` uses it too."""
     import lightning as L
     import torch
     import torch.nn.functional as F
-    from lightning.pytorch.loggers import TensorBoardLogger
-
-    model, _, loader = work.fresh()
 
     class Module(L.LightningModule):
         def __init__(self, net: Any) -> None:
@@ -526,14 +526,22 @@ def _run_lightning(work: Workload, workdir: str, logging_on: bool) -> Run:
             return loss
 
         def configure_optimizers(self) -> Any:
-            return torch.optim.SGD(self.net.parameters(), lr=LR, momentum=MOMENTUM)
+            return torch.optim.SGD(self.net.parameters(), lr=lr, momentum=momentum)
 
+    return Module(net)
+
+
+def _run_lightning(work: Workload, workdir: str, logging_on: bool) -> Run:
+    import lightning as L
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    model, _, loader = work.fresh()
     trainer = L.Trainer(
         accelerator="cpu", devices=1, max_steps=work.iters, max_epochs=1, default_root_dir=workdir,
         logger=TensorBoardLogger(workdir) if logging_on else False, log_every_n_steps=WRITE_PERIOD,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
     )
-    module = Module(model)
+    module = lightning_classifier(model, logging_on)
     return model, lambda: trainer.fit(module, loader)
 
 
