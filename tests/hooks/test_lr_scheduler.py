@@ -210,9 +210,10 @@ def test_lr_multiplier_step_sets_the_rates_torchs_step_sets(tensor_lr, constant)
         model = nn.Linear(2, 2)
         lr = torch.tensor(0.1) if tensor_lr else 0.1
         opt = torch.optim.SGD([{"params": [model.weight]}, {"params": [model.bias], "lr": lr * 2}], lr=lr)
-        opt.step()
         schedule = ConstantParamScheduler(0.5) if constant else CosineParamScheduler(1.0, 0.0)
-        return opt, LRMultiplier(opt, schedule, max_iter=50)
+        scheduler = LRMultiplier(opt, schedule, max_iter=50)
+        opt.step()  # after the scheduler wraps it, as in training: torch warns otherwise
+        return opt, scheduler
 
     ours_opt, ours = build()
     torch_opt, reference = build()
