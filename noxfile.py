@@ -12,7 +12,7 @@ command (the tests not marked slow):
 
 Only the last session keeps ``constraints.txt``'s pins for the other
 packages: some (numpy 2.4) admit no Python 3.10. The results of the last
-run of each are in the README ("Versions").
+run of each are in the README ("Quick start", after the test command).
 """
 
 from __future__ import annotations
