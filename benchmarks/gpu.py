@@ -38,6 +38,10 @@ iteration; ``identical`` says whether the final weights equal the reference's
 bit for bit.
 
 Run: ``python benchmarks/gpu.py`` (``--rounds``, ``--iters``; needs CUDA).
+``--cpu-check`` times nothing: it trains every system that runs without CUDA
+(all but the fp16 and compiled rows) a few iterations on the CPU and says
+whether its weights equal ``hand``'s, so that a broken system is found here
+rather than on a lent GPU's short time (the tests run it).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ from torch import nn
 
 IN_FEATURES, CLASSES, LR, MOMENTUM, WRITE_PERIOD = 256, 10, 0.01, 0.9, 20
 SIZES = {"small": (256, 64), "large": (4096, 1024)}  # (hidden width, batch)
+DEVICE = torch.device("cuda")  # the CPU with --cpu-check
 
 
 class StampedBatches:
@@ -70,6 +75,7 @@ class StampedBatches:
         self.x, self.y = x, y
         self.first, self.last = len(x) // 10, len(x) - 1
         self.events: Dict[int, torch.cuda.Event] = {}
+        self.stamp = DEVICE.type == "cuda"
 
     def __len__(self) -> int:
         return len(self.x)
@@ -78,7 +84,7 @@ class StampedBatches:
         return map(self.__getitem__, range(len(self.x)))
 
     def __getitem__(self, i: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        if i == self.first or i == self.last:
+        if self.stamp and (i == self.first or i == self.last):
             event = self.events[i] = torch.cuda.Event(enable_timing=True)
             event.record()
         return self.x[i], self.y[i]
@@ -93,13 +99,13 @@ class Workload:
         self.width, batch = SIZES[size]
         self.iters = iters
         g = torch.Generator().manual_seed(0)
-        self.data = StampedBatches(torch.randn(iters, batch, IN_FEATURES, generator=g).cuda(),
-                                   torch.randint(0, CLASSES, (iters, batch), generator=g).cuda())
+        self.data = StampedBatches(torch.randn(iters, batch, IN_FEATURES, generator=g).to(DEVICE),
+                                   torch.randint(0, CLASSES, (iters, batch), generator=g).to(DEVICE))
 
     def fresh(self) -> Tuple[nn.Module, torch.optim.Optimizer]:
         torch.manual_seed(1)
         model = nn.Sequential(nn.Linear(IN_FEATURES, self.width), nn.ReLU(), nn.Linear(self.width, self.width), nn.ReLU(),
-                              nn.Linear(self.width, CLASSES)).cuda()
+                              nn.Linear(self.width, CLASSES)).to(DEVICE)
         return model, torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
 
 
@@ -160,9 +166,11 @@ def run_lightning_log(work: Workload, folder: str) -> Run:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from peers import lightning_classifier
 
+    # Lightning's own handler writes its INFO lines (devices, tips) to the console, past the redirect.
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     model, _ = work.fresh()
     trainer = L.Trainer(
-        accelerator="gpu", devices=1, max_steps=work.iters, max_epochs=1, default_root_dir=folder,
+        accelerator="gpu" if DEVICE.type == "cuda" else "cpu", devices=1, max_steps=work.iters, max_epochs=1, default_root_dir=folder,
         logger=TensorBoardLogger(folder), log_every_n_steps=WRITE_PERIOD, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
     )
@@ -219,7 +227,7 @@ def run_treadle_trainer(work: Workload, folder: str) -> Run:
 
     model, optimizer = work.fresh()
     trainer = Trainer(model, optimizer, work.data, loss_fn=F.cross_entropy, max_iter=work.iters, log_period=WRITE_PERIOD,
-                      output_dir=os.path.join(folder, "trainer"), device="cuda", progress_bar=False)
+                      output_dir=os.path.join(folder, "trainer"), device=DEVICE.type, progress_bar=False)
     return model, trainer.train
 
 
@@ -281,6 +289,7 @@ RUNNERS: Dict[str, Callable[[Workload, str], Run]] = {
 REFERENCE = {"hand-fp16": "hand-fp16", "treadle-fp16": "hand-fp16", "hand-compiled": "hand-compiled",
              "treadle-compiled": "hand-compiled"}
 COMPILED = ("hand-compiled", "treadle-compiled")
+CUDA_ONLY = COMPILED + ("hand-fp16", "treadle-fp16")
 # Timed where their package is installed.
 PEERS = {"accelerate-log": "accelerate", "lightning-log": "lightning"}
 
@@ -324,12 +333,40 @@ def measure(size: str, systems: List[str], rounds: int, iters: int) -> List[Dict
     return rows
 
 
+def cpu_check(iters: int) -> bool:
+    """Trains each system that runs without CUDA once on the CPU; prints
+    whether its weights equal ``hand``'s. True where all do."""
+    global DEVICE
+    DEVICE = torch.device("cpu")
+    work = Workload("small", iters)
+    systems = [s for s in RUNNERS if s not in CUDA_ONLY and installed(s)]
+    missing = [s for s in RUNNERS if not installed(s)]
+    if missing:
+        print(f"not installed, not checked: {', '.join(missing)}")
+    digests = {}
+    with tempfile.TemporaryDirectory() as root, open(os.devnull, "w") as devnull:
+        for system in systems:
+            model, train = RUNNERS[system](work, os.path.join(root, system))
+            with contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
+                train()
+            digests[system] = _digest(model)
+    print(f"CPU check, {iters} iterations (nothing timed): identical weights to hand")
+    for system in systems:
+        print(f"{system:>17} {digests[system] == digests['hand']}")
+    return all(d == digests["hand"] for d in digests.values())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=600, help="iterations per run at the small step (the large: a third)")
     parser.add_argument("--no-compile", action="store_true", help="leave out the compiled rows")
+    parser.add_argument("--cpu-check", action="store_true",
+                        help="time nothing: train each system that runs without CUDA on the CPU, compare its weights")
     args = parser.parse_args()
+    if args.cpu_check:
+        logging.basicConfig(stream=open(os.devnull, "w"), level=logging.INFO, force=True)
+        sys.exit(0 if cpu_check(args.iters) else 1)
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gpu.py needs a CUDA device; none is visible here")
     if args.rounds < 1 or args.iters < 20:

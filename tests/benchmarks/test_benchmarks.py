@@ -475,3 +475,18 @@ def test_gpu_benchmarks_say_in_one_line_that_they_need_cuda():
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "checkpoint.py"), "--device", "cuda"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().endswith("--device cuda needs a CUDA device and --processes 1")
+
+
+def test_gpu_benchmark_cpu_check_trains_every_system_it_can_to_the_hand_loops_weights():
+    """The GPU benchmark's systems run here before a lent GPU's short time:
+    each that needs no CUDA trains on the CPU to weights equal to the hand
+    loop's (the peers where installed)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--cpu-check", "--iters", "30"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checked = dict(line.split() for line in proc.stdout.splitlines() if len(line.split()) == 2)  # system, same
+    expected = {"hand", "hand-log", "treadle-bare", "treadle-hooks", "treadle-trainer"}
+    for system, package in (("accelerate-log", "accelerate"), ("lightning-log", "lightning")):
+        if importlib.util.find_spec(package) is not None:
+            expected.add(system)
+    assert checked == {system: "True" for system in expected}
