@@ -63,7 +63,6 @@ from torch import nn
 
 IN_FEATURES, CLASSES, LR, MOMENTUM, WRITE_PERIOD = 256, 10, 0.01, 0.9, 20
 SIZES = {"small": (256, 64), "large": (4096, 1024)}  # (hidden width, batch)
-DEVICE = torch.device("cuda")  # the CPU with --cpu-check
 
 
 class StampedBatches:
@@ -75,7 +74,7 @@ class StampedBatches:
         self.x, self.y = x, y
         self.first, self.last = len(x) // 10, len(x) - 1
         self.events: Dict[int, torch.cuda.Event] = {}
-        self.stamp = DEVICE.type == "cuda"
+        self.stamp = x.is_cuda  # --cpu-check times nothing
 
     def __len__(self) -> int:
         return len(self.x)
@@ -95,17 +94,18 @@ class StampedBatches:
 
 
 class Workload:
-    def __init__(self, size: str, iters: int) -> None:
+    def __init__(self, size: str, iters: int, device: str = "cuda") -> None:
         self.width, batch = SIZES[size]
         self.iters = iters
+        self.device = torch.device(device)
         g = torch.Generator().manual_seed(0)
-        self.data = StampedBatches(torch.randn(iters, batch, IN_FEATURES, generator=g).to(DEVICE),
-                                   torch.randint(0, CLASSES, (iters, batch), generator=g).to(DEVICE))
+        self.data = StampedBatches(torch.randn(iters, batch, IN_FEATURES, generator=g).to(self.device),
+                                   torch.randint(0, CLASSES, (iters, batch), generator=g).to(self.device))
 
     def fresh(self) -> Tuple[nn.Module, torch.optim.Optimizer]:
         torch.manual_seed(1)
         model = nn.Sequential(nn.Linear(IN_FEATURES, self.width), nn.ReLU(), nn.Linear(self.width, self.width), nn.ReLU(),
-                              nn.Linear(self.width, CLASSES)).to(DEVICE)
+                              nn.Linear(self.width, CLASSES)).to(self.device)
         return model, torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
 
 
@@ -170,7 +170,7 @@ def run_lightning_log(work: Workload, folder: str) -> Run:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     model, _ = work.fresh()
     trainer = L.Trainer(
-        accelerator="gpu" if DEVICE.type == "cuda" else "cpu", devices=1, max_steps=work.iters, max_epochs=1, default_root_dir=folder,
+        accelerator="gpu" if work.device.type == "cuda" else "cpu", devices=1, max_steps=work.iters, max_epochs=1, default_root_dir=folder,
         logger=TensorBoardLogger(folder), log_every_n_steps=WRITE_PERIOD, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
     )
@@ -227,7 +227,7 @@ def run_treadle_trainer(work: Workload, folder: str) -> Run:
 
     model, optimizer = work.fresh()
     trainer = Trainer(model, optimizer, work.data, loss_fn=F.cross_entropy, max_iter=work.iters, log_period=WRITE_PERIOD,
-                      output_dir=os.path.join(folder, "trainer"), device=DEVICE.type, progress_bar=False)
+                      output_dir=os.path.join(folder, "trainer"), device=work.device.type, progress_bar=False)
     return model, trainer.train
 
 
@@ -306,20 +306,26 @@ def _digest(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def train_quietly(system: str, work: Workload, folder: str) -> str:
+    """Builds ``system`` and trains it over ``work`` once, its console output
+    discarded; returns its weights' digest."""
+    model, train = RUNNERS[system](work, folder)
+    work.data.events.clear()
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
+        train()
+    return _digest(model)
+
+
 def measure(size: str, systems: List[str], rounds: int, iters: int) -> List[Dict[str, Any]]:
     work = Workload(size, iters)
     times: Dict[str, List[float]] = {s: [] for s in systems}
     digests: Dict[str, str] = {}
-    with tempfile.TemporaryDirectory() as root, open(os.devnull, "w") as devnull:
+    with tempfile.TemporaryDirectory() as root:
         for r in range(rounds + 1):  # round 0 warms up (cuBLAS, allocator, compilation) and is not counted
             for system in systems:
-                model, train = RUNNERS[system](work, os.path.join(root, f"{system}-{r}"))
-                work.data.events.clear()
-                with contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
-                    train()
+                digests[system] = train_quietly(system, work, os.path.join(root, f"{system}-{r}"))
                 if r:
                     times[system].append(work.data.ms_per_iter())
-                digests[system] = _digest(model)
     rows = []
     for system in systems:
         reference = REFERENCE.get(system, "hand")
@@ -336,20 +342,13 @@ def measure(size: str, systems: List[str], rounds: int, iters: int) -> List[Dict
 def cpu_check(iters: int) -> bool:
     """Trains each system that runs without CUDA once on the CPU; prints
     whether its weights equal ``hand``'s. True where all do."""
-    global DEVICE
-    DEVICE = torch.device("cpu")
-    work = Workload("small", iters)
+    work = Workload("small", iters, device="cpu")
     systems = [s for s in RUNNERS if s not in CUDA_ONLY and installed(s)]
     missing = [s for s in RUNNERS if not installed(s)]
     if missing:
         print(f"not installed, not checked: {', '.join(missing)}")
-    digests = {}
-    with tempfile.TemporaryDirectory() as root, open(os.devnull, "w") as devnull:
-        for system in systems:
-            model, train = RUNNERS[system](work, os.path.join(root, system))
-            with contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
-                train()
-            digests[system] = _digest(model)
+    with tempfile.TemporaryDirectory() as root:
+        digests = {system: train_quietly(system, work, os.path.join(root, system)) for system in systems}
     print(f"CPU check, {iters} iterations (nothing timed): identical weights to hand")
     for system in systems:
         print(f"{system:>17} {digests[system] == digests['hand']}")
