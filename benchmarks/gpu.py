@@ -357,15 +357,20 @@ def cpu_check(iters: int) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, help="interleaved rounds of the timed table (default 5)")
     parser.add_argument("--iters", type=int, default=600, help="iterations per run at the small step (the large: a third)")
     parser.add_argument("--no-compile", action="store_true", help="leave out the compiled rows")
     parser.add_argument("--cpu-check", action="store_true",
                         help="time nothing: train each system that runs without CUDA on the CPU, compare its weights")
     args = parser.parse_args()
     if args.cpu_check:
+        if args.rounds is not None or args.no_compile:
+            parser.error("--cpu-check times nothing: --rounds and --no-compile go with the timed table")
+        if args.iters < 1:
+            parser.error("--iters must be at least 1")
         logging.basicConfig(stream=open(os.devnull, "w"), level=logging.INFO, force=True)
         sys.exit(0 if cpu_check(args.iters) else 1)
+    args.rounds = 5 if args.rounds is None else args.rounds
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gpu.py needs a CUDA device; none is visible here")
     if args.rounds < 1 or args.iters < 20:

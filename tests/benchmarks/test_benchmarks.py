@@ -490,3 +490,10 @@ def test_gpu_benchmark_cpu_check_trains_every_system_it_can_to_the_hand_loops_we
         if importlib.util.find_spec(package) is not None:
             expected.add(system)
     assert checked == {system: "True" for system in expected}
+
+
+def test_gpu_benchmark_cpu_check_refuses_the_timed_tables_settings():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--cpu-check", "--rounds", "3"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().endswith(
+        "--cpu-check times nothing: --rounds and --no-compile go with the timed table")
