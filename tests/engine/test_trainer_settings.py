@@ -13,7 +13,6 @@ from torch import nn
 from torch.utils.data import DataLoader, default_collate
 
 from treadle.engine import Trainer
-from treadle.engine.seed_names import SEED_METHODS
 from treadle.engine.trainer_settings import SETTINGS, describe
 
 from tests.tiny_models import CountingTokens, classification, tiny_gpt2
@@ -183,29 +182,6 @@ def test_a_second_train_is_refused_in_one_line():
         trainer.train()
     with pytest.raises(RuntimeError, match="every iteration of the run"):
         trainer.train_epoch()
-
-
-# ---------------------------------------------------------------------- the seeds' method names
-@pytest.mark.parametrize("name", sorted(SEED_METHODS))
-def test_a_seeds_method_on_a_subclass_is_warned_naming_what_treadle_calls(name, treadle_caplog):
-    """pytorch-accelerated's calculate_train_batch_loss, qurious' _compute_loss(outputs, targets)...
-    were never called, silently."""
-    subclass = type("MyTrainer", (Trainer,), {name: lambda self, *args: None})
-    subclass(mlp(), "sgd", classification(), batch_size=32, lr=0.1, loss_fn=CE, max_iter=1)
-    found = [w for w in warnings_of(treadle_caplog) if name in w]
-    assert found == [f"MyTrainer.{name} is never called by treadle: the name is {SEED_METHODS[name]} (docs/migrating.md)"]
-
-
-def test_the_seed_methods_are_those_docs_migrating_maps():
-    text = (ROOT / "docs" / "migrating.md").read_text()
-    for name in SEED_METHODS:
-        assert f"`{name}" in text, name
-    # Every override point migrating.md maps to compute_loss is warned about.
-    for line in text.splitlines():
-        if "override `compute_loss" in line or "| `compute_loss(self, batch)`" in line:
-            first = line.split("|")[1]
-            for name in re.findall(r"`(\w+)(?:\(|`)", first):
-                assert name in SEED_METHODS, (name, line)
 
 
 # ---------------------------------------------------------------------- evaluation asks for what it reports

@@ -6,7 +6,6 @@ Shared by the plain :class:`~treadle.engine.Trainer` and the config-driven
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Mapping, Sized
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
@@ -26,6 +25,7 @@ from treadle.solver.build import (  # noqa: F401
 )
 from treadle.solver.lr_scheduler import SCHEDULE_NAMES, SCHEDULE_OPTIONS, build_lr_multiplier, describe_schedule
 
+from .seed_names import required_positional
 from .steps import CompiledStep, EagerStep, StepBase
 
 __all__ = [
@@ -104,7 +104,7 @@ def resolve_scheduler(
             )
         return scheduler
     if callable(scheduler):
-        built = scheduler(optimizer, max_iter) if _required_positional(scheduler) >= 2 else scheduler(optimizer)
+        built = scheduler(optimizer, max_iter) if required_positional(scheduler) >= 2 else scheduler(optimizer)
         if not isinstance(built, (ParamScheduler, torch.optim.lr_scheduler.LRScheduler)):
             raise TypeError(
                 f"The scheduler factory returned {type(built).__name__}, not a torch LR scheduler or a ParamScheduler"
@@ -117,18 +117,6 @@ def _named(scheduler: Tuple[Any, ...]) -> Tuple[str, Dict[str, Any]]:
     if len(scheduler) == 2 and isinstance(scheduler[0], str) and isinstance(scheduler[1], Mapping):
         return scheduler[0], dict(scheduler[1])
     raise TypeError(f"scheduler must be a name, (name, options), a scheduler or a factory, got {scheduler!r}")
-
-
-def _required_positional(fn: Callable[..., Any]) -> int:
-    # Parameters with defaults are options, not a slot for max_iter: passing it
-    # positionally would overwrite a default such as ``gamma=0.9``, or clash
-    # with a keyword already bound by functools.partial.
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return sum(
-        1
-        for p in inspect.signature(fn).parameters.values()
-        if p.kind in positional and p.default is inspect.Parameter.empty
-    )
 
 
 def build_step(

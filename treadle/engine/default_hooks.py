@@ -5,8 +5,8 @@ and the other has not (the plain ``Trainer``'s epoch history and progress
 bar, ``DefaultTrainer``'s preemption handler) is a setting here, not a
 second list. The order, and why (``docs/defaults.md``)::
 
-    IterationTimer, LRScheduler | LRMonitor, EMA*, EvalHook*, BestCheckpointer*,
-    EarlyStopping*, EpochHistory*, <user hooks>, PeriodicCheckpointer*,
+    IterationTimer, LRScheduler | LRMonitor, TrainEvents*, EMA*, EvalHook*, BestCheckpointer*,
+    EarlyStopping*, EpochHistory*, RunEvents*, <user hooks>, PeriodicCheckpointer*,
     PreemptionHandler*, PeriodicWriter, ProgressBar*, RunSummary
 
 User hooks go into the marked slot: after the evaluation and the epoch's
@@ -40,6 +40,7 @@ from treadle.hooks import (
 )
 
 from .history import EpochCallback, EpochHistory
+from .seed_overrides import RunEvents, SeedEventCalls, TrainEvents
 
 if TYPE_CHECKING:
     from treadle.checkpoint import Checkpointer
@@ -60,6 +61,7 @@ def default_hooks(
     optimizer: torch.optim.Optimizer,
     scheduler: Any = None,
     scheduler_interval: str = "iter",
+    scheduler_step: Optional[Callable[[], None]] = None,
     ema_decay: Optional[float] = None,
     evaluate: Optional[Callable[[], Any]] = None,
     eval_period: int = 0,
@@ -83,6 +85,7 @@ def default_hooks(
     output_dir: Optional[str] = None,
     samples_per_iter: Optional[float] = None,
     user_hooks: Sequence[HookBase] = (),
+    seed_events: Optional[SeedEventCalls] = None,
 ) -> List[HookBase]:
     """The default hooks for these settings, with ``user_hooks`` placed by
     the rule of this module's docstring.
@@ -93,6 +96,8 @@ def default_hooks(
             :class:`LRScheduler`, stepped per ``scheduler_interval``
             (``"iter"``/``"epoch"``); ``None``: :class:`LRMonitor` publishes
             the optimizer's rate and sets nothing.
+        scheduler_step: called where the schedule steps, instead of its
+            ``step()`` (the plain ``Trainer``'s ``scheduler_step`` override).
         ema_decay: keep an :class:`EMA` of the step's model (``None``: off).
         evaluate: the evaluation :class:`EvalHook` calls every
             ``eval_period`` iterations and after training (``None``: none).
@@ -113,16 +118,22 @@ def default_hooks(
         progress_bar: a :class:`ProgressBar`, refreshed every ``log_period``.
         output_dir, samples_per_iter: the :class:`RunSummary`'s.
         user_hooks: more hooks, placed in the slot.
+        seed_events: pytorch-accelerated's events of the plain ``Trainer``:
+            :class:`TrainEvents` (before the evaluation: ``train_epoch_end``
+            precedes it) and :class:`RunEvents` (first in the user slot).
     """
     if scheduler is None:
         lr_hook: HookBase = LRMonitor(optimizer)
     else:
-        lr_hook = LRScheduler(optimizer, scheduler, interval=scheduler_interval)
+        lr_hook = LRScheduler(optimizer, scheduler, interval=scheduler_interval, stepper=scheduler_step)
+    train_events, run_events = TrainEvents(seed_events or SeedEventCalls()), RunEvents(seed_events or SeedEventCalls())
     # The reasons for this order are in docs/defaults.md; the hooks declare
     # the constraints among them (runs_after) and register_hooks checks them.
     hooks: List[Union[HookBase, _UserHooks, None]] = [
         IterationTimer(),
         lr_hook,
+        # An epoch's training ends before its evaluation (pytorch-accelerated's train_epoch_end).
+        train_events if train_events.active() else None,
         # Before evaluation: it evaluates with this iteration's average.
         EMA(ema_decay) if ema_decay is not None else None,
         EvalHook(eval_period, evaluate) if evaluate is not None else None,
@@ -131,6 +142,8 @@ def default_hooks(
         EarlyStopping(stop_metric, stop_patience or 1, stop_min_delta, stop_mode) if stop_metric is not None else None,
         # After the evaluation: the last epoch's row holds the final one.
         EpochHistory(epochs, epoch_callbacks) if epochs is not None else None,
+        # After the epoch's evaluation and history (training_run_epoch_end).
+        run_events if run_events.active() else None,
         _USER_HOOKS,
         # After every hook whose state a checkpoint saves: resume is exact.
         PeriodicCheckpointer(

@@ -20,6 +20,7 @@ from treadle.utils import comm
 from treadle.utils.frame_stack import call_with_frame_room
 from treadle.utils.run_start import training_starts
 
+from .seed_names import refusal, required_positional
 from .hook_table import HookCall, HookOrderError, HookTable, note_origin
 from .steps import StepBase
 from .time_table import log_time_table
@@ -120,6 +121,9 @@ class TrainerBase:
     def step(self, step: StepBase) -> None:
         if not isinstance(step, StepBase):
             raise TypeError(f"trainer.step must be a StepBase, got {type(step).__name__}")
+        if required_positional(step.run_step) > 0:
+            raise TypeError(f"{type(step).__name__}.run_step takes arguments, and the trainer calls step.run_step() "
+                            "with none: " + refusal("run_step", "step"))
         step.trainer = cast(TrainerProtocol, weakref.proxy(self))
         self._step = step
 

@@ -16,6 +16,8 @@ import logging
 import os
 import sys
 import types
+import weakref
+from collections.abc import Mapping
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Union
 
 import torch
@@ -24,7 +26,9 @@ from torch import nn
 from treadle.checkpoint import Checkpointer, unwrap_model
 from treadle.checkpoint import init_weights_from as load_matching_weights
 from treadle.events import EventWriter, get_default_writers
-from treadle.hooks import HookBase
+from treadle.evaluation.batch import batch_size
+from treadle.evaluation.inference import inference_context
+from treadle.hooks import HookBase, LRScheduler
 from treadle.utils import comm
 from treadle.utils.device import resolve_device
 from treadle.utils.env import seed_all_rng
@@ -35,7 +39,9 @@ from treadle.solver import build_optimizer
 
 from .build import build_step, loader_epoch_length, resolve_scheduler
 from .default_hooks import default_hooks
-from .seed_names import SEED_METHODS, warn_about_seed_methods
+from .seed_names import SEED_METHODS, event_methods, overridden, refuse_seed_methods, required_positional
+from .seed_overrides import EVAL_POINTS, TRAIN_EPOCH_EVENTS, UPDATE_POINTS, SeedEventCalls, SeedOverrides, TrainerStep
+from .seed_overrides import is_event_callback
 from .history import EpochCallback, TrainingHistory, iteration_history
 from .launch import DEFAULT_TIMEOUT, check_optimizer_holds, join_env_process_group, wrap_model
 from .session import Resume, RunSession
@@ -53,7 +59,7 @@ logger = logging.getLogger(__name__)
 # this many iterations the oldest values are dropped (global averages stay).
 _MAX_HISTORY = 1_000_000
 
-class Trainer(TrainerBase):
+class Trainer(SeedOverrides, TrainerBase):
     """Trains ``model`` from plain objects and returns its history.
 
     Example::
@@ -69,6 +75,11 @@ class Trainer(TrainerBase):
     one line when the ``Trainer`` is built, before anything is written: the
     table of :mod:`treadle.engine.trainer_settings`, shown in
     ``docs/trainer.md``; ``docs/migrating.md`` maps the seeds' names to these.
+    A subclass overrides the methods the seeds document (qurious'
+    ``train_step``, pytorch-accelerated's ``calculate_train_batch_loss``,
+    Hezar's ``training_step``...): each is called at the seed's moment, or
+    refused when the subclass is built (the table of
+    :mod:`treadle.engine.seed_names`; the defaults are :class:`SeedOverrides`'s).
     Under ``torchrun`` (or :func:`~treadle.engine.launch`) the same script
     trains one model on every process (``docs/distributed.md``).
 
@@ -101,7 +112,8 @@ class Trainer(TrainerBase):
         shuffle, collate_fn, num_workers: how a dataset is batched (Hezar's
             ``data_collator`` is ``collate_fn``).
         hooks: more hooks, placed by the rule of ``docs/defaults.md``.
-        callbacks: ``fn(trainer, epoch, metrics)`` at each epoch's end.
+        callbacks: ``fn(trainer, epoch, metrics)`` at each epoch's end, or callback
+            objects with pytorch-accelerated's ``on_*`` events (hooks may have them too).
         output_dir: the run's folder (checkpoints, ``metrics.json``, ``log.txt``);
             nothing is written without it.
         checkpoints_dir, logs_dir: subfolders of ``output_dir`` (Hezar's layout).
@@ -198,15 +210,17 @@ class Trainer(TrainerBase):
         join_env_process_group(datetime.timedelta(seconds=s.dist_timeout), leave_at_exit=True)
         self.output_dir = s.output_dir
         self.checkpoint_dir, self.logs_dir = _inside(s.output_dir, s.checkpoints_dir), _inside(s.output_dir, s.logs_dir)
-        warn_about_seed_methods(type(self), Trainer)
+        events = self._check_overrides(s)
         if s.seed is not None:
             seed_all_rng(s.seed)
         self.device = resolve_device(s.device)
         self.model = self.build_model(model, s)
         self.optimizer = self.build_optimizer(optimizer, unwrap_model(self.model), s)
         self.loss_fn = s.loss_fn
+        self._events = events
         self.train_loader, self.eval_loader = self.build_loaders(train_loader, s.eval_loader, s)
         epoch_length = loader_epoch_length(self.train_loader, s.grad_accum_steps)
+        _check_epoch_events(events, epoch_length)
         max_iter = run_length(s.max_iter, s.max_epochs, epoch_length)
         if s.max_epochs is not None:
             warn_about_leftover_batches(self.train_loader, s.grad_accum_steps, epoch_length)
@@ -222,6 +236,8 @@ class Trainer(TrainerBase):
             subdirs=[d for d in (s.checkpoints_dir, s.logs_dir) if d],
         )
         self.register_hooks(self.build_hooks(s))
+        self._in_training = False
+        events.fire("init_end")
 
     # ------------------------------------------------------------------ builders
     def build_model(self, model: nn.Module, s: types.SimpleNamespace) -> nn.Module:
@@ -261,7 +277,15 @@ class Trainer(TrainerBase):
                               collate_fn=s.collate_fn)
 
     def build_step(self, s: types.SimpleNamespace) -> Any:
-        """The step object: ``EagerStep``, or ``CompiledStep`` with ``compile``."""
+        """The step object: ``EagerStep``, or ``CompiledStep`` with ``compile``; a
+        :class:`~treadle.engine.seed_overrides.TrainerStep` where a subclass
+        overrides a seed's point of the update."""
+        if self._seed_update():
+            return TrainerStep(
+                self.model, self.train_loader, self.optimizer, owner=weakref.proxy(self), events=self._events,
+                loss_fn=s.loss_fn, grad_accum_steps=s.grad_accum_steps, clip_grad_norm=s.clip_grad_norm,
+                clip_grad_value=s.clip_grad_value, precision=s.precision,
+            )
         return build_step(
             "compiled" if s.compile else "eager", self.model, self.train_loader, self.optimizer,
             compile_options=s.compile if isinstance(s.compile, dict) else None, loss_fn=s.loss_fn,
@@ -273,9 +297,14 @@ class Trainer(TrainerBase):
         """How evaluation runs (:mod:`treadle.engine.trainer_eval`), and the
         evaluator of ``eval_loader``, built now so that a bad metric fails now."""
         generate = s.evaluate_with_generate
+        by_override = (any(self._overrides(name) for name in EVAL_POINTS if name != "eval_step")
+                       or self._hezar_compute_loss or "eval_step_start" in self._events
+                       or "eval_step_end" in self._events)
         evaluation = TrainerEvaluation(
             self.model, metrics=s.metrics, loss_fn=s.loss_fn, compute_loss=self._own_compute_loss(),
             generate=(dict(generate) if isinstance(generate, dict) else {}) if generate else None,
+            batch_fn=self._eval_batch if by_override else None,
+            step_results=self.eval_step if self._overrides("eval_step") else None,
         )
         evaluator = evaluation.build_evaluator() if self.eval_loader is not None else None
         self.evaluator = evaluation.with_loss_for_early_stopping(evaluator, s.best_metric, s.early_stopping_patience)
@@ -288,22 +317,27 @@ class Trainer(TrainerBase):
     def build_hooks(self, s: types.SimpleNamespace) -> List[HookBase]:
         """The default hooks (:func:`~treadle.engine.default_hooks.default_hooks`) for these settings."""
         watched, mode = self.evaluation.watched(self.evaluator, s.best_metric, s.best_mode, s.early_stopping_patience)
-        scheduler = resolve_scheduler(s.scheduler, self.optimizer, self.max_iter, warmup_iters=s.warmup_iters)
+        # pytorch-accelerated's create_scheduler() builds it where a subclass overrides it.
+        given = self.create_scheduler() if self._overrides("create_scheduler") else s.scheduler
+        scheduler = resolve_scheduler(given, self.optimizer, self.max_iter, warmup_iters=s.warmup_iters)
         bar = (s.progress_bar if s.progress_bar is not None else _stderr_is_a_terminal()) and comm.is_main_process()
         total_batch = getattr(self.train_loader, "total_batch_size", None)
         # One iteration is one update: grad_accum_steps batches.
         samples_per_iter = total_batch * s.grad_accum_steps if total_batch else None
         return default_hooks(
             optimizer=self.optimizer, scheduler=scheduler, scheduler_interval=s.scheduler_interval,
-            ema_decay=s.ema_decay, evaluate=self.evaluate if self.eval_loader is not None else None,
+            scheduler_step=self.scheduler_step if self._overrides("scheduler_step") else None,
+            ema_decay=s.ema_decay, evaluate=self._evaluate_in_training if self.eval_loader is not None else None,
             eval_period=s.eval_period if s.eval_period is not None else self.epoch_length or 0,
             checkpointer=self.checkpointer, best_metric=watched if s.best_metric else None, best_mode=mode,
             stop_metric=watched if s.early_stopping_patience else None, stop_patience=s.early_stopping_patience,
-            stop_mode=mode, epochs=self.history.epochs if self.epoch_length else None, epoch_callbacks=s.callbacks,
+            stop_mode=mode, epochs=self.history.epochs if self.epoch_length else None,
+            epoch_callbacks=[fn for fn in s.callbacks if not is_event_callback(fn)],
             checkpoint_period=s.checkpoint_period if s.checkpoint_period is not None else self.epoch_length or 0,
             max_to_keep=s.max_to_keep, writers=self.build_writers(samples_per_iter, console=not bar),
             log_period=s.log_period, progress_bar=bar,
             output_dir=self.output_dir, samples_per_iter=samples_per_iter, user_hooks=list(s.hooks),
+            seed_events=self._events,
         )
 
     def build_writers(self, samples_per_iter: Optional[int], *, console: bool) -> List[EventWriter]:
@@ -318,8 +352,87 @@ class Trainer(TrainerBase):
         )
 
     def _own_compute_loss(self) -> Optional[Callable[[Any], Any]]:
-        """A subclass's :meth:`compute_loss`: the loss of training and evaluation alike."""
-        return self.compute_loss if type(self).compute_loss is not Trainer.compute_loss else None
+        """A subclass's :meth:`compute_loss` (treadle's, of a batch): the loss of training and evaluation alike."""
+        return self.compute_loss if self._own_compute_loss_override else None
+
+    # ------------------------------------------------------------------ the seeds' override points
+    def _overrides(self, name: str) -> bool:
+        return overridden(self, name, Trainer)
+
+    def _seed_update(self) -> bool:
+        """Whether training calls a subclass's seed method (the step is then a ``TrainerStep``)."""
+        return (any(self._overrides(name) for name in UPDATE_POINTS) or self._hezar_compute_loss
+                or "train_step_start" in self._events or "train_step_end" in self._events)
+
+    def _check_overrides(self, s: types.SimpleNamespace) -> SeedEventCalls:
+        """Refuses, in one line, a seed method this subclass defines that treadle
+        never calls, or one that would leave a setting unused
+        (:mod:`treadle.engine.seed_names`); returns who is called at each event."""
+        refuse_seed_methods(self, Trainer)
+        cls = type(self).__name__
+        own_loss = self._overrides("compute_loss")
+        self._hezar_compute_loss = own_loss and required_positional(self.compute_loss) >= 2
+        self._own_compute_loss_override = own_loss and not self._hezar_compute_loss
+        self._loss_by_parts = any(self._overrides(n) for n in ("_prepare_batch", "_forward_pass", "_compute_loss"))
+        for hook in s.hooks:
+            event_methods(hook, "hooks")
+        callbacks = [(c, "callbacks") for c in s.callbacks if is_event_callback(c)]
+        events = SeedEventCalls(self, Trainer, callbacks + [(h, "hooks") for h in s.hooks])
+        self._events = events
+        if self._overrides("train_step"):
+            defaults = {"grad_accum_steps": 1, "clip_grad_norm": None, "clip_grad_value": None, "precision": "fp32",
+                        "compile": False}
+            for name, default in defaults.items():
+                if getattr(s, name) != default:
+                    raise ValueError(
+                        f"{cls}.train_step does the whole update itself (qurious' contract), so {name}="
+                        f"{getattr(s, name)!r} would never act: apply it in train_step, or override "
+                        "compute_loss(self, batch) and keep treadle's update")
+            for hook in s.hooks:
+                if hook.overrides("after_backward"):
+                    raise ValueError(f"{cls}.train_step does the whole update itself, so {type(hook).__name__}."
+                                     "after_backward would never run: call it from train_step, or override "
+                                     "compute_loss(self, batch) and keep treadle's update")
+        if s.compile and self._seed_update():
+            raise ValueError(f"compile={s.compile!r} compiles treadle's loss (compute_loss), and {cls} overrides a "
+                             "seed's point of the update, which would run uncompiled: leave compile out, or "
+                             "override compute_loss(self, batch) alone")
+        if self._overrides("eval_step") and "metrics" in self._given_settings:
+            raise ValueError(f"{cls}.eval_step computes the evaluation's results (qurious' contract), so metrics="
+                             f"{list(s.metrics)!r} would never be computed: return them from eval_step, or give "
+                             "metrics without eval_step")
+        if self._overrides("create_scheduler") and s.scheduler is not None:
+            raise ValueError(f"{cls}.create_scheduler builds the schedule, and scheduler={s.scheduler!r} is given "
+                             "too: give one of them")
+        if self._overrides("scheduler_step") and s.scheduler is None and not self._overrides("create_scheduler"):
+            raise ValueError(f"{cls}.scheduler_step steps the schedule, and there is none: give scheduler= (or "
+                             "override create_scheduler)")
+        return events
+
+    def _eval_batch(self, batch: Any) -> Any:
+        """One evaluation batch through a subclass's seed methods: its outputs
+        (what metrics score) and its loss."""
+        if self._overrides("prepare_input_batch"):
+            batch = self.prepare_input_batch(batch)
+        self._events.fire("eval_step_start")
+        if self._overrides("evaluation_step") and not self._overrides("calculate_eval_batch_loss"):
+            outputs = self.evaluation_step(batch)
+            own = getattr(outputs, "loss", None) if not isinstance(outputs, Mapping) else outputs.get("loss")
+            loss = own if isinstance(own, torch.Tensor) else self._loss_of(outputs, self._prepare_batch(batch)[1])
+            output: Any = {"loss": loss, "model_outputs": outputs, "batch_size": batch_size(batch)}
+        else:
+            output = self.calculate_eval_batch_loss(batch)
+            if not isinstance(output, Mapping) or "loss" not in output:
+                raise TypeError(f"{type(self).__name__}.calculate_eval_batch_loss must return a dict with a 'loss' "
+                                f"(pytorch-accelerated's contract), got {type(output).__name__}")
+        self._events.fire("eval_step_end", batch=batch, batch_output=output)
+        return output.get("model_outputs"), output["loss"]
+
+    @property
+    def scheduler(self) -> Any:
+        """The schedule the learning-rate hook steps (pytorch-accelerated's
+        ``trainer.scheduler``), or None; an fvcore schedule's ``LRMultiplier`` exists once training started."""
+        return next((getattr(h, "scheduler", None) for h in self.hooks if isinstance(h, LRScheduler)), None)
 
     @property
     def metrics(self) -> List[Any]:
@@ -389,6 +502,13 @@ class Trainer(TrainerBase):
     def _run(self, resume: Resume, *, move_aside: bool = False, continuing: bool = False) -> TrainingHistory:
         """``train()``'s body; ``continuing``: go on from where this process's
         last training stopped (``train_epoch()``), with its recent values."""
+        self._in_training = True
+        try:
+            return self._run_in_session(resume, move_aside=move_aside, continuing=continuing)
+        finally:
+            self._in_training = False
+
+    def _run_in_session(self, resume: Resume, *, move_aside: bool, continuing: bool) -> TrainingHistory:
         if continuing:
             self.session.claim(resume=True)
             start_iter = self.last_run_iter + 1
@@ -409,17 +529,36 @@ class Trainer(TrainerBase):
         metrics, its ``loss`` (computed as in training)."""
         if loader is None and self.eval_loader is None:
             raise ValueError("Trainer.evaluate needs a loader: pass one or give eval_loader to the Trainer")
-        loader = self._eval_loader_of(loader) if loader is not None else self.eval_loader
+        loader = self._eval_loader_of(loader) if loader is not None and loader is not self.eval_loader else self.eval_loader
         evaluator = self.evaluator if self.evaluator is not None else self.evaluation.build_evaluator()
-        return self.evaluation.evaluate(loader, evaluator, self.device)
+        outside = not self._in_training
+        if outside:
+            self._events.fire("evaluation_run_start")
+        self._events.fire("eval_epoch_start")
+        results = self.evaluation.evaluate(loader, evaluator, self.device)
+        self._events.fire("eval_epoch_end")
+        if outside:
+            self._events.fire("evaluation_run_end")
+        return results
+
+    def _evaluate_in_training(self) -> Dict[str, Any]:
+        """An evaluation of training: :meth:`evaluate` (a subclass's
+        ``evaluate(dataloader)`` too) on ``eval_loader``, every module's
+        training mode restored after it."""
+        with inference_context(self.model):
+            return self.evaluate(self.eval_loader)
 
     # ------------------------------------------------------------------ one batch
     def compute_loss(self, batch: Any) -> Any:
         """The loss of one batch (on the device). Override it for a custom loss
         (pytorch-accelerated's ``calculate_train_batch_loss``): a scalar, a dict
         of scalars or an object with ``.loss``. It is the loss everywhere:
-        training, :meth:`train_step`, :meth:`eval_step`, :meth:`evaluate`."""
-        return self._own_step().compute_loss(batch)
+        training, :meth:`train_step`, :meth:`eval_step`, :meth:`evaluate`.
+        Where a subclass overrides qurious' ``_prepare_batch``, ``_forward_pass``
+        or ``_compute_loss``, it is theirs, in that order."""
+        if self._loss_by_parts:
+            return self._batch_loss_by_parts(batch)
+        return EagerStep.compute_loss(self._own_step(), batch)
 
     def train_step(self, batch: Any) -> Dict[str, float]:
         """One optimizer update on ``batch``, outside :meth:`train` (a notebook's
@@ -464,6 +603,14 @@ class Trainer(TrainerBase):
 
 
 # ---------------------------------------------------------------------- helpers
+def _check_epoch_events(events: SeedEventCalls, epoch_length: Optional[int]) -> None:
+    for event in TRAIN_EPOCH_EVENTS:
+        if event in events and not epoch_length:
+            raise ValueError(f"{event} is called at each epoch's end (pytorch-accelerated's event), and this "
+                             "train_loader has no length (no epochs): give data with a length, or use a hook's "
+                             "after_step with a period")
+
+
 def _logs_dir(values: Dict[str, Any]) -> Optional[str]:
     """Where log.txt goes, from settings not checked yet (a bad one: nowhere; the check then says why)."""
     output_dir, sub = values["output_dir"], values["logs_dir"]

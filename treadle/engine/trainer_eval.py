@@ -28,6 +28,8 @@ from treadle.evaluation.batch import move_to_device
 from treadle.evaluation.inference import inference_context
 from treadle.evaluation.loss import LossEvaluator
 
+from .seed_overrides import StepResultsEvaluator
+
 __all__ = ["TrainerEvaluation", "watches_training", "EVAL_PREFIXES", "TRAIN_PREFIXES"]
 
 logger = logging.getLogger(__name__)
@@ -83,26 +85,40 @@ class TrainerEvaluation:
         loss_fn, compute_loss: how training computes the loss
             (``compute_loss``: a subclass's override, which replaces ``loss_fn``).
         generate: ``generate()``'s options with ``evaluate_with_generate``, else None.
+        batch_fn: ``batch_fn(batch) -> (outputs, loss)``, a subclass's seed
+            override of an evaluation batch (pytorch-accelerated's
+            ``calculate_eval_batch_loss``, Hezar's ``evaluation_step``): the
+            outputs go to the metrics, the loss is the evaluation ``loss``.
+        step_results: ``step_results(batch) -> {name: float}``, qurious'
+            ``eval_step`` override: the results are each value's mean over the batches.
     """
 
     def __init__(self, model: Any, *, metrics: Iterable[Any], loss_fn: Optional[Callable[[Any, Any], Any]],
-                 compute_loss: Optional[Callable[[Any], Any]], generate: Optional[Dict[str, Any]]) -> None:
+                 compute_loss: Optional[Callable[[Any], Any]], generate: Optional[Dict[str, Any]],
+                 batch_fn: Optional[Callable[[Any], Tuple[Any, Any]]] = None,
+                 step_results: Optional[Callable[[Any], Dict[str, float]]] = None) -> None:
         self.model = model
         self.metrics: List[Any] = list(metrics) or ["loss"]
         self.loss_fn = loss_fn
         self.generate = generate
+        self.step_results = step_results
         # How a batch's loss is computed: as training computes it; where the
         # forward generates, by the training forward of its own.
-        if compute_loss is not None:
-            self.loss_options: Dict[str, Any] = {"compute_loss": compute_loss}
+        if batch_fn is not None:
+            override = _OverrideForward(batch_fn)
+            self.loss_options: Dict[str, Any] = {"compute_loss": override.loss}
+        elif compute_loss is not None:
+            self.loss_options = {"compute_loss": compute_loss}
         elif generate is not None:
             self.loss_options = {"compute_loss": self._forward_loss}
         else:
             self.loss_options = {"loss_fn": loss_fn} if loss_fn is not None else {}
         self._batch_loss = LossEvaluator(**self.loss_options)
         self._training_loss = LossEvaluator(loss_fn=loss_fn)
-        if generate is not None:
-            self.forward: Callable[[Any, Any], Any] = functools.partial(_generate_forward, options=generate)
+        if batch_fn is not None:
+            self.forward: Callable[[Any, Any], Any] = override.forward
+        elif generate is not None:
+            self.forward = functools.partial(_generate_forward, options=generate)
         elif compute_loss is None:
             self.forward = functools.partial(forward_batch, whole=loss_fn is None)
         else:
@@ -119,7 +135,13 @@ class TrainerEvaluation:
         return self.generate is None or "loss" in self.metric_names()
 
     def build_evaluator(self) -> Any:
-        """A new evaluator of ``metrics`` (the loss computed as training does)."""
+        """A new evaluator of ``metrics`` (the loss computed as training does);
+        of a qurious ``eval_step``'s results."""
+        if self.step_results is not None:
+            return StepResultsEvaluator()
+        return self._metrics_evaluator()
+
+    def _metrics_evaluator(self) -> Any:
         return build_evaluator(self.metrics, **(self.loss_options if "loss" in self.metric_names() else {}))
 
     def _forward_loss(self, batch: Any) -> torch.Tensor:
@@ -138,12 +160,17 @@ class TrainerEvaluation:
             ) from e
 
     def evaluate(self, loader: Iterable[Any], evaluator: Any, device: torch.device) -> Dict[str, Any]:
-        """The metrics over ``loader``."""
-        return inference_on_dataset(self.model, loader, evaluator, device=device, forward=self.forward)
+        """The metrics over ``loader`` (a qurious ``eval_step``'s results where a subclass overrides it)."""
+        step_results = self.step_results
+        forward = self.forward if step_results is None else (lambda model, batch: step_results(batch))
+        return inference_on_dataset(self.model, loader, evaluator, device=device, forward=forward)
 
     @torch.no_grad()
     def one_batch(self, batch: Any, evaluator: Any, device: torch.device) -> Dict[str, float]:
         """``eval_step``: the loss (where reported) and the metrics of one batch, as floats."""
+        if self.step_results is not None:
+            # Called by a subclass's eval_step (super()): the metrics', not the eval_step's, evaluator.
+            evaluator = self._metrics_evaluator()
         batch = move_to_device(batch, device)
         out: Dict[str, float] = {}
         with inference_context(self.model):
@@ -200,6 +227,24 @@ class TrainerEvaluation:
         )
         self.metrics.append("loss")
         return self.build_evaluator()
+
+
+class _OverrideForward:
+    """The evaluation forward through a subclass's override that returns a
+    batch's outputs and loss together: :meth:`forward` hands the outputs to
+    the metrics and keeps the loss, which the ``loss`` metric reads right
+    after, for the same batch (:meth:`loss`)."""
+
+    def __init__(self, batch_fn: Callable[[Any], Tuple[Any, Any]]) -> None:
+        self.batch_fn = batch_fn
+        self._loss: Any = None
+
+    def forward(self, model: Any, batch: Any) -> Any:
+        outputs, self._loss = self.batch_fn(batch)
+        return outputs
+
+    def loss(self, batch: Any) -> Any:
+        return self._loss
 
 
 def _declared_direction(evaluator: Any, name: str) -> Optional[bool]:

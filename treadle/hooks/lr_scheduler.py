@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from fvcore.common.param_scheduler import (
@@ -87,6 +87,10 @@ class LRScheduler(_StepsOptimizer, HookBase):
     meant as "every 2 epochs"; needs the trainer's ``epoch_length``). Which
     one is used is logged when training starts. An fvcore schedule is a
     function of the iteration and always updates per iteration.
+
+    ``stepper``, where given, is called instead of ``scheduler.step()``
+    wherever the schedule steps (the plain ``Trainer`` gives a subclass's
+    ``scheduler_step``, pytorch-accelerated's override point).
     """
 
     def __init__(
@@ -96,6 +100,7 @@ class LRScheduler(_StepsOptimizer, HookBase):
         *,
         max_iter: Optional[int] = None,
         interval: str = "iter",
+        stepper: Optional[Callable[[], None]] = None,
     ) -> None:
         if interval not in ("iter", "epoch"):
             raise ValueError(f"LRScheduler interval must be 'iter' or 'epoch', got {interval!r}")
@@ -105,6 +110,7 @@ class LRScheduler(_StepsOptimizer, HookBase):
                 "iteration over the whole run and updates every iteration"
             )
         self.interval = interval
+        self._stepper = stepper
         if scheduler is not None and not isinstance(
             scheduler, (torch.optim.lr_scheduler.LRScheduler, ParamScheduler)
         ):
@@ -172,11 +178,16 @@ class LRScheduler(_StepsOptimizer, HookBase):
     def after_step(self) -> None:
         self._publish_lr()
         if self._step_per_iter:
-            assert self.scheduler is not None  # resolved in before_train
-            self.scheduler.step()
+            self._step()
 
     def after_epoch(self) -> None:
         if not self._step_per_iter:
+            self._step()
+
+    def _step(self) -> None:
+        if self._stepper is not None:
+            self._stepper()
+        else:
             assert self.scheduler is not None  # resolved in before_train
             self.scheduler.step()
 

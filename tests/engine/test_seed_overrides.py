@@ -1,0 +1,494 @@
+"""The seeds' override points (treadle/engine/seed_names.py's table): each
+name a seed documents is called at the seed's moment or refused when built,
+and the seeds' own examples run as their users write them."""
+
+from __future__ import annotations
+
+import collections
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from treadle.config import LazyConfig
+from treadle.engine import EagerStep, Trainer
+from treadle.engine.defaults import DefaultTrainer
+from treadle.engine.seed_names import CALLBACK_EVENTS, OVERRIDE_POINTS, SEED_METHODS, render_markdown
+from treadle.hooks import HookBase
+
+from tests.tiny_models import classification
+
+ROOT = Path(__file__).resolve().parents[2]
+CE = nn.functional.cross_entropy
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+
+
+def loader(n=64, seed=0, batch_size=16):
+    return DataLoader(classification(n, seed), batch_size=batch_size)
+
+
+def counting_subclass(name: str, counts: collections.Counter, base: type = Trainer) -> type:
+    """A subclass whose ``name`` counts its calls and does what the base does."""
+
+    def method(self, *args, **kwargs):
+        counts[name] += 1
+        return getattr(super(cls, self), name)(*args, **kwargs)
+
+    cls = type(f"With_{name}", (base,), {name: method})
+    return cls
+
+
+# ---------------------------------------------------------------------- the table, walked
+TRAINER_POINTS = [p for p in OVERRIDE_POINTS if p.on == "Trainer"]
+
+
+@pytest.mark.parametrize("point", TRAINER_POINTS, ids=[p.name for p in TRAINER_POINTS])
+def test_every_seed_method_on_a_trainer_subclass_is_called_or_refused_when_built(point, tmp_path):
+    counts: collections.Counter = collections.Counter()
+    cls = counting_subclass(point.name, counts)
+    # create_scheduler builds the schedule: scheduler= is refused beside it.
+    schedule = {} if point.name == "create_scheduler" else {"scheduler": "cosine"}
+
+    def build():
+        return cls(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, eval_loader=loader(32, seed=1), max_epochs=2,
+                   progress_bar=False, **schedule)
+
+    if not point.called:
+        with pytest.raises(TypeError, match=rf"^{cls.__name__}\.{point.name} \(.*\) is never called by treadle: "):
+            build()
+        return
+    trainer = build()
+    trainer.train()
+    trainer.evaluate()
+    assert counts[point.name] > 0, f"{point.name} was never called"
+
+
+def test_a_refused_method_says_what_to_write_instead_in_one_line():
+    class AcceleratedTrainer(Trainer):
+        def create_train_dataloader(self, batch_size, train_dl_kwargs=None):
+            return DataLoader(classification(), batch_size=batch_size)
+
+    with pytest.raises(TypeError) as error:
+        AcceleratedTrainer(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_iter=2)
+    assert str(error.value) == (
+        "AcceleratedTrainer.create_train_dataloader (pytorch-accelerated and Hezar's) is never called by treadle: "
+        "give the Trainer a DataLoader (train_loader=, eval_loader=), which it iterates as given (docs/migrating.md)"
+    )
+    assert SEED_METHODS["create_train_dataloader"].startswith("pytorch-accelerated and Hezar's; give the Trainer")
+
+
+def test_lightnings_training_step_is_refused_and_hezars_is_called():
+    class LightningStyle(Trainer):
+        def training_step(self, batch, batch_idx):
+            return CE(self.model(batch[0]), batch[1])
+
+    with pytest.raises(TypeError, match=r"^LightningStyle\.training_step takes \(batch, batch_idx\), Lightning's "
+                                        r"signature, which treadle never calls: override compute_loss"):
+        LightningStyle(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_iter=2)
+
+
+LIBAI_POINTS = [p for p in OVERRIDE_POINTS if p.on == "DefaultTrainer"]
+
+
+def digits_cfg(tmp_path):
+    cfg = LazyConfig.load(str(ROOT / "configs" / "digits_mlp.py"))
+    return LazyConfig.apply_overrides(cfg, [f"train.output_dir={tmp_path}", "train.max_iter=4",
+                                            "train.eval_period=2", "lr_multiplier.warmup_iters=1"])
+
+
+def test_libais_default_trainer_methods_are_called(tmp_path):
+    counts: collections.Counter = collections.Counter()
+    members = {}
+    for point in LIBAI_POINTS:
+        if isinstance(inspect.getattr_static(DefaultTrainer, point.name), classmethod):
+            def method(cls, *args, _name=point.name, **kwargs):
+                counts[_name] += 1
+                return getattr(super(Subclass, cls), _name)(*args, **kwargs)
+            members[point.name] = classmethod(method)
+        else:
+            def method(self, *args, _name=point.name, **kwargs):
+                counts[_name] += 1
+                return getattr(super(Subclass, self), _name)(*args, **kwargs)
+            members[point.name] = method
+    Subclass = type("LiBaiTrainer", (DefaultTrainer,), members)
+    Subclass(digits_cfg(tmp_path)).train()
+    assert {p.name for p in LIBAI_POINTS} == {name for name, n in counts.items() if n > 0}
+
+
+def test_libais_run_step_with_get_batch_on_a_step_is_refused_when_assigned():
+    class MyEagerTrainer(EagerStep):
+        def run_step(self, get_batch):
+            loss_dict = self.model(**get_batch())
+            self.previous_output = loss_dict
+
+    model = mlp()
+    step = MyEagerTrainer(model, loader(), torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=CE)
+    with pytest.raises(TypeError, match=r"^MyEagerTrainer\.run_step takes arguments, and the trainer calls "
+                                        r"step\.run_step\(\) with none: a step's run_step\(\) takes no argument in "
+                                        r"treadle \(LiBai's run_step\(get_batch\)\): get each batch with "
+                                        r"self\.next_batch\(\)"):
+        Trainer(model, step.optimizer, loader(), loss_fn=CE, max_iter=2).step = step
+
+
+# ---------------------------------------------------------------------- pytorch-accelerated's callbacks
+class EveryEvent(HookBase):
+    """A hook with every pytorch-accelerated event, recording the order."""
+
+    def __init__(self):
+        self.seen = []
+
+
+for _event in CALLBACK_EVENTS:
+    setattr(EveryEvent, _event, lambda self, trainer, _e=_event, **kwargs: self.seen.append((_e, set(kwargs))))
+
+
+class PlainCallback:
+    """pytorch-accelerated's TrainerCallback: an object with on_* methods, not a hook."""
+
+    def __init__(self):
+        self.epochs = []
+
+    def on_train_epoch_end(self, trainer, **kwargs):
+        self.epochs.append(trainer.iter)
+
+    def on_training_run_end(self, trainer, **kwargs):
+        self.epochs.append("end")
+
+
+def test_every_callback_event_is_called_in_pytorch_accelerateds_order():
+    hook, plain = EveryEvent(), PlainCallback()
+    trainer = Trainer(mlp(), "sgd", loader(64, batch_size=32), lr=0.1, loss_fn=CE,
+                      eval_loader=loader(32, seed=1, batch_size=32),
+                      max_epochs=2, hooks=[hook], callbacks=[plain], progress_bar=False)
+    trainer.train()
+    trainer.evaluate()
+    events = [e for e, _ in hook.seen]
+    assert set(events) == set(CALLBACK_EVENTS)
+    assert events == [
+        "on_init_end", "on_training_run_start",
+        *["on_train_epoch_start",
+          "on_train_step_start", "on_train_step_end", "on_train_step_start", "on_train_step_end",
+          "on_train_epoch_end", "on_eval_epoch_start", "on_eval_step_start", "on_eval_step_end",
+          "on_eval_epoch_end", "on_training_run_epoch_end"] * 2,
+        "on_training_run_end",
+        "on_evaluation_run_start", "on_eval_epoch_start", "on_eval_step_start", "on_eval_step_end",
+        "on_eval_epoch_end", "on_evaluation_run_end",
+    ]
+    assert dict(hook.seen)["on_train_step_end"] == {"batch", "batch_output"}
+    assert plain.epochs == [1, 3, "end"]
+
+
+def test_a_callbacks_unknown_on_method_is_refused_in_one_line():
+    class LightningCallback(HookBase):
+        def on_validation_end(self, trainer, pl_module):
+            pass
+
+    with pytest.raises(TypeError, match=r"^hooks: LightningCallback\.on_validation_end is not an event treadle "
+                                        r"calls \(the events, pytorch-accelerated's: on_init_end, "):
+        Trainer(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_iter=2, hooks=[LightningCallback()])
+
+
+def test_epoch_events_without_epochs_are_refused():
+    def endless():
+        while True:
+            yield next(iter(loader()))
+
+    class EpochEnd(HookBase):
+        def on_train_epoch_end(self, trainer, **kwargs):
+            pass
+
+    with pytest.raises(ValueError, match=r"^train_epoch_end is called at each epoch's end .* no length"):
+        Trainer(mlp(), "sgd", endless(), lr=0.1, loss_fn=CE, max_iter=2, hooks=[EpochEnd()])
+
+
+# ---------------------------------------------------------------------- qurious
+class L1Trainer(Trainer):
+    """qurious' train_step with an L1 penalty, as its user writes it."""
+
+    l1 = 1e-3
+
+    def train_step(self, batch):
+        self.model.train()
+        inputs, targets = self._prepare_batch(batch)
+        self.optimizer.zero_grad()
+        outputs = self._forward_pass(inputs)
+        loss = self._compute_loss(outputs, targets)
+        loss = loss + self.l1 * sum(p.abs().sum() for p in self.model.parameters())
+        loss.backward()
+        self.optimizer.step()
+        return {"loss": loss.item()}
+
+
+def test_a_qurious_train_step_with_an_l1_penalty_trains_bit_identically_to_a_hand_loop(tmp_path):
+    model = mlp()
+    trainer = L1Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), loss_fn=CE, max_epochs=3,
+                        output_dir=str(tmp_path), progress_bar=False)
+    history = trainer.train()
+    by_hand = mlp()
+    optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.1)
+    losses = []
+    for _ in range(3):
+        for x, y in loader():
+            optimizer.zero_grad()
+            loss = CE(by_hand(x), y) + L1Trainer.l1 * sum(p.abs().sum() for p in by_hand.parameters())
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), by_hand.parameters()))
+    assert [value for _, value in history.iterations["total_loss"]] == losses
+    assert history.to_dict()["epoch"] == [0, 1, 2]
+    # Without the override, the penalty is not there: the weights differ.
+    plain = Trainer(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_epochs=3, progress_bar=False)
+    plain.train()
+    assert not all(torch.equal(p, q) for p, q in zip(plain.model.parameters(), by_hand.parameters()))
+
+
+def test_a_qurious_train_step_trains_each_epoch_of_train_epoch():
+    model = mlp()
+    counts: collections.Counter = collections.Counter()
+    cls = counting_subclass("train_step", counts)
+    trainer = cls(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), loss_fn=CE, max_epochs=2,
+                  progress_bar=False)
+    row = trainer.train_epoch()
+    assert counts["train_step"] == 4 and row["epoch"] == 0
+
+
+@pytest.mark.parametrize("setting", [{"grad_accum_steps": 2}, {"clip_grad_norm": 1.0}, {"precision": "bf16"}])
+def test_settings_of_treadles_update_are_refused_beside_a_train_step(setting):
+    name, value = next(iter(setting.items()))
+    with pytest.raises(ValueError, match=rf"^L1Trainer\.train_step does the whole update itself \(qurious' "
+                                         rf"contract\), so {name}={value!r} would never act"):
+        L1Trainer(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_iter=2, **setting)
+
+
+class ClassificationTrainer(Trainer):
+    """qurious' documented example, verbatim."""
+
+    def eval_step(self, batch):
+        inputs, targets = self._prepare_batch(batch)
+        outputs = self._forward_pass(inputs)
+        loss = self._compute_loss(outputs, targets)
+
+        # Calculate accuracy
+        _, predicted = torch.max(outputs, 1)
+        correct = (predicted == targets).sum().item()
+        total = targets.size(0)
+        accuracy = correct / total
+
+        return {
+            'loss': loss.item(),
+            'accuracy': accuracy
+        }
+
+    def evaluate(self, dataloader):
+        self.model.eval()
+        total_loss = 0.0
+        total_accuracy = 0.0
+        steps = 0
+
+        with torch.no_grad():
+            for batch in dataloader:
+                step_result = self.eval_step(batch)
+                total_loss += step_result['loss']
+                total_accuracy += step_result['accuracy']
+                steps += 1
+
+        return {
+            'loss': total_loss / steps if steps > 0 else 0,
+            'accuracy': total_accuracy / steps if steps > 0 else 0
+        }
+
+
+def test_quriouss_classification_trainer_runs_verbatim_with_an_evaluation_set(tmp_path):
+    model = mlp()
+    evaluation = loader(64, seed=1, batch_size=32)
+    trainer = ClassificationTrainer(model, torch.optim.Adam(model.parameters(), lr=0.01), loader(128), loss_fn=CE,
+                                    eval_loader=evaluation, max_epochs=3, best_metric="accuracy",
+                                    output_dir=str(tmp_path), progress_bar=False)
+    history = trainer.train().to_dict()
+    assert history["epoch"] == [0, 1, 2]
+    # Each epoch's accuracy is the mean of eval_step's per-batch accuracies, as qurious' evaluate computes it.
+    by_hand = []
+    with torch.no_grad():
+        for x, y in evaluation:
+            by_hand.append((trainer.model(x).argmax(1) == y).sum().item() / len(y))
+    assert history["accuracy"][-1] == pytest.approx(sum(by_hand) / len(by_hand))
+    assert history["accuracy"][-1] > history["accuracy"][0] and history["eval_loss"][-1] < history["eval_loss"][0]
+    assert (tmp_path / "model_best.pth").exists()
+    assert trainer.model.training  # the example's evaluate leaves eval mode; training restores it
+
+
+def test_a_qurious_eval_step_alone_gives_the_mean_of_its_results():
+    class WithEvalStep(Trainer):
+        def eval_step(self, batch):
+            inputs, targets = self._prepare_batch(batch)
+            return {"loss": self._compute_loss(self._forward_pass(inputs), targets).item(), "batches": 1.0}
+
+    evaluation = loader(64, seed=1, batch_size=16)
+    trainer = WithEvalStep(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, eval_loader=evaluation, max_iter=2,
+                           progress_bar=False)
+    results = trainer.evaluate()
+    with torch.no_grad():
+        losses = [CE(trainer.model(x), y).item() for x, y in evaluation]
+    assert results == {"loss": pytest.approx(sum(losses) / 4), "batches": 1.0}
+    with pytest.raises(ValueError, match=r"^WithEvalStep\.eval_step computes the evaluation's results"):
+        WithEvalStep(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, eval_loader=evaluation, metrics=["accuracy"],
+                     max_iter=2)
+
+
+def test_quriouss_parts_make_the_loss_of_training_and_evaluation():
+    class Scaled(Trainer):
+        def _compute_loss(self, outputs, targets):
+            return 2 * super()._compute_loss(outputs, targets)
+
+    trainer = Scaled(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_iter=4, progress_bar=False)
+    trainer.train()
+    by_hand = mlp()
+    optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.1)
+    for x, y in loader():
+        optimizer.zero_grad()
+        (2 * CE(by_hand(x), y)).backward()
+        optimizer.step()
+    assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), by_hand.parameters()))
+    x, y = next(iter(loader()))
+    with torch.no_grad():
+        assert trainer.eval_step((x, y))["loss"] == pytest.approx(2 * CE(trainer.model(x), y).item())
+
+
+# ---------------------------------------------------------------------- pytorch-accelerated
+class AcceleratedStyle(Trainer):
+    """Overrides of pytorch-accelerated's update methods that add to treadle's."""
+
+    def __init__(self, *args, **kwargs):
+        self.calls = []
+        super().__init__(*args, **kwargs)
+
+    def calculate_train_batch_loss(self, batch):
+        xb, yb = batch
+        model_outputs = self.model(xb)
+        loss = self.loss_fn(model_outputs, yb) + 0.01 * model_outputs.pow(2).mean()
+        return {"loss": loss, "model_outputs": model_outputs, "batch_size": yb.size(0)}
+
+    def backward_step(self, loss):
+        self.calls.append("backward")
+        super().backward_step(loss)
+
+    def optimizer_step(self):
+        self.calls.append("step")
+        super().optimizer_step()
+
+    def scheduler_step(self):
+        self.calls.append("schedule")
+        super().scheduler_step()
+
+    def optimizer_zero_grad(self):
+        self.calls.append("zero")
+        super().optimizer_zero_grad()
+
+
+def test_pytorch_accelerateds_update_methods_are_called_once_per_batch_and_update_with_accumulation():
+    trainer = AcceleratedStyle(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_iter=2, grad_accum_steps=2,
+                               scheduler=("step", {"steps": [1], "gamma": 0.5}), progress_bar=False)
+    trainer.train()
+    assert trainer.calls == ["zero", "backward", "backward", "step", "schedule"] * 2
+    by_hand = mlp()
+    optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.1)
+    batches = iter(loader())
+    for lr in (0.1, 0.05):
+        optimizer.param_groups[0]["lr"] = lr
+        optimizer.zero_grad()
+        for _ in range(2):
+            x, y = next(batches)
+            out = by_hand(x)
+            ((CE(out, y) + 0.01 * out.pow(2).mean()) / 2).backward()
+        optimizer.step()
+    assert all(torch.allclose(p, q, atol=1e-7) for p, q in zip(trainer.model.parameters(), by_hand.parameters()))
+
+
+def test_scheduler_step_without_a_scheduler_is_refused():
+    with pytest.raises(ValueError, match=r"^AcceleratedStyle\.scheduler_step steps the schedule, and there is none"):
+        AcceleratedStyle(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_iter=2)
+
+
+def test_calculate_eval_batch_loss_feeds_the_loss_and_the_metrics():
+    class TrainerWithMetrics(Trainer):
+        def __init__(self, *args, **kwargs):
+            self.batches = 0
+            super().__init__(*args, **kwargs)
+
+        def calculate_eval_batch_loss(self, batch):
+            batch_output = super().calculate_eval_batch_loss(batch)
+            self.batches += 1
+            return {**batch_output, "loss": batch_output["loss"] * 0 + 7.0}
+
+    evaluation = loader(64, seed=1, batch_size=32)
+    trainer = TrainerWithMetrics(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, eval_loader=evaluation,
+                                 metrics=["loss", "accuracy"], max_iter=2, progress_bar=False)
+    results = trainer.evaluate()
+    with torch.no_grad():
+        accuracy = sum((trainer.model(x).argmax(1) == y).sum().item() for x, y in evaluation) / 64
+    assert results["loss"] == pytest.approx(7.0) and results["accuracy"] == pytest.approx(accuracy)
+    assert trainer.batches == 2
+
+
+# ---------------------------------------------------------------------- Hezar
+def test_hezars_prepare_input_batch_and_training_step_are_called():
+    class HezarStyle(Trainer):
+        def __init__(self, *args, **kwargs):
+            self.prepared = self.steps = 0
+            super().__init__(*args, **kwargs)
+
+        def prepare_input_batch(self, input_batch):
+            self.prepared += 1
+            x, y = input_batch
+            return x * 2, y
+
+        def training_step(self, input_batch):
+            self.steps += 1
+            return super().training_step(input_batch)
+
+    evaluation = loader(32, seed=1)
+    trainer = HezarStyle(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, eval_loader=evaluation, max_iter=4,
+                         eval_period=0, progress_bar=False)
+    trainer.train()
+    assert trainer.steps == 4 and trainer.prepared == 4 + 2  # training's four batches, the final evaluation's two
+    by_hand = mlp()
+    optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.1)
+    for x, y in loader():
+        optimizer.zero_grad()
+        CE(by_hand(x * 2), y).backward()
+        optimizer.step()
+    assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), by_hand.parameters()))
+
+
+def test_hezars_compute_loss_of_outputs_and_labels_is_the_loss():
+    class HezarLoss(Trainer):
+        def compute_loss(self, logits, labels):
+            return nn.functional.cross_entropy(logits, labels, label_smoothing=0.1)
+
+    trainer = HezarLoss(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_iter=4, progress_bar=False)
+    trainer.train()
+    by_hand = mlp()
+    optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.1)
+    for x, y in loader():
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(by_hand(x), y, label_smoothing=0.1).backward()
+        optimizer.step()
+    assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), by_hand.parameters()))
+
+
+# ---------------------------------------------------------------------- the page
+def test_docs_migrating_shows_the_table_as_generated():
+    text = (ROOT / "docs" / "migrating.md").read_text()
+    assert render_markdown() in text, "docs/migrating.md is out of date: run python tools/override_table.py"
+    for point in OVERRIDE_POINTS:
+        assert f"| `{point.name}` | {point.on} | {'called' if point.called else 'refused'}: " in text
+    for event in CALLBACK_EVENTS:
+        assert f"`{event}(trainer, **kwargs)`" in text

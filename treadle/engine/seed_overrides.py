@@ -1,0 +1,414 @@
+"""The seeds' override points on the plain ``Trainer``, called where the seeds call them.
+
+:mod:`treadle.engine.seed_names` lists them; this module calls them:
+
+- :class:`SeedOverrides`, a base of the ``Trainer``: the default of every
+  called method (qurious' ``_prepare_batch``, pytorch-accelerated's
+  ``calculate_train_batch_loss``, Hezar's ``training_step``...), so that an
+  override's ``super()`` call and the helpers the seeds' examples call
+  (``self._forward_pass(inputs)``) work as the seed documents them;
+- :class:`TrainerStep`, the step the ``Trainer`` builds when a subclass
+  overrides a point of the update: each point of
+  :class:`~treadle.engine.EagerStep`'s update sequence calls the method of
+  the seed's name (a ``Trainer`` that overrides none of them trains with the
+  ``EagerStep`` itself, at its cost);
+- :class:`TrainEvents` and :class:`RunEvents`, the hooks that call the epoch
+  and run events (pytorch-accelerated's ``train_epoch_start``... on the
+  ``Trainer``, ``on_train_epoch_start``... on a callback).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections import abc
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, cast
+
+import torch
+
+from treadle.evaluation import DatasetEvaluator
+from treadle.evaluation.batch import batch_size, forward_batch, move_to_device
+from treadle.evaluation.loss import LOSS_FN, MODEL, as_losses
+from treadle.events import ScalarKind
+from treadle.hooks.base import HookBase
+from treadle.utils import comm
+
+from .seed_names import event_methods, overridden
+from .steps import EagerStep
+
+__all__ = ["SeedOverrides", "TrainerStep", "TrainEvents", "RunEvents", "StepResultsEvaluator", "SeedEventCalls",
+           "UPDATE_POINTS", "EVAL_POINTS", "TRAIN_EPOCH_EVENTS"]
+
+#: The methods whose override makes the ``Trainer`` train with :class:`TrainerStep`.
+UPDATE_POINTS = ("train_step", "calculate_train_batch_loss", "backward_step", "optimizer_step",
+                 "optimizer_zero_grad", "training_step", "optimization_step", "prepare_input_batch",
+                 "_prepare_batch", "_forward_pass", "_compute_loss")
+#: The methods whose override changes how an evaluation batch is computed.
+EVAL_POINTS = ("eval_step", "calculate_eval_batch_loss", "evaluation_step", "prepare_input_batch",
+               "_prepare_batch", "_forward_pass", "_compute_loss")
+#: pytorch-accelerated's events that need epochs.
+TRAIN_EPOCH_EVENTS = ("train_epoch_start", "train_epoch_end", "training_run_epoch_end")
+#: pytorch-accelerated's events, in the order of its loop; the ``Trainer``'s
+#: methods of these names are called with no argument, a callback's
+#: ``on_<event>`` with the trainer.
+_TRAINER_EVENTS = ("training_run_start", "train_epoch_start", "train_epoch_end", "eval_epoch_start",
+                   "eval_epoch_end", "training_run_epoch_end", "training_run_end", "evaluation_run_start",
+                   "evaluation_run_end")
+
+
+class SeedEventCalls:
+    """Who is called at each event (:data:`~treadle.engine.seed_names.CALLBACK_EVENTS`):
+    the ``Trainer`` subclass's methods of the event's name, then each
+    callback's ``on_<event>(trainer, **kwargs)``, in the order given."""
+
+    def __init__(self, trainer: Any = None, base: type = object, callbacks: Sequence[Tuple[Any, str]] = ()) -> None:
+        self.calls: Dict[str, List[Callable[..., Any]]] = collections.defaultdict(list)
+        for event in _TRAINER_EVENTS if trainer is not None else ():
+            if overridden(trainer, event, base):
+                method = getattr(trainer, event)
+                self.calls[event].append(lambda _method=method, **kwargs: _method())
+        for callback, where in callbacks:
+            for event, method in event_methods(callback, where).items():
+                self.calls[event].append(lambda _method=method, _trainer=trainer, **kwargs: _method(_trainer, **kwargs))
+
+    def __contains__(self, event: object) -> bool:
+        return bool(self.calls.get(event)) if isinstance(event, str) else False
+
+    def fire(self, event: str, **kwargs: Any) -> None:
+        for call in self.calls.get(event, ()):
+            call(**kwargs)
+
+
+def is_event_callback(obj: Any) -> bool:
+    """Whether ``obj`` (an entry of ``callbacks=``) is a callback object with
+    ``on_*`` events (pytorch-accelerated's) rather than ``fn(trainer, epoch, metrics)``."""
+    return not callable(obj) and any(name.startswith("on_") for name in dir(type(obj)))
+
+
+class SeedOverrides:
+    """The defaults of the seeds' override points on the plain ``Trainer``
+    (the table of :mod:`treadle.engine.seed_names` says when each is called).
+
+    A subclass overrides any of them with the seed's signature; ``super()``
+    gives treadle's behaviour, which is the same as without the override:
+    a subclass that overrides ``backward_step`` with ``super().backward_step(loss)``
+    and nothing else trains to the same weights.
+    """
+
+    # Set by the Trainer.
+    model: torch.nn.Module
+    loss_fn: Optional[Callable[[Any, Any], Any]]
+    device: torch.device
+    step: Any
+
+    # ------------------------------------------------------------------ qurious
+    def _prepare_batch(self, batch: Any) -> Tuple[Any, Any]:
+        """qurious': ``batch`` on the device, as ``(inputs, targets)``. With a
+        ``loss_fn``: the pair's items, or a dict's other keys and its
+        ``"labels"``; without one the model takes the whole batch, and the
+        targets are a dict's ``"labels"`` (or None)."""
+        batch = move_to_device(batch, self.device)
+        if isinstance(batch, abc.Mapping):
+            if self.loss_fn is None:
+                return batch, batch.get("labels")
+            return {k: v for k, v in batch.items() if k != "labels"}, batch["labels"]
+        if self.loss_fn is not None and isinstance(batch, (tuple, list)) and len(batch) == 2:
+            return batch[0], batch[1]
+        return batch, None
+
+    def _forward_pass(self, inputs: Any) -> Any:
+        """qurious': the model's outputs for ``inputs`` (``model(**inputs)`` for a dict)."""
+        return forward_batch(self.model, inputs, whole=True)
+
+    def _compute_loss(self, outputs: Any, targets: Any) -> torch.Tensor:
+        """qurious': ``loss_fn(outputs, targets)``; without a ``loss_fn``, the outputs' own loss."""
+        if self.loss_fn is not None:
+            return as_losses(self.loss_fn(outputs, targets), LOSS_FN)["total_loss"]
+        return as_losses(outputs, MODEL)["total_loss"]
+
+    # ------------------------------------------------------------------ pytorch-accelerated
+    def calculate_train_batch_loss(self, batch: Any) -> Dict[str, Any]:
+        """pytorch-accelerated's: ``{"loss", "model_outputs", "batch_size"}`` of a training batch."""
+        return self._batch_output(batch)
+
+    def calculate_eval_batch_loss(self, batch: Any) -> Dict[str, Any]:
+        """pytorch-accelerated's: ``{"loss", "model_outputs", "batch_size"}`` of an evaluation batch."""
+        return self._batch_output(batch)
+
+    def backward_step(self, loss: torch.Tensor) -> None:
+        """pytorch-accelerated's: the backward of a batch's loss (divided by ``grad_accum_steps``)."""
+        EagerStep.backward(self._own_step(), loss)
+
+    def optimizer_step(self) -> None:
+        """pytorch-accelerated's: the optimizer's step (through the grad scaler under fp16)."""
+        EagerStep.optimizer_step(self._own_step())
+
+    def optimizer_zero_grad(self) -> None:
+        """pytorch-accelerated's: the gradients set to None."""
+        EagerStep.zero_grad(self._own_step())
+
+    def scheduler_step(self) -> None:
+        """pytorch-accelerated's: the schedule's step (``self.scheduler.step()``)."""
+        scheduler = getattr(self, "scheduler", None)
+        if scheduler is not None:
+            scheduler.step()
+
+    def create_scheduler(self) -> Any:
+        """pytorch-accelerated's: the schedule, built once from ``scheduler=`` (None: the optimizer's rate)."""
+        return None
+
+    def training_run_start(self) -> None:
+        """pytorch-accelerated's: when ``train()`` starts."""
+
+    def train_epoch_start(self) -> None:
+        """pytorch-accelerated's: before each epoch's first update."""
+
+    def train_epoch_end(self) -> None:
+        """pytorch-accelerated's: after each epoch's last update, before its evaluation."""
+
+    def eval_epoch_start(self) -> None:
+        """pytorch-accelerated's: before each evaluation's first batch."""
+
+    def eval_epoch_end(self) -> None:
+        """pytorch-accelerated's: after each evaluation's last batch."""
+
+    def training_run_epoch_end(self) -> None:
+        """pytorch-accelerated's: at each epoch's end, after its evaluation."""
+
+    def training_run_end(self) -> None:
+        """pytorch-accelerated's: when training ends."""
+
+    def evaluation_run_start(self) -> None:
+        """pytorch-accelerated's: when ``evaluate()`` is called outside training."""
+
+    def evaluation_run_end(self) -> None:
+        """pytorch-accelerated's: when such an ``evaluate()`` ends."""
+
+    # ------------------------------------------------------------------ Hezar
+    def prepare_input_batch(self, batch: Any) -> Any:
+        """Hezar's: a batch's last change before its loss (the default changes nothing)."""
+        return batch
+
+    def training_step(self, batch: Any) -> Any:
+        """Hezar's: the forward and backward of one training batch; returns its loss."""
+        step = self._own_step()
+        return EagerStep.forward_backward(step, batch)["total_loss"]
+
+    def evaluation_step(self, batch: Any) -> Any:
+        """Hezar's: the model's outputs for one evaluation batch."""
+        return self._forward_pass(self._prepare_batch(batch)[0])
+
+    def optimization_step(self) -> None:
+        """Hezar's: the optimizer's step, then the gradients zeroed."""
+        self.optimizer_step()
+        self.optimizer_zero_grad()
+
+    # ------------------------------------------------------------------ shared
+    #: Whether compute_loss is a subclass's, as Hezar's compute_loss(outputs, labels) or as treadle's compute_loss(batch).
+    _hezar_compute_loss = False
+    _own_compute_loss_override = False
+    #: Whether a subclass overrides one of qurious' parts of the loss (_prepare_batch...).
+    _loss_by_parts = False
+
+    def _own_step(self) -> EagerStep:
+        raise NotImplementedError
+
+    def _overrides(self, name: str) -> bool:
+        """Whether a subclass overrides ``name`` (the ``Trainer`` says which class is its own)."""
+        raise NotImplementedError
+
+    def _loss_of(self, outputs: Any, targets: Any) -> torch.Tensor:
+        """The loss of a batch's outputs: ``_compute_loss``, or Hezar's ``compute_loss(outputs, labels)``."""
+        if self._hezar_compute_loss:
+            return cast(Any, self).compute_loss(outputs, targets)
+        return self._compute_loss(outputs, targets)
+
+    def _batch_output(self, batch: Any) -> Dict[str, Any]:
+        """pytorch-accelerated's batch output by the qurious parts (or a
+        subclass's ``compute_loss(batch)``, whose model outputs are not seen)."""
+        if self._own_compute_loss_override:
+            return {"loss": cast(Any, self).compute_loss(batch), "model_outputs": None, "batch_size": batch_size(batch)}
+        inputs, targets = self._prepare_batch(batch)
+        outputs = self._forward_pass(inputs)
+        return {"loss": self._loss_of(outputs, targets), "model_outputs": outputs, "batch_size": batch_size(batch)}
+
+    def _batch_loss_by_parts(self, batch: Any) -> torch.Tensor:
+        """``compute_loss``'s default where a qurious part is overridden: the parts, in qurious' order."""
+        inputs, targets = self._prepare_batch(batch)
+        return self._loss_of(self._forward_pass(inputs), targets)
+
+
+class TrainerStep(EagerStep):
+    """The plain ``Trainer``'s step when a subclass overrides a point of the
+    update: :class:`~treadle.engine.EagerStep`'s sequence, each point calling
+    the ``Trainer``'s method of the seed's name.
+
+    - zeroing: ``optimizer_zero_grad()``;
+    - each micro-batch: ``prepare_input_batch(batch)``, then Hezar's
+      ``training_step(batch)`` (forward and backward), or
+      ``calculate_train_batch_loss(batch)`` and ``backward_step(loss)``, with
+      pytorch-accelerated's ``on_train_step_start``/``on_train_step_end``
+      around it;
+    - the step: ``optimization_step()`` (Hezar's) or ``optimizer_step()``;
+    - or the whole update, qurious' ``train_step(batch)``, which returns floats.
+
+    Gradient unscaling, ``after_backward`` hooks, clipping, accumulation,
+    the data position and the published losses stay the step's.
+    """
+
+    def __init__(self, *args: Any, owner: Any, events: SeedEventCalls, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._owner = owner  # a weak proxy to the Trainer
+        self._events = events
+        names = ("train_step", "training_step", "optimization_step", "calculate_train_batch_loss",
+                 "prepare_input_batch")
+        self._overrides = {name: owner._overrides(name) for name in names}
+        # What a batch's loss needs: the batch output when pytorch-accelerated's
+        # calculate_train_batch_loss or on_train_step_end is there.
+        self._batch_output = self._overrides["calculate_train_batch_loss"] or "train_step_end" in events
+
+    def run_step(self) -> None:
+        if not self._overrides["train_step"] or not self.model.training:
+            super().run_step()  # the step's own update, or its message about eval mode
+            return
+        owner, storage = self._owner, self.storage
+        start = time.perf_counter()
+        batch = self.next_batch()
+        data_time = time.perf_counter() - start
+        results = owner.train_step(batch)
+        if not isinstance(results, Mapping) or "loss" not in results:
+            raise TypeError(f"{type(owner).__name__}.train_step must return a dict with a 'loss' (qurious' "
+                            f"contract), got {type(results).__name__}")
+        for name, value in results.items():
+            storage.put_scalar("total_loss" if name == "loss" else name, value, kind=ScalarKind.LOSS)
+        storage.put_scalar("data_time", data_time, kind=ScalarKind.TIME)
+
+    def zero_grad(self) -> None:
+        self._owner.optimizer_zero_grad()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self._owner.backward_step(loss)
+
+    def optimizer_step(self) -> None:
+        if self._overrides["optimization_step"]:
+            self._owner.optimization_step()
+        else:
+            self._owner.optimizer_step()
+
+    def compute_loss(self, batch: Any) -> Any:
+        owner = self._owner
+        # Hezar's compute_loss(outputs, labels) is called by the parts; treadle's compute_loss(batch) here.
+        return owner._batch_loss_by_parts(batch) if owner._hezar_compute_loss else owner.compute_loss(batch)
+
+    def forward_backward(self, batch: Any) -> Dict[str, torch.Tensor]:
+        owner = self._owner
+        if self._overrides["prepare_input_batch"]:
+            batch = owner.prepare_input_batch(batch)
+        self._events.fire("train_step_start")
+        if self._overrides["training_step"]:
+            with self._autocast():
+                return as_losses(owner.training_step(batch), f"{type(owner).__name__}.training_step")
+        if not self._batch_output:
+            return super().forward_backward(batch)
+        with self._autocast():
+            output = owner.calculate_train_batch_loss(batch)
+            if not isinstance(output, Mapping) or "loss" not in output:
+                raise TypeError(f"{type(owner).__name__}.calculate_train_batch_loss must return a dict with a "
+                                f"'loss' (pytorch-accelerated's contract), got {type(output).__name__}")
+            losses = as_losses(output["loss"], f"{type(owner).__name__}.calculate_train_batch_loss")
+        self._events.fire("train_step_end", batch=batch, batch_output=output)
+        count = self.micro_batches
+        self.backward(losses["total_loss"] if count == 1 else losses["total_loss"] / count)
+        return losses
+
+
+class TrainEvents(HookBase):
+    """Calls pytorch-accelerated's training events: ``training_run_start``
+    before training, ``train_epoch_start`` before each epoch's first
+    iteration, ``train_epoch_end`` after each epoch's last one (and the
+    run's), before its evaluation. Registered before the ``EvalHook``."""
+
+    def __init__(self, events: SeedEventCalls) -> None:
+        self.events = events
+
+    _STAGES = {"before_train": "training_run_start", "before_step": "train_epoch_start",
+               "after_step": "train_epoch_end"}
+
+    def overrides(self, stage: str) -> bool:
+        return self._STAGES.get(stage, "") in self.events
+
+    def active(self) -> bool:
+        """Whether any of its events is given (otherwise it is not registered)."""
+        return any(event in self.events for event in self._STAGES.values())
+
+    def before_train(self) -> None:
+        self.events.fire("training_run_start")
+
+    def before_step(self) -> None:
+        length = self.trainer.epoch_length
+        if length and self.trainer.iter % length == 0:
+            self.events.fire("train_epoch_start")
+
+    def after_step_period(self) -> Optional[int]:
+        return self.trainer.epoch_length or 0
+
+    def after_step(self) -> None:
+        self.events.fire("train_epoch_end")
+
+
+class RunEvents(HookBase):
+    """Calls pytorch-accelerated's ``training_run_epoch_end`` at each epoch's
+    end (after its evaluation) and ``training_run_end`` when training ends.
+    Registered after the ``EvalHook`` and the epoch's history."""
+
+    def __init__(self, events: SeedEventCalls) -> None:
+        self.events = events
+
+    _STAGES = {"after_epoch": "training_run_epoch_end", "after_train": "training_run_end"}
+
+    def overrides(self, stage: str) -> bool:
+        return self._STAGES.get(stage, "") in self.events
+
+    def active(self) -> bool:
+        """Whether any of its events is given (otherwise it is not registered)."""
+        return any(event in self.events for event in self._STAGES.values())
+
+    def after_epoch(self) -> None:
+        self.events.fire("training_run_epoch_end")
+
+    def after_train(self) -> None:
+        if self.trainer.training_error is None:
+            self.events.fire("training_run_end")
+
+
+class StepResultsEvaluator(DatasetEvaluator):
+    """The evaluation of a qurious ``eval_step`` override: each value it
+    returns, averaged over the batches (over every process's batches),
+    as qurious' ``evaluate`` averages them."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self._sums: Dict[str, float] = collections.defaultdict(float)
+        self._batches = 0
+
+    def process(self, inputs: Any, outputs: Any) -> None:
+        if not isinstance(outputs, Mapping):
+            raise TypeError(f"eval_step must return a dict of floats (qurious' contract), got {type(outputs).__name__}")
+        for name, value in outputs.items():
+            self._sums[name] += float(value)
+        self._batches += 1
+
+    def evaluate(self) -> Dict[str, float]:
+        parts = comm.all_gather((dict(self._sums), self._batches)) if comm.get_world_size() > 1 else [
+            (self._sums, self._batches)]
+        sums: Dict[str, float] = collections.defaultdict(float)
+        batches = 0
+        for part_sums, part_batches in parts:
+            batches += part_batches
+            for name, value in part_sums.items():
+                sums[name] += value
+        if batches == 0:
+            raise ValueError("eval_step: the evaluation data has no batches")
+        return {name: value / batches for name, value in sums.items()}
