@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import collections
 import inspect
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -492,3 +497,37 @@ def test_docs_migrating_shows_the_table_as_generated():
         assert f"| `{point.name}` | {point.on} | {'called' if point.called else 'refused'}: " in text
     for event in CALLBACK_EVENTS:
         assert f"`{event}(trainer, **kwargs)`" in text
+
+
+# ---------------------------------------------------------------------- an override keeps exact resume
+def _run_job(run_dir: Path, progress: Path, kill_after: int = 0) -> int:
+    job = ROOT / "tests" / "seeds" / "qurious_l1_job.py"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, str(job), str(run_dir), "40", str(progress)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    if kill_after:
+        deadline = time.monotonic() + 120
+        while not progress.exists() or len(progress.read_text().split()) < kill_after:
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        os.killpg(proc.pid, signal.SIGKILL)
+    return proc.wait(timeout=120)
+
+
+@pytest.mark.slow
+def test_a_qurious_train_step_resumes_bit_exactly_after_kill_9(tmp_path):
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    assert _run_job(reference, tmp_path / "reference.progress") == 0
+    progress = tmp_path / "killed.progress"
+    assert _run_job(killed, progress, kill_after=17) == -signal.SIGKILL
+    assert not (killed / "model_final.pth").exists()
+    before = len(progress.read_text().split())
+    assert _run_job(killed, progress) == 0
+    started = [int(i) for i in progress.read_text().split()]
+    # Resumed from the last checkpoint (every iteration is checkpointed), not restarted.
+    assert 0 < started[before] <= before and started[before:] == list(range(started[before], 40))
+    a, b = (torch.load(run / "model_final.pth", map_location="cpu", weights_only=True) for run in (reference, killed))
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    state_a, state_b = a["optimizer"]["state"], b["optimizer"]["state"]
+    assert all(torch.equal(state_a[i]["momentum_buffer"], state_b[i]["momentum_buffer"]) for i in state_a)
