@@ -30,10 +30,11 @@ class L1Trainer(Trainer):
         self.optimizer.zero_grad()
         outputs = self._forward_pass(inputs)
         loss = self._compute_loss(outputs, targets)
-        loss = loss + self.l1 * sum(p.abs().sum() for p in self.model.parameters())
+        penalty = self.l1 * sum(p.abs().sum() for p in self.model.parameters())
+        loss = loss + penalty
         loss.backward()
         self.optimizer.step()
-        return {"loss": loss.item()}
+        return {"loss": loss.item(), "l1": penalty.item()}
 
 
 class Progress(HookBase):
@@ -57,7 +58,7 @@ def main(output_dir: str, max_iter: int, progress: str) -> None:
     trainer = L1Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), data, batch_size=16,
                         loss_fn=nn.functional.cross_entropy, max_iter=max_iter, checkpoint_period=1,
                         output_dir=output_dir, seed=0, hooks=[Progress(progress)], progress_bar=False,
-                        loggers=["json"])
+                        loggers=["json"], log_period=5)
     trainer.train(resume=os.path.exists(os.path.join(output_dir, "last_checkpoint")))
 
 
