@@ -534,3 +534,49 @@ def test_a_qurious_train_step_resumes_bit_exactly_after_kill_9(tmp_path):
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     state_a, state_b = a["optimizer"]["state"], b["optimizer"]["state"]
     assert all(torch.equal(state_a[i]["momentum_buffer"], state_b[i]["momentum_buffer"]) for i in state_a)
+
+
+def test_pytorch_accelerateds_trainer_with_metrics_example_runs():
+    """The seed's TrainerWithMetrics, as written (torchmetrics' Accuracy now takes task=)."""
+    from torchmetrics import Accuracy, MetricCollection, Precision, Recall
+
+    class TrainerWithMetrics(Trainer):
+        def __init__(self, num_classes, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+
+            # this will be moved to the correct device automatically by the
+            # MoveModulesToDeviceCallback callback, which is used by default
+            self.metrics = MetricCollection(
+                {
+                    "accuracy": Accuracy(task="multiclass", num_classes=num_classes),
+                    "precision": Precision(task="multiclass", num_classes=num_classes),
+                    "recall": Recall(task="multiclass", num_classes=num_classes),
+                }
+            )
+
+        def calculate_eval_batch_loss(self, batch):
+            batch_output = super().calculate_eval_batch_loss(batch)
+            preds = batch_output["model_outputs"].argmax(dim=-1)
+
+            self.metrics.update(preds, batch[1])
+
+            return batch_output
+
+        def eval_epoch_end(self):
+            metrics = self.metrics.compute()
+            self.run_history.update_metric("accuracy", metrics["accuracy"].cpu())
+            self.run_history.update_metric("precision", metrics["precision"].cpu())
+            self.run_history.update_metric("recall", metrics["recall"].cpu())
+
+            self.metrics.reset()
+
+    evaluation = loader(64, seed=1, batch_size=16)
+    trainer = TrainerWithMetrics(2, mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, eval_loader=evaluation,
+                                 max_epochs=2, progress_bar=False)
+    history = trainer.train().to_dict()
+    with torch.no_grad():
+        accuracy = sum((trainer.model(x).argmax(1) == y).sum().item() for x, y in evaluation) / 64
+    values = trainer.run_history.get_metric_values("accuracy")
+    assert len(values) == 2 and float(values[-1]) == pytest.approx(accuracy)
+    assert history["accuracy"] == pytest.approx([float(v) for v in values])
+    assert len(history["eval_loss"]) == 2  # the loss of calculate_eval_batch_loss, evaluated as before

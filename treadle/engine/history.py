@@ -22,13 +22,13 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from treadle.events import ScalarKind
+from treadle.events import ScalarKind, get_event_storage
 from treadle.hooks import HookBase
 
 if TYPE_CHECKING:
     from treadle.events import EventStorage
 
-__all__ = ["TrainingHistory", "EpochHistory", "EpochCallback", "iteration_history"]
+__all__ = ["TrainingHistory", "EpochHistory", "EpochCallback", "RunHistory", "iteration_history"]
 
 logger = logging.getLogger(__name__)
 
@@ -163,3 +163,41 @@ def iteration_history(storage: "EventStorage") -> Dict[str, List[Tuple[int, floa
     """``TrainingHistory.iterations`` of a run: every scalar of ``storage`` per iteration."""
     histories = storage.histories()  # the one read of this run's values
     return {name: [(int(it), v) for v, it in h.values()] for name, h in histories.items()}
+
+
+class RunHistory:
+    """pytorch-accelerated's ``trainer.run_history``: the metrics a subclass or
+    a callback records by name (``update_metric``), as its documented
+    examples do from ``eval_epoch_end``.
+
+    Each value is kept here, one per call, and published to the event
+    storage when training runs (``metrics.json``, TensorBoard, the epoch's
+    row of :class:`TrainingHistory`), as an evaluation result.
+    """
+
+    def __init__(self) -> None:
+        self._metrics: Dict[str, List[Any]] = {}
+
+    def update_metric(self, metric_name: str, metric_value: Any) -> None:
+        """Records ``metric_value`` (a number or a one-element tensor) under ``metric_name``."""
+        self._metrics.setdefault(metric_name, []).append(metric_value)
+        try:
+            storage = get_event_storage()
+        except RuntimeError:  # outside training: kept here only
+            return
+        storage.put_scalar(metric_name, metric_value, kind=ScalarKind.METRIC)
+
+    def get_metric_names(self) -> List[str]:
+        """The names recorded so far."""
+        return list(self._metrics)
+
+    def get_metric_values(self, metric_name: str) -> List[Any]:
+        """Every value recorded under ``metric_name``, in order."""
+        return list(self._metrics.get(metric_name, []))
+
+    def get_latest_metric(self, metric_name: str) -> Any:
+        """The last value recorded under ``metric_name``."""
+        values = self._metrics.get(metric_name)
+        if not values:
+            raise KeyError(f"run_history has no value of {metric_name!r} (recorded: {sorted(self._metrics)})")
+        return values[-1]

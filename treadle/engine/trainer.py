@@ -42,7 +42,7 @@ from .default_hooks import default_hooks
 from .seed_names import SEED_METHODS, event_methods, overridden, refuse_seed_methods, required_positional
 from .seed_overrides import EVAL_POINTS, TRAIN_EPOCH_EVENTS, UPDATE_POINTS, SeedEventCalls, SeedOverrides, TrainerStep
 from .seed_overrides import is_event_callback
-from .history import EpochCallback, TrainingHistory, iteration_history
+from .history import EpochCallback, RunHistory, TrainingHistory, iteration_history
 from .launch import DEFAULT_TIMEOUT, check_optimizer_holds, join_env_process_group, wrap_model
 from .session import Resume, RunSession
 from .steps import EagerStep
@@ -227,9 +227,13 @@ class Trainer(SeedOverrides, TrainerBase):
         super().__init__(self.build_step(s), history_length=min(max(max_iter, 10_000), _MAX_HISTORY))
         self.max_iter, self.epoch_length = max_iter, epoch_length
         self.history = TrainingHistory()
+        self.run_history = RunHistory()
         self._pause_after_epoch: Optional[int] = None
         self._trained = self._paused = False
         self.evaluation = self.build_evaluation(s)
+        #: What evaluation computes (the list given as ``metrics``); a subclass may
+        #: use the name for its own (pytorch-accelerated's ``TrainerWithMetrics``).
+        self.metrics: Any = self.evaluation.metrics
         self.checkpointer = self.build_checkpointer() if s.output_dir is not None else None
         self.session = RunSession(
             s.output_dir, self._checkpoint_io(), folder_names=RunFolder.TRAINER_API,
@@ -433,11 +437,6 @@ class Trainer(SeedOverrides, TrainerBase):
         """The schedule the learning-rate hook steps (pytorch-accelerated's
         ``trainer.scheduler``), or None; an fvcore schedule's ``LRMultiplier`` exists once training started."""
         return next((getattr(h, "scheduler", None) for h in self.hooks if isinstance(h, LRScheduler)), None)
-
-    @property
-    def metrics(self) -> List[Any]:
-        """What evaluation computes."""
-        return self.evaluation.metrics
 
     # ------------------------------------------------------------------ running
     def train(self, resume: Resume = False, *, move_aside: bool = False) -> TrainingHistory:  # type: ignore[override]
