@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import time
 from collections import abc
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, cast
 
 import torch
 
@@ -213,6 +213,14 @@ class SeedOverrides:
     def _own_step(self) -> EagerStep:
         raise NotImplementedError
 
+    def batch_loss(self, batch: Any) -> Any:
+        """The loss of one training batch as this ``Trainer`` defines it: Hezar's
+        ``compute_loss(outputs, labels)`` after qurious' parts, else
+        ``compute_loss(batch)`` (which runs the parts where a subclass overrides one)."""
+        if self._hezar_compute_loss:
+            return self._batch_loss_by_parts(batch)
+        return cast(Any, self).compute_loss(batch)
+
     def _overrides(self, name: str) -> bool:
         """Whether a subclass overrides ``name`` (the ``Trainer`` says which class is its own)."""
         raise NotImplementedError
@@ -256,13 +264,14 @@ class TrainerStep(EagerStep):
     the data position and the published losses stay the step's.
     """
 
-    def __init__(self, *args: Any, owner: Any, events: SeedEventCalls, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, owner: Any, overridden: FrozenSet[str], events: SeedEventCalls,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._owner = owner  # a weak proxy to the Trainer
         self._events = events
         names = ("train_step", "training_step", "optimization_step", "calculate_train_batch_loss",
                  "prepare_input_batch")
-        self._overrides = {name: owner._overrides(name) for name in names}
+        self._overrides = {name: name in overridden for name in names}
         # What a batch's loss needs: the batch output when pytorch-accelerated's
         # calculate_train_batch_loss or on_train_step_end is there.
         self._batch_output = self._overrides["calculate_train_batch_loss"] or "train_step_end" in events
@@ -296,9 +305,7 @@ class TrainerStep(EagerStep):
             self._owner.optimizer_step()
 
     def compute_loss(self, batch: Any) -> Any:
-        owner = self._owner
-        # Hezar's compute_loss(outputs, labels) is called by the parts; treadle's compute_loss(batch) here.
-        return owner._batch_loss_by_parts(batch) if owner._hezar_compute_loss else owner.compute_loss(batch)
+        return self._owner.batch_loss(batch)
 
     def forward_backward(self, batch: Any) -> Dict[str, torch.Tensor]:
         owner = self._owner

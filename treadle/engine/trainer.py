@@ -287,6 +287,7 @@ class Trainer(SeedOverrides, TrainerBase):
         if self._seed_update():
             return TrainerStep(
                 self.model, self.train_loader, self.optimizer, owner=weakref.proxy(self), events=self._events,
+                overridden=frozenset(name for name in UPDATE_POINTS if self._overrides(name)),
                 loss_fn=s.loss_fn, grad_accum_steps=s.grad_accum_steps, clip_grad_norm=s.clip_grad_norm,
                 clip_grad_value=s.clip_grad_value, precision=s.precision,
             )
