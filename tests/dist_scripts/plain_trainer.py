@@ -62,6 +62,30 @@ def kill_hooks(args) -> list:
     return hooks
 
 
+class SeedStyle(Trainer):
+    """The seeds' override points (--overrides): qurious' train_step, pytorch-accelerated's
+    calculate_eval_batch_loss and a callback's on_train_epoch_end."""
+
+    def train_step(self, batch):
+        inputs, targets = self._prepare_batch(batch)
+        self.optimizer.zero_grad()
+        loss = self._compute_loss(self._forward_pass(inputs), targets)
+        loss.backward()
+        self.optimizer.step()
+        return {"loss": loss.item()}
+
+    def calculate_eval_batch_loss(self, batch):
+        return super().calculate_eval_batch_loss(batch)
+
+
+class EpochEnds:
+    def __init__(self) -> None:
+        self.seen = []
+
+    def on_train_epoch_end(self, trainer, **kwargs):
+        self.seen.append(trainer.iter)
+
+
 def main(args) -> None:
     train, evaluation = datasets()
     torch.manual_seed(0)
@@ -70,10 +94,12 @@ def main(args) -> None:
     if args.loader == "dataloader":
         train = torch.utils.data.DataLoader(train, shuffle=True, **batches)
         batches = {}
-    trainer = Trainer(
+    epoch_ends = EpochEnds()
+    trainer = (SeedStyle if args.overrides else Trainer)(
         model, "sgd", train, lr=0.2, loss_fn=F.cross_entropy, eval_loader=evaluation, eval_batch_size=5,
         metrics=["accuracy", "loss"], max_epochs=3, output_dir=args.out, seed=0, checkpoint_period=4,
-        log_period=2, progress_bar=False, hooks=kill_hooks(args), ddp=args.ddp, **batches,
+        log_period=2, progress_bar=False, hooks=kill_hooks(args), ddp=args.ddp,
+        callbacks=[epoch_ends] if args.overrides else [], **batches,
     )
     history = trainer.train(resume=args.resume)
     results = trainer.evaluate()
@@ -81,7 +107,8 @@ def main(args) -> None:
     out.mkdir(exist_ok=True)
     torch.save(unwrap_model(trainer.model).state_dict(), out / f"rank{comm.get_rank()}.pt")
     if comm.is_main_process():
-        (out / "result.json").write_text(json.dumps({"epochs": history.epochs, "evaluate": results}))
+        (out / "result.json").write_text(json.dumps({"epochs": history.epochs, "evaluate": results,
+                                                     "epoch_ends": epoch_ends.seen}))
 
 
 if __name__ == "__main__":
@@ -95,6 +122,7 @@ if __name__ == "__main__":
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--kill-at", type=int, default=0)
     parser.add_argument("--kill-rank-at", default="")
+    parser.add_argument("--overrides", action="store_true", help="train the SeedStyle subclass")
     args = parser.parse_args()
     if args.launch:
         launch(main, args.launch, args=(args,))

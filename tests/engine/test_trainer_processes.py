@@ -87,6 +87,20 @@ def test_two_processes_end_with_the_weights_and_evaluation_of_one(jobs, job):
     assert _metric_rows(two) == _metric_rows(one) == [1, 3, 5, 7, 9, 11, 13, 15, 17, 18]  # 18: the final evaluation
 
 
+@pytest.mark.slow
+def test_the_seeds_override_points_on_two_processes_end_as_one(jobs, tmp_path):
+    """qurious' train_step, pytorch-accelerated's calculate_eval_batch_loss and an
+    on_train_epoch_end callback, under torchrun: the weights and evaluation of one process."""
+    _run(tmp_path / "one", "--batch-size", "16", "--overrides")
+    _run(tmp_path / "two", "--batch-size", "8", "--overrides", launcher=TORCHRUN)
+    alone, rank0 = (_weights(Path(f"{tmp_path / run}-result") / "rank0.pt") for run in ("one", "two"))
+    assert all(torch.allclose(alone[k], rank0[k], atol=1e-6) for k in alone)
+    assert all(torch.allclose(alone[k], v, atol=1e-6) for k, v in _weights(Path(f"{jobs['one']}-result") / "rank0.pt").items())
+    one, two = _result(tmp_path / "one"), _result(tmp_path / "two")
+    assert two["evaluate"] == pytest.approx(one["evaluate"], abs=1e-6)
+    assert one["epoch_ends"] == two["epoch_ends"] == [5, 11, 17]
+
+
 def test_only_the_main_process_writes_and_the_log_says_which_batch_size_applies(jobs):
     torchrun, launched = jobs["torchrun"], jobs["launch"]
     assert "Batches: batch_size=8 per process x 2 process(es) = 16 samples per step" in (torchrun / "log.txt").read_text()
