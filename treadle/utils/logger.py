@@ -477,7 +477,8 @@ class _UserRecords(logging.Handler):
             return
         users_console = any(_is_console(h) for h in logging.root.handlers)
         for handler in self.target.handlers:
-            if users_console and isinstance(handler, _ConsoleHandler):
+            # setup_logger's own only: a handler someone else put on the logger takes what they chose.
+            if not getattr(handler, "_treadle_handler", False) or (users_console and isinstance(handler, _ConsoleHandler)):
                 continue
             if record.levelno >= handler.level:
                 handler.handle(record)
