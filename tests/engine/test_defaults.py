@@ -205,3 +205,10 @@ def test_libai_graph_enabled_builds_the_compiled_step(tmp_path):
     assert isinstance(DefaultTrainer(cfg).step, CompiledStep)
     cfg.graph.enabled = False
     assert type(DefaultTrainer(cfg).step) is EagerStep
+    # A step of one's own is not compiled: refused, also by a DefaultTrainer built without train_net's check.
+    own = digits_cfg(tmp_path, "+graph.enabled=true", "train.eval_period=0")
+    own.train.step = LazyConfig.load(str(ROOT / "configs" / "digits_sam.py")).train.step
+    from treadle.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^graph.enabled=True compiles treadle's step, and train.step is a step"):
+        DefaultTrainer(own)

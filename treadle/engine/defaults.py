@@ -348,6 +348,7 @@ class DefaultTrainer(TrainerBase):
         ``clip_grad_value``, ``loss_fn`` and ``compile`` options; or a node with ``_target_``, a
         user's ``StepBase`` class called with ``model``, ``data_loader`` and
         ``optimizer`` plus its own arguments (a research loop)."""
+        kind = step_kind(cfg)  # train.step.kind, or LiBai's graph.enabled; a contradiction is refused
         step_cfg = cfg.train.get("step")
         if isinstance(step_cfg, DictConfig) and "_target_" in step_cfg:
             node = OmegaConf.merge(step_cfg, {})
@@ -358,7 +359,6 @@ class DefaultTrainer(TrainerBase):
             return step
         options = instantiate(train_section(cfg, "step"))
         options.pop("kind")
-        kind = step_kind(cfg)  # train.step.kind, or LiBai's graph.enabled
         if kind != train_setting(cfg, "step.kind"):
             logger.info("graph.enabled=True (LiBai's graph mode): training with CompiledStep, as train.step.kind='compiled'")
         compile_options = options.pop("compile")
