@@ -39,8 +39,12 @@ setup(
         # mlflow and wandb: the tests run the MLflow and W&B writers against
         # their real clients (a local MLflow server, W&B offline).
         # ruff and mypy: the lint and type checks .ci/run runs (configured in pyproject.toml).
-        "dev": ["pytest", "matplotlib", "transformers", "torchmetrics", "mlflow", "wandb", "ruff", "mypy"],
+        # seqeval: the tests check the "seqeval" metric against seqeval's own functions.
+        "dev": ["pytest", "matplotlib", "transformers", "torchmetrics", "mlflow", "wandb", "ruff", "mypy", "seqeval"],
         "metrics": ["torchmetrics"],
+        # The "seqeval" metric (entity-level precision/recall/F1 of token
+        # classification, Hezar's): entities are read from IOB tags by seqeval.
+        "seqeval": ["seqeval"],
         # The peers that benchmarks/peers.py runs beside treadle, when installed
         # (never a CI dependency).
         "bench": ["pytorch-ignite", "accelerate", "mmengine", "pytorch-accelerated", "lightning"],

@@ -56,9 +56,10 @@ def _no_pending_run_start():
 
 
 @contextlib.contextmanager
-def _loggers_restored(names=("treadle", "fvcore")):
-    """Undoes what setup_logger did meanwhile (handlers, no propagation), so
-    that later tests' caplog sees treadle's records."""
+def _loggers_restored(names=("treadle", "fvcore", "")):
+    """Undoes what setup_logger did meanwhile (handlers, no propagation, the
+    root logger's handler and level), so that later tests' caplog sees
+    treadle's records."""
     loggers = [logging.getLogger(name) for name in names]
     saved = [(logger.propagate, logger.level, list(logger.handlers)) for logger in loggers]
     yield

@@ -167,3 +167,48 @@ def test_charlm_corpus_overrides_reach_the_datasets_and_the_model():
     for split in ("train", "test"):
         dataset = cfg.dataloader[split].dataset
         assert (dataset.seq_len, dataset.max_chars) == (64, 20000)
+
+
+def test_a_hooks_own_logger_reaches_the_console_and_log_txt(tmp_path, capsys):
+    """LiBai's hook example: ``logging.getLogger("libai." + __name__)`` at INFO."""
+    import logging
+
+    from treadle.engine import HookBase
+
+    logger = logging.getLogger("libai." + __name__)
+
+    class MyHook(HookBase):
+        def before_train(self):
+            logger.info(f"start training at {self.trainer.iter}")
+
+        def after_step(self):
+            if (self.trainer.iter + 1) % 2 == 0:
+                logger.info(f"iteration {self.trainer.iter}!")
+
+    class MyTrainer(DefaultTrainer):
+        def build_hooks(self):
+            return super().build_hooks() + [MyHook()]
+
+    cfg = digits_cfg(tmp_path, "train.max_iter=4", "train.eval_period=0")
+    default_setup(cfg)
+    MyTrainer(cfg).train()
+    lines = [f"libai.{__name__} INFO: {text}" for text in ("start training at 0", "iteration 1!", "iteration 3!")]
+    out, log = capsys.readouterr().out, (tmp_path / "log.txt").read_text()
+    assert all(line in out and line in log for line in lines), out
+
+
+def test_libai_graph_enabled_builds_the_compiled_step(tmp_path):
+    """LiBai: "the mode is determined by the graph.enabled parameter"."""
+    from treadle.engine import CompiledStep, EagerStep
+
+    cfg = digits_cfg(tmp_path, "+graph.enabled=true", "train.step.compile.backend=aot_eager", "train.eval_period=0")
+    assert isinstance(DefaultTrainer(cfg).step, CompiledStep)
+    cfg.graph.enabled = False
+    assert type(DefaultTrainer(cfg).step) is EagerStep
+    # A step of one's own is not compiled: refused, also by a DefaultTrainer built without train_net's check.
+    own = digits_cfg(tmp_path, "+graph.enabled=true", "train.eval_period=0")
+    own.train.step = LazyConfig.load(str(ROOT / "configs" / "digits_sam.py")).train.step
+    from treadle.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^graph.enabled=True compiles treadle's step, and train.step is a step"):
+        DefaultTrainer(own)

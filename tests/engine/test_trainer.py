@@ -203,3 +203,20 @@ def test_rmsnorm_scale_has_no_weight_decay():
     no_decay = [p for g in groups if g["weight_decay"] == 0.0 for p in g["params"]]
     assert any(p is norm.weight for p in no_decay)
     assert sorted(g["weight_decay"] for g in groups) == [0.0, 0.1]
+
+
+def test_a_hooks_own_logger_reaches_the_console_and_log_txt(tmp_path, capsys):
+    """Any logger name at INFO, in the main process: LiBai's ``"libai." + __name__``."""
+    import logging
+
+    from treadle.hooks import HookBase
+
+    class MyHook(HookBase):
+        def after_train(self):
+            logging.getLogger("libai.myhook").info(f"end training at {self.trainer.iter}")
+
+    Trainer(model(), "sgd", problem(64), batch_size=32, lr=0.1, loss_fn=nn.functional.cross_entropy, max_iter=2,
+            output_dir=str(tmp_path), progress_bar=False, hooks=[MyHook()]).train()
+    out, log = capsys.readouterr().out, (tmp_path / "log.txt").read_text()
+    assert "libai.myhook INFO: end training at 2" in out, out
+    assert "libai.myhook INFO: end training at 2" in log

@@ -32,6 +32,9 @@ def _datasets():
         "regression": (torch.randint(-8, 8, (N,), generator=g) / 4, torch.randint(-8, 8, (N,), generator=g) / 4),
         "lm": (torch.randn(N, 3, 6, generator=g, dtype=torch.float64), torch.randint(-1, 6, (N, 3), generator=g)),
         "text": ([sentence() for _ in range(N)], [sentence() for _ in range(N)]),
+        # Token classification: 5 IOB tags, -100 at padded positions.
+        "tags": (torch.randn(N, 6, 5, generator=g), torch.randint(0, 5, (N, 6), generator=g).masked_fill(
+            torch.rand(N, 6, generator=g) < 0.2, -100)),
     }
 
 
@@ -62,6 +65,7 @@ def _evaluate_all(indices, batch_size):
     results.update(run("classification", ["loss"], loss_fn=F.cross_entropy))
     results.update(run("lm", ["perplexity"], ignore_index=-1))
     results.update(run("text", ["cer", "wer"]))
+    results.update(run("tags", ["seqeval"], id2label=["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]))
     return results
 
 
@@ -91,7 +95,7 @@ def test_two_process_evaluation_equals_single_process(tmp_path):
     assert list(sharded) == list(single)
     # Integer statistics (counts, confusion matrix, edit distances) and sums of
     # exactly representable values are equal bit for bit.
-    exact = ["accuracy", "top2_accuracy", "precision", "recall", "f1", "mse", "mae", "cer", "wer"]
+    exact = ["accuracy", "top2_accuracy", "precision", "recall", "f1", "mse", "mae", "cer", "wer", "seqeval"]
     assert {k: sharded[k] for k in exact} == {k: single[k] for k in exact}
     # Sums of arbitrary floats differ only by float64 rounding of the order of addition.
     assert sharded["loss"] == pytest.approx(single["loss"], rel=1e-12)

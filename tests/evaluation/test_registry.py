@@ -18,7 +18,7 @@ from treadle.evaluation import (
     unregister_metric,
 )
 
-BUILTIN = ["accuracy", "cer", "f1", "loss", "mae", "mse", "perplexity", "precision", "recall", "top{k}_accuracy", "wer"]
+BUILTIN = ["accuracy", "cer", "f1", "loss", "mae", "mse", "perplexity", "precision", "recall", "seqeval", "top{k}_accuracy", "wer"]
 
 
 @pytest.fixture

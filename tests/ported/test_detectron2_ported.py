@@ -481,20 +481,23 @@ def test_warmup_step_with_fixed_gamma_rescaled_interval():
 
 
 def test_expand_param_groups():
-    from treadle.solver.build import expand_param_groups
+    # detectron2's import, renamed: its private name ports as it is written.
+    from treadle.solver.build import _expand_param_groups, expand_param_groups
 
     params = [
         {"params": ["p1", "p2", "p3", "p4"], "lr": 1.0, "weight_decay": 3.0},
         {"params": ["p2", "p3", "p5"], "lr": 2.0, "momentum": 2.0},
         {"params": ["p1"], "weight_decay": 4.0},
     ]
-    assert expand_param_groups(params) == [
+    out = _expand_param_groups(params)
+    assert out == [
         dict(params=["p1"], lr=1.0, weight_decay=4.0),
         dict(params=["p2"], lr=2.0, weight_decay=3.0, momentum=2.0),
         dict(params=["p3"], lr=2.0, weight_decay=3.0, momentum=2.0),
         dict(params=["p4"], lr=1.0, weight_decay=3.0),
         dict(params=["p5"], lr=2.0, momentum=2.0),
     ]
+    assert expand_param_groups(params) == out
 
 
 def test_reduce_param_groups():

@@ -57,6 +57,13 @@ def _config_file(name: str, text: str) -> str:
 CASES: List[Case] = [
     # train.* values: type, range, choices
     case("train.max_iter=abc", culprit="train.max_iter must be an integer >= 1, got 'abc'"),
+    # top-level nodes that no code reads; LiBai's graph node
+    case("+tokenization.tokenizer=bert", culprit="The config's top-level node 'tokenization' is read by nothing"),
+    case("+optim.lr=0.1", culprit="top-level node 'optim' is read by nothing: did you mean 'optimizer'?"),
+    case("+graph.enabled=false", "train.step.kind=compiled",
+         culprit="graph.enabled=False asks for the eager step and train.step.kind='compiled'"),
+    case("+graph.debug=-1", culprit="graph.debug is a setting of LiBai's OneFlow graph"),
+    case("+graph.enabled=1", culprit="graph.enabled must be True or False, got 1"),
     case("train.max_iter=0", culprit="train.max_iter must be an integer >= 1, got 0"),
     case("train.max_iter=-5", culprit="train.max_iter"),
     case("train.max_iter=1.5", culprit="train.max_iter"),

@@ -323,3 +323,35 @@ def test_sam_ends_its_update_as_every_step_does_clipping_by_value_included():
     TrainerBase(step).train(0, 2)
     # Each element's gradient is clamped to 1e-4, so two updates at lr 1 move it by 2e-4 at most.
     assert max(float((p.detach() - q).abs().max()) for p, q in zip(model.parameters(), before)) <= 2e-4 + 1e-7
+
+
+def test_libai_graph_enabled_trains_with_the_compiled_step(tmp_path, capsys):
+    """LiBai's ``graph = dict(enabled=True)`` in config.py: CompiledStep, said in one line."""
+    config = tmp_path / "graph.py"
+    config.write_text(
+        f"from treadle.config import LazyConfig\n_base = LazyConfig.load({str(DIGITS)!r})\n"
+        "model, optimizer, lr_multiplier, dataloader, train = _base.model, _base.optimizer, _base.lr_multiplier, "
+        "_base.dataloader, _base.train\n"
+        "graph = dict(enabled=True)\n"
+    )
+    out = tmp_path / "run"
+    assert cli(["--config-file", str(config), f"train.output_dir={out}", "train.max_iter=3", "train.eval_period=0",
+                "lr_multiplier.warmup_iters=1", "train.step.compile.backend=aot_eager"]) == 0
+    line = "graph.enabled=True (LiBai's graph mode): training with CompiledStep, as train.step.kind='compiled'"
+    assert line in capsys.readouterr().out and line in (out / "log.txt").read_text()
+    assert torch.load(out / "model_final.pth", weights_only=True)["iteration"] == 2
+
+
+def test_a_top_level_node_no_code_reads_is_refused_before_anything_is_written(tmp_path, capsys):
+    config = tmp_path / "extra.py"
+    config.write_text(
+        f"from treadle.config import LazyConfig\n_base = LazyConfig.load({str(DIGITS)!r})\n"
+        "model, optimizer, lr_multiplier, dataloader, train = _base.model, _base.optimizer, _base.lr_multiplier, "
+        "_base.dataloader, _base.train\n"
+        "tokenization = dict(tokenizer='bert')\n"
+    )
+    out = tmp_path / "run"
+    assert cli(["--config-file", str(config), f"train.output_dir={out}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "The config's top-level node 'tokenization' is read by nothing" in err[0]
+    assert not out.exists()

@@ -348,3 +348,63 @@ def test_a_log_file_that_cannot_be_started_is_one_warning_naming_it(tmp_path, ca
         assert "after the start" in out
     finally:
         _close(logger)
+
+
+def test_a_users_own_logger_reaches_the_console_and_the_log_file_and_a_librarys_info_does_not(tmp_path, capsys):
+    """LiBai's ``logging.getLogger("libai." + __name__)`` in a hook, or a
+    script's ``__name__``: shown at INFO; a library's INFO (the standard
+    library's json, torch) is not, its warning is."""
+    import json  # noqa: F401 - imported: a library's logger
+
+    import torch  # noqa: F401
+
+    setup_logger(str(tmp_path))
+    logging.getLogger("libai.myhook").info("start training at 0")
+    logging.getLogger("__main__").info("from the script")
+    logging.getLogger("json").info("json's chatter")
+    logging.getLogger("torch.something").info("torch's chatter")
+    logging.getLogger("json").warning("json's warning")
+    out = capsys.readouterr().out
+    log = (tmp_path / "log.txt").read_text()
+    for text in (out, log):
+        assert "libai.myhook INFO: start training at 0" in text
+        assert "__main__ INFO: from the script" in text
+        assert "json WARNING: json's warning" in text
+        assert "chatter" not in text
+    # A library that asked to be heard (a level set on its logger) is shown.
+    logging.getLogger("json").setLevel(logging.INFO)
+    try:
+        logging.getLogger("json.decoder").info("asked for")
+    finally:
+        logging.getLogger("json").setLevel(logging.NOTSET)
+    assert "json.decoder INFO: asked for" in capsys.readouterr().out
+
+
+def test_a_users_own_console_on_the_root_logger_shows_their_records_once(tmp_path, capsys):
+    """``logging.basicConfig``: its console shows the user's records, treadle's
+    log file gets them too, and the root's level stays the user's."""
+    import sys
+
+    root = logging.getLogger()
+    theirs = logging.StreamHandler(sys.stdout)
+    theirs.setFormatter(logging.Formatter("THEIRS %(name)s %(message)s"))
+    root.addHandler(theirs)
+    try:
+        root.setLevel(logging.INFO)
+        setup_logger(str(tmp_path))
+        logging.getLogger("libai.myhook").info("one line")
+        out = capsys.readouterr().out
+    finally:
+        root.removeHandler(theirs)
+    assert out.count("one line") == 1 and "THEIRS libai.myhook one line" in out
+    assert "libai.myhook INFO: one line" in (tmp_path / "log.txt").read_text()
+
+
+def test_a_rank_without_console_or_file_leaves_the_root_logger_alone(capfd):
+    root = logging.getLogger()
+    before = (root.level, list(root.handlers))
+    setup_logger(None, distributed_rank=1)
+    assert (root.level, list(root.handlers)) == before
+    logging.getLogger("libai.myhook").info("rank 1 says")
+    out, err = capfd.readouterr()
+    assert "rank 1 says" not in out + err

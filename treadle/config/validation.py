@@ -6,7 +6,9 @@ process, before any worker starts and before a byte goes to
 :class:`~treadle.config.ConfigError` whose one-line message names the key,
 the bad value and, where there are few, the valid choices.
 
-What is checked: the top-level keys a runnable config needs; that every value
+What is checked: the top-level keys a runnable config needs, and that no
+other top-level node goes unread (:mod:`treadle.config.top_nodes`, LiBai's
+``graph.enabled`` included); that every value
 can be read (no unresolvable ``${...}`` interpolation, no ``???``); every key
 of ``train`` by its rule in the table of keys (:mod:`treadle.config.train_keys`);
 the device, the precision, the world size and the batch size against it; the
@@ -30,6 +32,7 @@ from .errors import ConfigError, first_line
 from .locate import target_name
 from .nodes import child_node, is_missing, is_none, raw_value
 from .rules import integer, is_int, is_number, shown
+from .top_nodes import check_top_level_nodes
 from .train_keys import STEP_KINDS, train_rules, train_setting
 
 __all__ = [
@@ -239,6 +242,7 @@ def check_run_config(cfg: DictConfig, *, world_size: int = 1, eval_only: bool = 
     if eval_only and cfg.dataloader.get("test") is None:
         raise ConfigError("--eval-only needs dataloader.test, and the config has none")
     _check_schema(cfg.train, TRAIN_KEYS, "train")
+    check_top_level_nodes(cfg)
     train = cfg.train
     for key in ("step", "checkpointer"):
         if key in train and train[key] is None:

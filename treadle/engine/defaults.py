@@ -19,6 +19,7 @@ from torch import nn
 
 from treadle.checkpoint import Checkpointer, unwrap_model
 from treadle.config import LazyCall, LazyConfig, get_config_file, instantiate
+from treadle.config.top_nodes import step_kind
 from treadle.config.train_keys import train_section, train_setting
 from treadle.evaluation import forward_batch, inference_on_dataset
 from treadle.events import get_default_writers
@@ -341,11 +342,13 @@ class DefaultTrainer(TrainerBase):
         return instantiate(node)
 
     def build_step(self, cfg: DictConfig, model: nn.Module, data_loader: Any, optimizer: torch.optim.Optimizer) -> StepBase:
-        """The step object of ``cfg.train.step``: ``kind`` eager or compiled,
+        """The step object of ``cfg.train.step``: ``kind`` eager or compiled
+        (or LiBai's ``graph.enabled``, :func:`~treadle.config.top_nodes.step_kind`),
         with ``precision``, ``grad_accum_steps``, ``clip_grad_norm`` or
         ``clip_grad_value``, ``loss_fn`` and ``compile`` options; or a node with ``_target_``, a
         user's ``StepBase`` class called with ``model``, ``data_loader`` and
         ``optimizer`` plus its own arguments (a research loop)."""
+        kind = step_kind(cfg)  # train.step.kind, or LiBai's graph.enabled; a contradiction is refused
         step_cfg = cfg.train.get("step")
         if isinstance(step_cfg, DictConfig) and "_target_" in step_cfg:
             node = OmegaConf.merge(step_cfg, {})
@@ -355,7 +358,9 @@ class DefaultTrainer(TrainerBase):
                 raise TypeError(f"cfg.train.step built a {type(step).__name__}, not a StepBase")
             return step
         options = instantiate(train_section(cfg, "step"))
-        kind = options.pop("kind")
+        options.pop("kind")
+        if kind != train_setting(cfg, "step.kind"):
+            logger.info("graph.enabled=True (LiBai's graph mode): training with CompiledStep, as train.step.kind='compiled'")
         compile_options = options.pop("compile")
         return build_step(kind, model, data_loader, optimizer, compile_options=compile_options, **options)
 

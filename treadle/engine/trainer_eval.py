@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import torch
 
 from treadle.evaluation import build_evaluator, forward_batch, inference_on_dataset
-from treadle.evaluation import known_metric_mode, metric_mode
+from treadle.evaluation import known_metric_mode, metric_mode, model_id2label
 from treadle.evaluation.batch import move_to_device
 from treadle.evaluation.inference import inference_context
 from treadle.evaluation.loss import LossEvaluator
@@ -52,6 +52,24 @@ def _metric_name(metric: Any) -> Optional[str]:
     if isinstance(metric, (tuple, list)) and metric and isinstance(metric[0], str):
         return metric[0]
     return None
+
+
+def _with_model_labels(metrics: List[Any], model: Any) -> List[Any]:
+    """``metrics`` with the model's ``config.id2label`` given to a ``"seqeval"``
+    that names no labels: Hezar's ``metrics=["seqeval"]`` reads them from
+    its model, as a Hugging Face token classifier carries them."""
+    labels = model_id2label(model)
+    if labels is None:
+        return metrics
+    out = []
+    for metric in metrics:
+        if isinstance(metric, str) and metric == "seqeval":
+            metric = ("seqeval", {"id2label": labels})
+        elif (isinstance(metric, (tuple, list)) and len(metric) == 2 and metric[0] == "seqeval"
+              and isinstance(metric[1], Mapping) and "id2label" not in metric[1]):
+            metric = ("seqeval", {**metric[1], "id2label": labels})
+        out.append(metric)
+    return out
 
 
 def _generate_forward(model: Any, batch: Any, *, options: Dict[str, Any]) -> Any:
@@ -142,7 +160,8 @@ class TrainerEvaluation:
         return self._metrics_evaluator()
 
     def _metrics_evaluator(self) -> Any:
-        return build_evaluator(self.metrics, **(self.loss_options if "loss" in self.metric_names() else {}))
+        metrics = _with_model_labels(self.metrics, self.model)
+        return build_evaluator(metrics, **(self.loss_options if "loss" in self.metric_names() else {}))
 
     def _forward_loss(self, batch: Any) -> torch.Tensor:
         """The loss where the evaluation forward generates: the training

@@ -38,6 +38,7 @@ from .loss import LossEvaluator, as_losses, forward_loss
 from .perplexity import PerplexityEvaluator
 from .regression import RegressionEvaluator
 from .sequence import SequenceEvaluator, edit_distance
+from .token_classification import SeqevalEvaluator, model_id2label
 from .torchmetrics_evaluator import TorchMetricsEvaluator, is_torchmetrics_metric, torchmetrics_name
 
 # The forward's names before forward_batch, kept for one release with a warning.
@@ -76,6 +77,8 @@ __all__ = [
     "as_losses",
     "forward_loss",
     "SequenceEvaluator",
+    "SeqevalEvaluator",
+    "model_id2label",
     "PerplexityEvaluator",
     "TorchMetricsEvaluator",
     "is_torchmetrics_metric",

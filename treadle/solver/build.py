@@ -158,6 +158,12 @@ def expand_param_groups(groups: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return list(per_param.values())
 
 
+#: detectron2's name for :func:`expand_param_groups`: its tests import
+#: ``_expand_param_groups`` from ``detectron2.solver.build``, which ports by
+#: renaming the import to ``treadle.solver.build``. Not in ``__all__``.
+_expand_param_groups = expand_param_groups
+
+
 def reduce_param_groups(groups: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Merges parameter groups with identical settings (fewer groups, faster
     optimizer steps); a parameter listed in several groups takes their

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import site
 import sys
+import sysconfig
 import time
 from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -412,6 +414,99 @@ def write_info_line(logger: logging.Logger, line: str, make_record: Callable[[],
     return True
 
 
+def _installation_dirs() -> Tuple[str, ...]:
+    """Where Python's installation keeps code: the standard library and site-packages."""
+    paths = sysconfig.get_paths()
+    dirs = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(key)}
+    dirs.update(site.getsitepackages() if hasattr(site, "getsitepackages") else ())
+    dirs.add(site.getusersitepackages())
+    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs)
+
+
+class _UserRecords(logging.Handler):
+    """The root logger's handler that :func:`setup_logger` installs: hands
+    the records of the user's own loggers, whatever their names, to the
+    ``treadle`` logger's console and log file.
+
+    A record is passed on when it is a warning or worse; when its logger's
+    top-level name is not a package imported from Python's installation
+    (the standard library, site-packages): ``__main__``, a script's or a
+    project's module, a name that is no module (``libai.trainer``); or when
+    a level was set on its logger or a parent below the root (a library
+    asked to be heard: ``logging.getLogger("urllib3").setLevel(logging.INFO)``).
+    A library's INFO chatter (matplotlib, urllib3, numexpr) stays out.
+    Where the root logger has a console of the user's own (``logging.basicConfig``),
+    records go to the log file only: that console shows them already.
+    """
+
+    def __init__(self, target: logging.Logger) -> None:
+        super().__init__(logging.DEBUG)
+        self.target = target
+        self._installation = _installation_dirs()
+        # Top-level name -> is a library's; kept for names that are imported modules.
+        self._libraries: Dict[str, bool] = {}
+
+    def _is_library(self, name: str) -> bool:
+        top = name.partition(".")[0]
+        known = self._libraries.get(top)
+        if known is not None:
+            return known
+        module = sys.modules.get(top)
+        if module is None or top == "__main__":
+            return False  # no module (yet): a name of the user's choosing; the script or notebook run
+        found = [getattr(module, "__file__", None)] + list(getattr(module, "__path__", None) or ())
+        files = [os.path.realpath(f) for f in found if f]
+        # A built-in module (sys) has no file: the installation's.
+        library = not files or any(f.startswith(self._installation) for f in files)
+        self._libraries[top] = library
+        return library
+
+    def wanted(self, record: logging.LogRecord) -> bool:
+        """Whether ``record`` is one the user's console and log file show."""
+        if record.levelno >= logging.WARNING or not self._is_library(record.name):
+            return True
+        logger: Optional[logging.Logger] = logging.getLogger(record.name)
+        while logger is not None and logger is not logging.root:
+            if logger.level != logging.NOTSET:
+                return True
+            logger = logger.parent  # type: ignore[assignment]
+        return False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.wanted(record):
+            return
+        users_console = any(_is_console(h) for h in logging.root.handlers)
+        for handler in self.target.handlers:
+            # setup_logger's own only: a handler someone else put on the logger takes what they chose.
+            if not getattr(handler, "_treadle_handler", False) or (users_console and isinstance(handler, _ConsoleHandler)):
+                continue
+            if record.levelno >= handler.level:
+                handler.handle(record)
+
+
+def _is_console(handler: logging.Handler) -> bool:
+    """A stream handler of the user's own on the terminal (``logging.basicConfig``'s)."""
+    streams = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+    return (isinstance(handler, logging.StreamHandler) and not getattr(handler, "_treadle_handler", False)
+            and getattr(handler, "stream", None) in streams)
+
+
+def _hear_user_loggers(logger: logging.Logger) -> None:
+    """Replaces the root logger's :class:`_UserRecords` with one for
+    ``logger``'s handlers, and lets the root pass INFO records (its default
+    is WARNING) unless the user configured a console there."""
+    root = logging.root
+    for old in [h for h in root.handlers if isinstance(h, _UserRecords)]:
+        root.removeHandler(old)
+    if all(isinstance(h, logging.NullHandler) for h in logger.handlers):
+        return  # a rank without console or file: quiet, as Python is by default
+    handler = _UserRecords(logger)
+    handler._treadle_handler = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    if root.level > logging.INFO and not any(_is_console(h) for h in root.handlers):
+        root.setLevel(logging.INFO)
+
+
 def start_log_files(name: str = "treadle", *, output: Optional[str] = None) -> None:
     """Starts the log files that :func:`setup_logger` deferred (``defer_file=True``)
     on the ``name`` logger: they are written from now on, beginning with every
@@ -439,6 +534,17 @@ def setup_logger(
     The console shows one line per record: an exception logged with its
     traceback shows there as ``Type: message``; the traceback goes to the log
     file only. The console shows INFO and above; the file DEBUG records too.
+
+    The user's own loggers are heard too, whatever their names (LiBai's
+    ``logging.getLogger("libai." + __name__)``, a script's ``__name__``):
+    with the default ``name``, the root logger gets a handler that passes
+    their records, INFO and above, to this logger's console and file, and
+    the root's level is lowered to INFO (unless the user put a console of
+    their own on it, ``logging.basicConfig``: that console shows their
+    records, the file gets them too). Libraries' loggers (a package imported
+    from the standard library or site-packages: matplotlib, urllib3, torch)
+    reach them with warnings and errors only, or at the level set on them.
+    A rank without console or file leaves the root logger as it is.
 
     Args:
         output: a file name ending in ``.txt``/``.log``, or a directory in which
@@ -502,6 +608,8 @@ def setup_logger(
     for h in handlers:
         h._treadle_handler = True  # type: ignore[attr-defined]
         logger.addHandler(h)
+    if name == "treadle":
+        _hear_user_loggers(logger)
     return logger
 
 

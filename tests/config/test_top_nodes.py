@@ -1,0 +1,66 @@
+"""The top-level nodes a job reads, and LiBai's graph.enabled."""
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from treadle.config import ConfigError, LazyConfig
+from treadle.config.top_nodes import TOP_LEVEL_NODES, check_top_level_nodes, step_kind
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def digits(*overrides):
+    return LazyConfig.apply_overrides(LazyConfig.load(str(ROOT / "configs" / "digits_mlp.py")), list(overrides))
+
+
+def test_the_nodes_a_job_reads_are_one_list():
+    assert list(TOP_LEVEL_NODES) == ["model", "optimizer", "lr_multiplier", "dataloader", "train", "graph"]
+
+
+@pytest.mark.parametrize("config", sorted((ROOT / "configs").glob("*.py")), ids=lambda p: p.stem)
+def test_the_shipped_configs_have_no_unread_node(config):
+    check_top_level_nodes(LazyConfig.load(str(config)))  # charlm's corpus is interpolated
+
+
+def test_a_node_read_by_nothing_is_named_and_one_that_is_interpolated_is_not():
+    cfg = digits()
+    cfg.tokenization = {"vocab": 100}
+    with pytest.raises(ConfigError, match="^The config's top-level node 'tokenization' is read by nothing: a job"):
+        check_top_level_nodes(cfg)
+    cfg.train.max_iter = "${tokenization.vocab}"
+    check_top_level_nodes(cfg)
+    optim = digits()
+    optim.optim = {"lr": 0.1}  # LiBai's name
+    with pytest.raises(ConfigError, match="'optim' is read by nothing: did you mean 'optimizer'?"):
+        check_top_level_nodes(optim)
+
+
+def test_libai_graph_enabled_selects_the_compiled_step():
+    assert step_kind(digits()) == "eager"
+    cfg = digits()
+    cfg.graph = {"enabled": True}  # LiBai's config.py, as its seed writes it
+    assert step_kind(cfg) == "compiled"
+    cfg.train.step.kind = "compiled"
+    assert step_kind(cfg) == "compiled"
+    cfg.graph.enabled = False
+    with pytest.raises(ConfigError, match=r"graph.enabled=False .* train.step.kind='compiled'"):
+        step_kind(cfg)
+    cfg.train.step.kind = "eager"
+    assert step_kind(cfg) == "eager"
+
+
+def test_a_graph_node_of_libais_other_settings_is_refused():
+    cfg = digits()
+    cfg.graph = {"enabled": True, "debug": -1}
+    with pytest.raises(ConfigError, match="^graph.debug is a setting of LiBai's OneFlow graph"):
+        step_kind(cfg)
+    cfg.graph = {"enabled": "yes"}
+    with pytest.raises(ConfigError, match="^graph.enabled must be True or False, got 'yes'"):
+        step_kind(cfg)
+    own = digits()
+    own.train.step = OmegaConf.create({"_target_": "treadle.examples.SAMStep", "rho": 0.05})
+    own.graph = {"enabled": True}
+    with pytest.raises(ConfigError, match=r"graph.enabled=True .* train.step._target_"):
+        step_kind(own)
