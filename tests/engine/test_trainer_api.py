@@ -262,16 +262,17 @@ def test_datasets_with_shuffle_collate_fn_and_eval_batch_size():
 def test_a_list_of_examples_is_an_eval_dataset_and_eval_batch_size_with_batches_is_refused(tmp_path):
     """A list of examples is a dataset, as torch's DataLoader takes it: batched
     by eval_batch_size (it used to be taken as a list of one-example batches).
-    A list of batches is taken as its batches; a batch size given for it
-    would be ignored, so it is refused before anything is written."""
+    Ready batches (a DataLoader) are taken as they are; a batch size given for
+    them would be ignored, so it is refused before anything is written."""
     examples = [classification(12, seed=1)[i] for i in range(12)]
     trainer = make(eval_loader=examples, eval_batch_size=4, metrics=["accuracy", "loss"], max_iter=2)
     by_loader = trainer.evaluate(torch.utils.data.DataLoader(classification(12, seed=1), batch_size=4))
     assert [len(b[0]) for b in trainer.eval_loader] == [4, 4, 4]
     assert trainer.evaluate() == pytest.approx(by_loader)
-    batches = [tuple(torch.stack(t) for t in zip(*examples[i:i + 4])) for i in range(0, 12, 4)]
+    batches = torch.utils.data.DataLoader(
+        [tuple(torch.stack(t) for t in zip(*examples[i:i + 4])) for i in range(0, 12, 4)], batch_size=None)
     out = tmp_path / "run"
-    with pytest.raises(ValueError, match=r"eval_batch_size is for a dataset; this eval_loader \(list\) is taken as its own batches"):
+    with pytest.raises(ValueError, match=r"eval_batch_size is for a dataset; this eval_loader \(DataLoader\) is taken as its own batches"):
         make(eval_loader=batches, eval_batch_size=4, max_iter=2, output_dir=str(out))
     assert not out.exists()
     # Batches made by the user stay welcome, with or without the training batch_size.
@@ -323,25 +324,28 @@ def test_bad_numbers_are_named_by_the_trainers_own_argument(tmp_path, options, m
     assert not out.exists()
 
 
-def test_a_sequence_of_batches_without_iter_is_a_train_loader_and_anything_else_is_refused():
+def test_a_sequence_without_iter_is_a_dataset_as_torch_takes_it_and_anything_else_is_refused():
     """Python iterates an object with __getitem__ and __len__ alone (the
-    sequence protocol); the Trainer must take it as it takes a list."""
+    sequence protocol), and torch's DataLoader takes it for a map-style
+    dataset: the Trainer takes it as it takes a list, batched by batch_size."""
     torch.manual_seed(0)
-    batches = [(torch.randn(8, 6), torch.randint(0, 2, (8,))) for _ in range(4)]
+    samples = [(torch.randn(6), torch.randint(0, 2, ())) for _ in range(32)]
 
-    class Batches:
+    class Samples:
         def __len__(self):
-            return len(batches)
+            return len(samples)
 
         def __getitem__(self, i):
-            return batches[i]
+            return samples[i]
 
     model = nn.Linear(6, 2)
-    trainer = Trainer(model, "sgd", Batches(), loss_fn=nn.functional.cross_entropy, lr=0.1, max_epochs=2,
-                      device="cpu", progress_bar=False)
+    trainer = Trainer(model, "sgd", Samples(), batch_size=8, loss_fn=nn.functional.cross_entropy, lr=0.1,
+                      max_epochs=2, device="cpu", progress_bar=False)
     assert trainer.max_iter == 8
     trainer.train()
     assert len(trainer.history.epochs) == 2
+    with pytest.raises(ValueError, match=r"^train_loader is a Samples of samples \(\(Tensor\[6\], Tensor\[\]\) each\): give batch_size="):
+        Trainer(nn.Linear(6, 2), "sgd", Samples(), loss_fn=nn.functional.cross_entropy, lr=0.1, max_iter=2, device="cpu")
     with pytest.raises(TypeError, match="train_loader must be an iterable of batches or a dataset, got int"):
         Trainer(nn.Linear(6, 2), "sgd", 3, loss_fn=nn.functional.cross_entropy, lr=0.1, max_iter=2, device="cpu")
 

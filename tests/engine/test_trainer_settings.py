@@ -35,7 +35,7 @@ def warnings_of(caplog):
 def test_sgd_by_name_trains_bit_identically_to_torch_sgd_by_hand(treadle_caplog):
     """Hezar's "sgd", a hand-written loop and torch mean momentum 0 (it was 0.9)."""
     batches = list(DataLoader(classification(), batch_size=32))
-    trainer = Trainer(mlp(), "sgd", batches, lr=0.1, loss_fn=CE, max_iter=8, progress_bar=False)
+    trainer = Trainer(mlp(), "sgd", iter(batches), lr=0.1, loss_fn=CE, max_iter=8, progress_bar=False)
     trainer.train()
     by_hand = mlp()
     optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.1)
@@ -49,7 +49,7 @@ def test_sgd_by_name_trains_bit_identically_to_torch_sgd_by_hand(treadle_caplog)
 
 def test_a_name_with_options_is_torchs_class_with_them():
     batches = list(DataLoader(classification(), batch_size=32))
-    trainer = Trainer(mlp(), ("sgd", {"momentum": 0.9, "nesterov": True}), batches, lr=0.1, loss_fn=CE, max_iter=8,
+    trainer = Trainer(mlp(), ("sgd", {"momentum": 0.9, "nesterov": True}), iter(batches), lr=0.1, loss_fn=CE, max_iter=8,
                       progress_bar=False)
     trainer.train()
     by_hand = mlp()
@@ -60,9 +60,9 @@ def test_a_name_with_options_is_torchs_class_with_them():
         optimizer.step()
     assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), by_hand.parameters()))
     with pytest.raises(ValueError, match=r"^optimizer='adamw': torch.optim.AdamW takes no option 'momentum'$"):
-        Trainer(mlp(), ("adamw", {"momentum": 0.9}), batches, lr=0.1, loss_fn=CE, max_iter=1)
+        Trainer(mlp(), ("adamw", {"momentum": 0.9}), iter(batches), lr=0.1, loss_fn=CE, max_iter=1)
     with pytest.raises(ValueError, match=r"^lr is given twice"):
-        Trainer(mlp(), ("adamw", {"lr": 0.1}), batches, lr=0.1, loss_fn=CE, max_iter=1)
+        Trainer(mlp(), ("adamw", {"lr": 0.1}), iter(batches), lr=0.1, loss_fn=CE, max_iter=1)
 
 
 def test_treadles_own_optimizer_default_is_logged_and_can_be_turned_off(treadle_caplog):
@@ -116,7 +116,8 @@ def test_a_list_of_samples_without_a_batch_size_is_refused_in_one_line(tmp_path)
         Trainer(mlp(), "sgd", pairs(), lr=0.1, loss_fn=CE, max_epochs=1, output_dir=str(out))
     assert str(error.value) == (
         "train_loader is a list of samples ((Tensor[6], Tensor[]) each): give batch_size=... (per process) or "
-        "total_batch_size=... (over all processes) to batch it (or pass a DataLoader)"
+        "total_batch_size=... (over all processes) to batch it; ready-made batches come as a DataLoader "
+        "(DataLoader(batches, batch_size=None) for a list of them) or an iterable that is not a list (a generator)"
     )
     assert not out.exists()
     dicts = [{"input_ids": ids, "labels": ids} for ids in CountingTokens(8).ids]
@@ -133,6 +134,61 @@ def test_a_list_of_samples_with_a_batch_size_trains_as_the_same_dataset_does():
     from_list.train()
     from_dataset.train()
     assert all(torch.equal(p, q) for p, q in zip(from_list.model.parameters(), from_dataset.model.parameters()))
+
+
+def _train_counting(trainer):
+    """Trains; returns the input shapes the model saw and the optimizer's updates."""
+    shapes, updates = [], []
+    trainer.model.register_forward_hook(lambda module, inputs, output: shapes.append(tuple(inputs[0].shape)))
+    trainer.optimizer.register_step_post_hook(lambda optimizer, args, kwargs: updates.append(1))
+    trainer.train()
+    return shapes, len(updates)
+
+
+def test_a_list_of_per_token_samples_is_batched_by_batch_size():
+    """Samples (x[5, 8], y[5]) share a first dimension: the shape rule took
+    the list for ready batches (one sample per update), and refused batch_size."""
+    g = torch.Generator().manual_seed(0)
+    tags = [(torch.randn(5, 8, generator=g), torch.randint(0, 3, (5,), generator=g)) for _ in range(20)]
+    torch.manual_seed(0)
+    trainer = Trainer(nn.Linear(8, 3), "sgd", tags, batch_size=4, lr=0.1, max_epochs=2, progress_bar=False,
+                      loss_fn=lambda out, y: CE(out.flatten(0, 1), y.flatten()))
+    assert trainer.epoch_length == 5
+    shapes, updates = _train_counting(trainer)
+    assert shapes == [(4, 5, 8)] * 10 and updates == 10
+
+
+def test_a_list_of_images_and_masks_is_batched_by_batch_size():
+    g = torch.Generator().manual_seed(0)
+    pairs_ = [(torch.randn(1, 8, 8, generator=g), (torch.rand(1, 8, 8, generator=g) > 0.5).float())
+              for _ in range(12)]
+    torch.manual_seed(0)
+    trainer = Trainer(nn.Conv2d(1, 1, 3, padding=1), "sgd", pairs_, batch_size=3, lr=0.1, max_epochs=1,
+                      loss_fn=nn.functional.binary_cross_entropy_with_logits, progress_bar=False)
+    shapes, updates = _train_counting(trainer)
+    assert shapes == [(3, 1, 8, 8)] * 4 and updates == 4
+
+
+def test_a_list_is_a_dataset_whatever_its_items_and_is_refused_without_a_batch_size(tmp_path):
+    """A list of what look like batches is samples too, as torch's DataLoader
+    takes it; the line says how ready batches are given."""
+    out = tmp_path / "run"
+    tags = [(torch.randn(5, 8), torch.randint(0, 3, (5,))) for _ in range(4)]
+    with pytest.raises(ValueError) as error:
+        Trainer(nn.Linear(8, 3), "sgd", tags, lr=0.1, loss_fn=CE, max_iter=2, output_dir=str(out))
+    assert str(error.value) == (
+        "train_loader is a list of samples ((Tensor[5, 8], Tensor[5]) each): give batch_size=... (per process) or "
+        "total_batch_size=... (over all processes) to batch it; ready-made batches come as a DataLoader "
+        "(DataLoader(batches, batch_size=None) for a list of them) or an iterable that is not a list (a generator)"
+    )
+    with pytest.raises(ValueError, match=r"^eval_loader is a list of samples \(\(Tensor\[5, 8\], Tensor\[5\]\) each\): "
+                       r"give eval_batch_size=\.\.\. \(or batch_size\) to batch it; ready-made batches come as a DataLoader"):
+        Trainer(nn.Linear(8, 3), "sgd", iter(tags), lr=0.1, loss_fn=CE, max_iter=2, eval_loader=tags)
+    assert not out.exists()
+    # The documented ways to give them as ready batches: each trains one batch per update.
+    for ready in (DataLoader(tags, batch_size=None), iter(tags), (batch for batch in tags)):
+        trainer = Trainer(nn.Linear(8, 3), "sgd", ready, lr=0.1, loss_fn=CE, max_iter=4, progress_bar=False)
+        assert _train_counting(trainer) == ([(5, 8)] * 4, 4)
 
 
 def test_total_batch_size_batches_evaluation_as_batch_size_does():

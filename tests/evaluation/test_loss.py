@@ -147,7 +147,7 @@ def test_a_dict_batch_with_a_loss_fn_trains_and_evaluates_to_the_value_computed_
     batches = [{"features": torch.randn(8, 6, generator=g), "labels": torch.randint(0, 3, (8,), generator=g)}
                for _ in range(4)]
     ce = nn.functional.cross_entropy
-    trainer = Trainer(Tagger(), "sgd", batches, lr=0.5, loss_fn=ce, max_iter=4, progress_bar=False, device="cpu")
+    trainer = Trainer(Tagger(), "sgd", iter(batches), lr=0.5, loss_fn=ce, max_iter=4, progress_bar=False, device="cpu")
     trainer.train()
     by_hand = Tagger()
     optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.5)
@@ -158,4 +158,5 @@ def test_a_dict_batch_with_a_loss_fn_trains_and_evaluates_to_the_value_computed_
     assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), by_hand.parameters()))
     with torch.no_grad():
         expected = sum(ce(by_hand(b["features"]), b["labels"], reduction="sum") for b in batches) / 32
-    assert trainer.evaluate(batches)["loss"] == pytest.approx(float(expected), rel=1e-6)
+    ready = torch.utils.data.DataLoader(batches, batch_size=None)  # a list of ready batches
+    assert trainer.evaluate(ready)["loss"] == pytest.approx(float(expected), rel=1e-6)

@@ -76,7 +76,7 @@ class Trainer(TrainerBase):
         model: the module to train; moved to ``device``.
         optimizer: a torch optimizer, or ``"sgd"``/``"adam"``/``"adamw"``: torch's class with
             torch's defaults (no momentum for sgd), or ``("sgd", {"momentum": 0.9})``.
-        train_loader: batches (a ``DataLoader``, a list of batches, a generator), or a
+        train_loader: batches (a ``DataLoader``, a generator: an iterable that is not a list), or a
             dataset (a torch ``Dataset``, a list of samples) batched by ``batch_size``.
         loss_fn: ``loss_fn(model(inputs), targets)`` on ``(inputs, targets)`` batches;
             without it the model returns its loss (``model(**batch)`` for a dict).

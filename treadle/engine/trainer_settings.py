@@ -74,9 +74,9 @@ class Situation:
 
     Attributes:
         train: ``"dataset"`` (samples the ``Trainer`` batches: a torch
-            ``Dataset``, a list of samples), ``"batches"`` (an iterable of
-            batches with a length: a ``DataLoader``, a list of batches) or
-            ``"stream"`` (batches without a length: a generator).
+            ``Dataset``, a list), ``"batches"`` (an iterable of batches with
+            a length that is not a list: a ``DataLoader``) or ``"stream"``
+            (batches without a length: a generator).
         eval: ``"none"``, ``"dataset"`` or ``"batches"``.
         train_type, eval_type: the objects' type names, for messages.
         optimizer: ``"name"`` or ``"object"``.
