@@ -78,8 +78,8 @@ class Trainer(TrainerBase):
             torch's defaults (no momentum for sgd), or ``("sgd", {"momentum": 0.9})``.
         train_loader: batches (a ``DataLoader``, a generator: an iterable that is not a list), or a
             dataset (a torch ``Dataset``, a list of samples) batched by ``batch_size``.
-        loss_fn: ``loss_fn(model(inputs), targets)`` on ``(inputs, targets)`` batches;
-            without it the model returns its loss (``model(**batch)`` for a dict).
+        loss_fn: ``loss_fn(model(inputs), targets)`` on ``(inputs, targets)`` batches, ``loss_fn(model(**inputs),
+            batch["labels"])`` on dicts; without it the model returns its loss (``model(**batch)`` for a dict).
         eval_loader: batches, or a dataset batched by ``eval_batch_size``,
             evaluated every ``eval_period`` iterations and at the end.
         metrics: what evaluation computes (default ``["loss"]``): names, ``(name,
