@@ -318,6 +318,60 @@ def test_evaluate_without_a_loss_fn_explains_a_model_that_returns_predictions():
     assert str(error.value).endswith("A model that returns predictions needs a loss_fn (train.step.loss_fn in a config)")
 
 
+# ---------------------------------------------------------------------- what needs no evaluation, and what does
+def test_metrics_without_evaluation_data_are_warned_in_one_line_and_act_in_evaluate(treadle_caplog):
+    """They were accepted without a word, and computed nothing during training."""
+    trainer = Trainer(mlp(), "sgd", classification(), batch_size=32, lr=0.1, loss_fn=CE, metrics=["accuracy"],
+                      max_iter=2, progress_bar=False)
+    assert warnings_of(treadle_caplog) == [
+        "metrics=['accuracy'] are computed by evaluation, and no eval_loader is given: they act only in evaluate(loader)"
+    ]
+    trainer.train()
+    assert set(trainer.evaluate(classification(64, seed=1))) == {"accuracy"}
+
+
+@pytest.mark.parametrize("name", ["train.loss", "train/loss", "train_loss"])
+def test_best_metric_on_the_training_loss_needs_no_evaluation_data(name, tmp_path):
+    """It was accepted, then failed at iteration 0: "BestCheckpointer('total_loss') needs an EvalHook registered
+    before it". It is read at each epoch's end: model_best.pth holds the epoch end of the lowest loss."""
+    trainer = Trainer(mlp(), "sgd", classification(), batch_size=32, lr=0.1, loss_fn=CE, max_epochs=4, seed=0,
+                      best_metric=name, output_dir=str(tmp_path), progress_bar=False)
+    history = trainer.train()
+    losses = dict(history.iterations["total_loss"])
+    epoch_ends = [8 * epoch + 7 for epoch in range(4)]
+    best = min(epoch_ends, key=lambda i: losses[i])
+    saved = torch.load(tmp_path / "model_best.pth", weights_only=False)
+    assert saved["iteration"] == best
+    best_hook = next(h for h in trainer.hooks if type(h).__name__ == "BestCheckpointer")
+    assert (best_hook.best_iter, best_hook.best_metric) == (best, pytest.approx(losses[best]))
+
+
+def test_early_stopping_on_a_training_scalar_needs_no_evaluation_data(tmp_path):
+    """best_mode='max' on a falling loss: the second reading is no better, and patience 1 stops the run there."""
+    trainer = Trainer(mlp(), "sgd", classification(), batch_size=32, lr=0.1, loss_fn=CE, max_epochs=5, seed=0,
+                      best_metric="train/loss", best_mode="max", early_stopping_patience=1, output_dir=str(tmp_path),
+                      progress_bar=False)
+    history = trainer.train()
+    assert [row["epoch"] for row in history.epochs] == [0, 1]
+    assert trainer.last_run_iter == 15
+
+
+def test_best_metric_on_a_training_scalar_of_a_stream_is_read_every_eval_period(tmp_path):
+    with pytest.raises(ValueError) as error:
+        Trainer(mlp(), "sgd", _generator(), lr=0.1, loss_fn=CE, max_iter=8, best_metric="train/loss",
+                output_dir=str(tmp_path / "refused"))
+    assert str(error.value) == (
+        "best_metric='train/loss' is a training scalar, read without an eval_loader every eval_period iterations "
+        "(default: each epoch), and this train_loader has no length (no epochs): give eval_period"
+    )
+    assert not (tmp_path / "refused").exists()
+    trainer = Trainer(mlp(), "sgd", _generator(), lr=0.1, loss_fn=CE, max_iter=8, best_metric="train/loss",
+                      eval_period=4, output_dir=str(tmp_path / "run"), progress_bar=False)
+    losses = dict(trainer.train().iterations["total_loss"])
+    saved = torch.load(tmp_path / "run" / "model_best.pth", weights_only=False)
+    assert saved["iteration"] == min((3, 7), key=lambda i: losses[i])
+
+
 # ---------------------------------------------------------------------- the table
 def _generator():
     return (b for b in DataLoader(classification(), batch_size=32))
@@ -327,6 +381,7 @@ def _generator():
 #: where the need does not hold (``_model``, ``_optimizer``, ``_data`` replace
 #: the positional ones).
 CASES = {
+    ("metrics", "an evaluation set"): dict(metrics=["accuracy"]),
     ("scheduler", "the optimizer trained"): dict(
         scheduler=torch.optim.lr_scheduler.StepLR(torch.optim.SGD(mlp().parameters(), lr=0.1), 2)),
     ("max_epochs", "epochs"): dict(_data=_generator, max_iter=None, max_epochs=1),
@@ -361,6 +416,7 @@ CASES = {
     ("max_to_keep", "periodic checkpoints"): dict(_output_dir=True, checkpoint_period=0, max_to_keep=2),
     ("ema_decay", "not FSDP"): dict(ddp="fsdp", ema_decay=0.9),
     ("best_metric", "an evaluation set"): dict(best_metric="accuracy"),
+    ("best_metric", "a period to read it"): dict(_data=_generator, best_metric="train/loss", _output_dir=True),
     ("best_metric", "output_dir"): dict(best_metric="accuracy", metrics=["accuracy"],
                                         eval_loader=DataLoader(classification(16), batch_size=8)),
     ("best_mode", "a watched metric"): dict(best_mode="max"),
@@ -376,7 +432,6 @@ CASES = {
 ALWAYS_ACTS = {
     "loss_fn": "the loss of training and evaluation (a compute_loss override may call it)",
     "eval_loader": "evaluated every eval_period and at the end",
-    "metrics": "what evaluation computes, evaluate(loader) included",
     "max_iter": "the run length",
     "hooks": "registered",
     "output_dir": "the run's folder",
