@@ -115,6 +115,27 @@ def test_early_stopping_on_the_best_metric():
     assert trainer.stop_reason is not None and "loss" in trainer.stop_reason
 
 
+def test_train_epoch_after_early_stopping_says_early_stopping_ended_the_run():
+    """It said "every iteration of the run (max_iter=160) has been trained", after 3 of 20 epochs."""
+
+    class Flat(nn.Module):  # never improves
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(1))
+
+        def forward(self, x):
+            return torch.zeros(len(x), 2) + 0 * self.w
+
+    trainer = make(model=Flat(), eval_loader=classification(64, seed=1), max_epochs=20, early_stopping_patience=2)
+    trainer.train()
+    with pytest.raises(RuntimeError) as error:
+        trainer.train_epoch()
+    message = str(error.value)
+    assert message.startswith("train_epoch(): the run was stopped at epoch 2 (iteration 23 of max_iter=160) by early "
+                              "stopping: loss has not improved by more than 0.0 for 2 evaluation(s); best 0.69")
+    assert message.endswith(" at iteration 7; build a new Trainer to train more") and "\n" not in message
+
+
 def test_evaluate_a_loader_without_metrics_reports_the_loss_over_it():
     """No eval_loader, no metrics: evaluate(loader) is the loss per sample over
     the loader (a short last batch counts for what it holds), not a refusal."""
@@ -505,6 +526,25 @@ def test_resume_from_a_given_checkpoint(tmp_path):
     a = torch.load(tmp_path / "a" / "model_final.pth", weights_only=True)["model"]
     b = torch.load(tmp_path / "b" / "model_final.pth", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_from_a_folder_names_the_checkpoint_file_to_give(tmp_path):
+    """It said the checkpoint was "truncated or corrupt: IsADirectoryError"."""
+    from treadle.checkpoint import CheckpointError
+
+    make(max_iter=8, output_dir=str(tmp_path / "a")).train()
+    trainer = make(max_iter=8, output_dir=str(tmp_path / "b"))
+    with pytest.raises(CheckpointError) as error:
+        trainer.train(resume=str(tmp_path / "a"))
+    assert str(error.value) == (
+        f"'{tmp_path / 'a'}' is a run folder, not a checkpoint file: give the checkpoint file inside it "
+        f"('{tmp_path / 'a' / 'model_final.pth'}' is its last), or resume the run from its folder (resume=True "
+        "with it as the output folder)"
+    )
+    assert not (tmp_path / "b").exists()  # refused before the run's folder is claimed
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match=r"is a folder, not a checkpoint file .*: give a checkpoint file \(\.pth\)$"):
+        trainer.load_checkpoint(str(tmp_path / "empty"))
 
 
 def test_save_and_load_checkpoint_without_an_output_dir(tmp_path):

@@ -284,7 +284,7 @@ def _text(rows):
     return ["".join(chr(97 + t % 26) for t in row.tolist()) for row in rows]
 
 
-def test_evaluate_with_generate_on_a_decoder_only_model_computes_no_forward_loss_it_was_not_asked_for():
+def test_evaluate_with_generate_on_a_decoder_only_model_computes_no_forward_loss_it_was_not_asked_for(tmp_path):
     """eval_step computed the forward loss on the continuation labels and failed with torch's
     "Expected input batch_size (...) to match target batch_size (...)"."""
     cer = ("cer", {"decode": lambda out: _text(out[:, 4:]), "decode_targets": _text})
@@ -296,10 +296,14 @@ def test_evaluate_with_generate_on_a_decoder_only_model_computes_no_forward_loss
     step = trainer.eval_step(batch)
     assert set(step) == {"cer"} and 0 <= step["cer"] <= 1
     assert set(trainer.evaluate()) == {"cer"}
-    asking = Trainer(tiny_gpt2(), "adamw", CountingTokens(16), batch_size=8, lr=1e-3, eval_loader=Continuations(),
-                     eval_batch_size=4, metrics=[cer, "loss"], evaluate_with_generate=generate, max_iter=1)
+    # Asked for, the forward loss is refused when the Trainer is built (it was at the first evaluation, after
+    # training), and nothing is written.
+    out = tmp_path / "run"
     with pytest.raises(ValueError) as error:
-        asking.evaluate()
+        Trainer(tiny_gpt2(), "adamw", CountingTokens(16), batch_size=8, lr=1e-3, eval_loader=Continuations(),
+                eval_batch_size=4, metrics=[cer, "loss"], evaluate_with_generate=generate, max_iter=1,
+                output_dir=str(out))
+    assert not out.exists()
     message = str(error.value)
     assert "\n" not in message
     assert message.startswith("the evaluation 'loss' is the model's forward loss on the batch (input_ids (4, 4), "

@@ -278,6 +278,7 @@ class Trainer(TrainerBase):
             generate=(dict(generate) if isinstance(generate, dict) else {}) if generate else None,
         )
         evaluator = evaluation.build_evaluator() if self.eval_loader is not None else None
+        evaluation.check_forward_loss(self.eval_loader, self.device)
         self.evaluator = evaluation.with_loss_for_early_stopping(evaluator, s.best_metric, s.early_stopping_patience)
         return evaluation
 
@@ -368,6 +369,11 @@ class Trainer(TrainerBase):
         if not self.epoch_length:
             raise ValueError("train_epoch() needs data with a length (the epoch length is not known)")
         start = self.last_run_iter + 1
+        if start < self.max_iter and self._trained and not self._paused and self.stop_reason is not None:
+            raise RuntimeError(
+                f"train_epoch(): the run was stopped at epoch {self.last_run_iter // self.epoch_length} (iteration "
+                f"{self.last_run_iter} of max_iter={self.max_iter}) by {self.stop_reason}; build a new Trainer to train more"
+            )
         if start >= self.max_iter or (self._trained and not self._paused):
             raise RuntimeError(f"train_epoch(): every iteration of the run (max_iter={self.max_iter}) has been trained")
         self._pause_after_epoch = start // self.epoch_length

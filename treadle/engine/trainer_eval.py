@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
@@ -28,6 +28,8 @@ from treadle.evaluation import known_metric_mode, metric_mode
 from treadle.evaluation.batch import move_to_device
 from treadle.evaluation.inference import inference_context
 from treadle.evaluation.loss import LossEvaluator
+from treadle.utils import comm
+from treadle.utils.rng import get_rng_state, set_rng_state
 
 __all__ = ["TrainerEvaluation", "watches_training", "EVAL_PREFIXES", "TRAIN_PREFIXES"]
 
@@ -142,6 +144,26 @@ class TrainerEvaluation:
                 f"batch does not allow ({type(e).__name__}: {first}); with evaluate_with_generate, leave 'loss' "
                 "out of metrics where the labels are the text to generate rather than the inputs' next tokens"
             ) from e
+
+    def check_forward_loss(self, loader: Optional[Iterable[Any]], device: torch.device) -> None:
+        """Where the forward generates and ``metrics`` ask for the ``loss``,
+        computes it on ``loader``'s first batch when the ``Trainer`` is built,
+        so that a batch that does not allow it is refused then, not at the
+        first evaluation after training. The random states are kept (a
+        ``DataLoader`` draws its seed); a one-pass iterator is not read, nor
+        is anything on several processes (a forward there may need them all)."""
+        if self.generate is None or "loss" not in self.metric_names() or loader is None:
+            return
+        if isinstance(loader, Iterator) or comm.get_world_size() > 1:
+            return
+        state = get_rng_state()
+        try:
+            batch = next(iter(loader), None)
+            if batch is not None:
+                with torch.no_grad(), inference_context(self.model):
+                    self._forward_loss(move_to_device(batch, device))
+        finally:
+            set_rng_state(state)
 
     def evaluate(self, loader: Iterable[Any], evaluator: Any, device: torch.device) -> Dict[str, Any]:
         """The metrics over ``loader``."""
