@@ -520,8 +520,9 @@ class Checkpointer:
         check_checkpoint_file(path, self.path_manager)
 
     def _refuse_a_folder(self, path: str) -> None:
-        # torch would say "IsADirectoryError", read as a truncated file.
-        if self.path_manager.isdir(path):
+        # torch would say "IsADirectoryError", read as a truncated file. (A remote
+        # path's handler may not answer isdir: the load then says what it says.)
+        if is_local_path(path, self.path_manager) and os.path.isdir(path):
             raise CheckpointError(_folder_given_for_a_file(path, self.path_manager))
 
     def _is_dcp(self, path: str) -> bool:

@@ -83,7 +83,8 @@ class Trainer(TrainerBase):
         eval_loader: batches, or a dataset batched by ``eval_batch_size``,
             evaluated every ``eval_period`` iterations and at the end.
         metrics: what evaluation computes (default ``["loss"]``): names, ``(name,
-            options)``, torchmetrics objects or ``DatasetEvaluator``s.
+            options)``, torchmetrics objects or ``DatasetEvaluator``s (without an
+            ``eval_loader``, only ``evaluate(loader)``'s, with a warning).
         max_iter, max_epochs: the run length; with both, whichever comes first.
         scheduler: a torch scheduler (on this optimizer), a ``ParamScheduler``, a factory
             ``(optimizer[, max_iter])``, ``"cosine"``, ``"linear"``, ``"step"``,
@@ -117,7 +118,8 @@ class Trainer(TrainerBase):
         max_to_keep: periodic checkpoints kept.
         ema_decay: keep an EMA of the weights and evaluate with it.
         best_metric: save ``model_best.pth`` when this result improves (``"eval/"``,
-            ``"eval_"``... accepted; ``"train/..."`` names a training scalar).
+            ``"eval_"``... accepted; ``"train/..."`` names a training scalar, which needs no
+            ``eval_loader``: read every ``eval_period``, by default each epoch).
         best_mode: ``"min"``/``"max"``, against the direction inferred.
         early_stopping_patience: stop after that many evaluations without
             improvement of ``best_metric`` (or of the evaluation ``loss``).
