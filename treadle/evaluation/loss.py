@@ -58,12 +58,13 @@ def _outputs_and_targets(model: Callable[..., Any], batch: Any, target_key: str 
     """A batch's model outputs and targets, for a ``loss_fn``: ``model(inputs)``
     and ``targets`` of an ``(inputs, targets)`` pair; the model's output for
     the mapping without ``target_key`` (``model(**inputs)``) and ``batch[target_key]``."""
-    if isinstance(batch, (tuple, list)) and len(batch) == 2 and not (
-        isinstance(batch[0], abc.Mapping) and isinstance(batch[1], abc.Mapping)
+    if isinstance(batch, (tuple, list)) and len(batch) == 2 and (
+        isinstance(batch[0], torch.Tensor) or not (isinstance(batch[0], abc.Mapping) and isinstance(batch[1], abc.Mapping))
     ):
-        # forward_batch's pair rule, written out (two per-sample dicts are no pair there either):
-        # through forward_batch and get_targets a step made 21 more calls (benchmarks/peers.py
-        # --calls, treadle-bare 314.5 against 293.5 per iteration) and took ~4 µs more (--interleaved).
+        # forward_batch's pair rule, written out (two per-sample dicts are no pair there either;
+        # tensor inputs are told first, in C: an ABC isinstance is a Python call): through
+        # forward_batch and get_targets a step made 21 more calls (benchmarks/peers.py --calls,
+        # treadle-bare 314.5 against 293.5 per iteration) and took ~4 µs more (--interleaved).
         inputs, targets = batch
         return model(inputs), targets
     if isinstance(batch, abc.Mapping):
