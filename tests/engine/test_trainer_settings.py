@@ -312,6 +312,21 @@ def test_evaluate_with_generate_on_a_decoder_only_model_computes_no_forward_loss
                             "the inputs' next tokens")
 
 
+def test_the_forward_loss_tried_when_the_trainer_is_built_leaves_the_random_states_as_they_were():
+    """The check reads one evaluation batch (a DataLoader draws its seed) and runs the model once."""
+    cer = ("cer", {"decode": lambda out: _text(out[:, 4:]), "decode_targets": _text})
+    generate = {"max_new_tokens": 3, "do_sample": False, "pad_token_id": 0}
+    draws = []
+    for metrics in ([cer], [cer, "loss"]):
+        model = tiny_gpt2()
+        torch.manual_seed(1)
+        trainer = Trainer(model, "adamw", CountingTokens(16), batch_size=8, lr=1e-3, metrics=metrics, max_iter=1,
+                          eval_loader=DataLoader(CountingTokens(8), batch_size=4), evaluate_with_generate=generate)
+        draws.append(torch.rand(3))
+    assert torch.equal(draws[0], draws[1])
+    assert trainer.evaluation.metric_names() == ["cer", "loss"]
+
+
 def test_evaluate_without_a_loss_fn_explains_a_model_that_returns_predictions():
     """Training explained it; evaluate() gave torch's "linear(): argument 'input' ... must be Tensor, not list"."""
     trainer = Trainer(mlp(), "sgd", classification(), batch_size=32, lr=0.1, max_iter=1)
