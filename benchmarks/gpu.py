@@ -93,6 +93,21 @@ class StampedBatches:
         return self.events[self.first].elapsed_time(self.events[self.last]) / (self.last - self.first)
 
 
+class ReadyBatches:
+    """A ``StampedBatches`` as treadle's ``Trainer`` takes ready batches: an
+    iterable with a length that is not a sequence (a sequence is a dataset of
+    samples to it, as to torch's ``DataLoader``). The same batches, in order."""
+
+    def __init__(self, batches: StampedBatches) -> None:
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        return iter(self.batches)
+
+
 class Workload:
     def __init__(self, size: str, iters: int, device: str = "cuda") -> None:
         self.width, batch = SIZES[size]
@@ -226,8 +241,9 @@ def run_treadle_trainer(work: Workload, folder: str) -> Run:
     from treadle.engine import Trainer
 
     model, optimizer = work.fresh()
-    trainer = Trainer(model, optimizer, work.data, loss_fn=F.cross_entropy, max_iter=work.iters, log_period=WRITE_PERIOD,
-                      output_dir=os.path.join(folder, "trainer"), device=work.device.type, progress_bar=False)
+    trainer = Trainer(model, optimizer, ReadyBatches(work.data), loss_fn=F.cross_entropy, max_iter=work.iters,
+                      log_period=WRITE_PERIOD, output_dir=os.path.join(folder, "trainer"), device=work.device.type,
+                      progress_bar=False)
     return model, trainer.train
 
 

@@ -12,7 +12,7 @@ import treadle.engine, treadle.events, treadle.hooks
 from treadle.engine import Trainer
 model = nn.Linear(4, 2)
 data = [(torch.randn(8, 4), torch.randint(0, 2, (8,))) for _ in range(6)]
-Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), data, loss_fn=F.cross_entropy, max_iter=6,
+Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), iter(data), loss_fn=F.cross_entropy, max_iter=6,
         output_dir=sys.argv[1], device="cpu", progress_bar=False).train()
 print("IMPORTED:", *[name for name in ("omegaconf", "yaml", "fvcore.nn") if name in sys.modules])
 """

@@ -149,6 +149,21 @@ def test_loss_fn_needs_input_target_pairs():
         TrainerBase(step).train(0, 1)
 
 
+@pytest.mark.parametrize("step_class", [EagerStep, CompiledStep])
+def test_a_fourth_positional_argument_names_grad_accum_steps(step_class):
+    """LiBai's EagerTrainer(model, data_loader, optimizer, grad_acc_steps) written for a step got
+    Python's "takes 4 positional arguments but 5 were given"."""
+    model = make_model()
+    with pytest.raises(TypeError) as error:
+        step_class(model, [], torch.optim.SGD(model.parameters(), lr=0.1), 4)
+    name = step_class.__name__
+    assert str(error.value) == (
+        f"{name}(model, data_loader, optimizer, *, ...) takes 3 positional arguments and 4 were given: the rest are "
+        f"keyword-only (LiBai's EagerTrainer(model, data_loader, optimizer, grad_acc_steps) is {name}(model, "
+        "data_loader, optimizer, grad_accum_steps=4))"
+    )
+
+
 def test_grad_accumulation_equals_one_big_batch():
     small = regression_data(n_batches=12, batch=4, seed=1)
     big = [(torch.cat([small[i][0], small[i + 1][0], small[i + 2][0]]), torch.cat([small[i][1], small[i + 1][1], small[i + 2][1]])) for i in range(0, 12, 3)]

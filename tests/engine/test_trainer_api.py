@@ -115,6 +115,27 @@ def test_early_stopping_on_the_best_metric():
     assert trainer.stop_reason is not None and "loss" in trainer.stop_reason
 
 
+def test_train_epoch_after_early_stopping_says_early_stopping_ended_the_run():
+    """It said "every iteration of the run (max_iter=160) has been trained", after 3 of 20 epochs."""
+
+    class Flat(nn.Module):  # never improves
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(1))
+
+        def forward(self, x):
+            return torch.zeros(len(x), 2) + 0 * self.w
+
+    trainer = make(model=Flat(), eval_loader=classification(64, seed=1), max_epochs=20, early_stopping_patience=2)
+    trainer.train()
+    with pytest.raises(RuntimeError) as error:
+        trainer.train_epoch()
+    message = str(error.value)
+    assert message.startswith("train_epoch(): the run was stopped at epoch 2 (iteration 23 of max_iter=160) by early "
+                              "stopping: loss has not improved by more than 0.0 for 2 evaluation(s); best 0.69")
+    assert message.endswith(" at iteration 7; build a new Trainer to train more") and "\n" not in message
+
+
 def test_evaluate_a_loader_without_metrics_reports_the_loss_over_it():
     """No eval_loader, no metrics: evaluate(loader) is the loss per sample over
     the loader (a short last batch counts for what it holds), not a refusal."""
@@ -262,16 +283,17 @@ def test_datasets_with_shuffle_collate_fn_and_eval_batch_size():
 def test_a_list_of_examples_is_an_eval_dataset_and_eval_batch_size_with_batches_is_refused(tmp_path):
     """A list of examples is a dataset, as torch's DataLoader takes it: batched
     by eval_batch_size (it used to be taken as a list of one-example batches).
-    A list of batches is taken as its batches; a batch size given for it
-    would be ignored, so it is refused before anything is written."""
+    Ready batches (a DataLoader) are taken as they are; a batch size given for
+    them would be ignored, so it is refused before anything is written."""
     examples = [classification(12, seed=1)[i] for i in range(12)]
     trainer = make(eval_loader=examples, eval_batch_size=4, metrics=["accuracy", "loss"], max_iter=2)
     by_loader = trainer.evaluate(torch.utils.data.DataLoader(classification(12, seed=1), batch_size=4))
     assert [len(b[0]) for b in trainer.eval_loader] == [4, 4, 4]
     assert trainer.evaluate() == pytest.approx(by_loader)
-    batches = [tuple(torch.stack(t) for t in zip(*examples[i:i + 4])) for i in range(0, 12, 4)]
+    batches = torch.utils.data.DataLoader(
+        [tuple(torch.stack(t) for t in zip(*examples[i:i + 4])) for i in range(0, 12, 4)], batch_size=None)
     out = tmp_path / "run"
-    with pytest.raises(ValueError, match=r"eval_batch_size is for a dataset; this eval_loader \(list\) is taken as its own batches"):
+    with pytest.raises(ValueError, match=r"eval_batch_size is for a dataset; this eval_loader \(DataLoader\) is taken as its own batches"):
         make(eval_loader=batches, eval_batch_size=4, max_iter=2, output_dir=str(out))
     assert not out.exists()
     # Batches made by the user stay welcome, with or without the training batch_size.
@@ -323,25 +345,28 @@ def test_bad_numbers_are_named_by_the_trainers_own_argument(tmp_path, options, m
     assert not out.exists()
 
 
-def test_a_sequence_of_batches_without_iter_is_a_train_loader_and_anything_else_is_refused():
+def test_a_sequence_without_iter_is_a_dataset_as_torch_takes_it_and_anything_else_is_refused():
     """Python iterates an object with __getitem__ and __len__ alone (the
-    sequence protocol); the Trainer must take it as it takes a list."""
+    sequence protocol), and torch's DataLoader takes it for a map-style
+    dataset: the Trainer takes it as it takes a list, batched by batch_size."""
     torch.manual_seed(0)
-    batches = [(torch.randn(8, 6), torch.randint(0, 2, (8,))) for _ in range(4)]
+    samples = [(torch.randn(6), torch.randint(0, 2, ())) for _ in range(32)]
 
-    class Batches:
+    class Samples:
         def __len__(self):
-            return len(batches)
+            return len(samples)
 
         def __getitem__(self, i):
-            return batches[i]
+            return samples[i]
 
     model = nn.Linear(6, 2)
-    trainer = Trainer(model, "sgd", Batches(), loss_fn=nn.functional.cross_entropy, lr=0.1, max_epochs=2,
-                      device="cpu", progress_bar=False)
+    trainer = Trainer(model, "sgd", Samples(), batch_size=8, loss_fn=nn.functional.cross_entropy, lr=0.1,
+                      max_epochs=2, device="cpu", progress_bar=False)
     assert trainer.max_iter == 8
     trainer.train()
     assert len(trainer.history.epochs) == 2
+    with pytest.raises(ValueError, match=r"^train_loader is a Samples of samples \(\(Tensor\[6\], Tensor\[\]\) each\): give batch_size="):
+        Trainer(nn.Linear(6, 2), "sgd", Samples(), loss_fn=nn.functional.cross_entropy, lr=0.1, max_iter=2, device="cpu")
     with pytest.raises(TypeError, match="train_loader must be an iterable of batches or a dataset, got int"):
         Trainer(nn.Linear(6, 2), "sgd", 3, loss_fn=nn.functional.cross_entropy, lr=0.1, max_iter=2, device="cpu")
 
@@ -501,6 +526,25 @@ def test_resume_from_a_given_checkpoint(tmp_path):
     a = torch.load(tmp_path / "a" / "model_final.pth", weights_only=True)["model"]
     b = torch.load(tmp_path / "b" / "model_final.pth", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_from_a_folder_names_the_checkpoint_file_to_give(tmp_path):
+    """It said the checkpoint was "truncated or corrupt: IsADirectoryError"."""
+    from treadle.checkpoint import CheckpointError
+
+    make(max_iter=8, output_dir=str(tmp_path / "a")).train()
+    trainer = make(max_iter=8, output_dir=str(tmp_path / "b"))
+    with pytest.raises(CheckpointError) as error:
+        trainer.train(resume=str(tmp_path / "a"))
+    assert str(error.value) == (
+        f"'{tmp_path / 'a'}' is a run folder, not a checkpoint file: give the checkpoint file inside it "
+        f"('{tmp_path / 'a' / 'model_final.pth'}' is its last), or resume the run from its folder (resume=True "
+        "with it as the output folder)"
+    )
+    assert not (tmp_path / "b").exists()  # refused before the run's folder is claimed
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match=r"is a folder, not a checkpoint file .*: give a checkpoint file \(\.pth\)$"):
+        trainer.load_checkpoint(str(tmp_path / "empty"))
 
 
 def test_save_and_load_checkpoint_without_an_output_dir(tmp_path):

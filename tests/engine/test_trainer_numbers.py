@@ -174,7 +174,7 @@ def test_trainer_clip_grad_value_updates_as_clip_grad_value_by_hand():
     unclipped = mlp()
     _clipped_by_value_by_hand(unclipped, torch.optim.SGD(unclipped.parameters(), lr=0.1, momentum=0.9), batches, 1e9)
     model = mlp()
-    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), batches,
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), iter(batches),
                       loss_fn=nn.functional.cross_entropy, max_iter=len(batches), clip_grad_value=0.01,
                       loggers=(), progress_bar=False)
     trainer.train()
@@ -186,7 +186,7 @@ def test_trainer_clip_grad_value_updates_as_clip_grad_value_by_hand():
 @pytest.mark.parametrize("value", [0, -0.5, "0.01"])
 def test_trainer_refuses_a_bad_clip_grad_value_in_one_line(value):
     with pytest.raises(ValueError, match=r"^clip_grad_value must be a positive number or None, got "):
-        Trainer(mlp(), "sgd", _batches(), lr=0.1, loss_fn=nn.functional.cross_entropy, max_iter=2,
+        Trainer(mlp(), "sgd", iter(_batches()), lr=0.1, loss_fn=nn.functional.cross_entropy, max_iter=2,
                 clip_grad_value=value, loggers=(), progress_bar=False)
 
 

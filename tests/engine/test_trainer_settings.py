@@ -34,7 +34,7 @@ def warnings_of(caplog):
 def test_sgd_by_name_trains_bit_identically_to_torch_sgd_by_hand(treadle_caplog):
     """Hezar's "sgd", a hand-written loop and torch mean momentum 0 (it was 0.9)."""
     batches = list(DataLoader(classification(), batch_size=32))
-    trainer = Trainer(mlp(), "sgd", batches, lr=0.1, loss_fn=CE, max_iter=8, progress_bar=False)
+    trainer = Trainer(mlp(), "sgd", iter(batches), lr=0.1, loss_fn=CE, max_iter=8, progress_bar=False)
     trainer.train()
     by_hand = mlp()
     optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.1)
@@ -48,7 +48,7 @@ def test_sgd_by_name_trains_bit_identically_to_torch_sgd_by_hand(treadle_caplog)
 
 def test_a_name_with_options_is_torchs_class_with_them():
     batches = list(DataLoader(classification(), batch_size=32))
-    trainer = Trainer(mlp(), ("sgd", {"momentum": 0.9, "nesterov": True}), batches, lr=0.1, loss_fn=CE, max_iter=8,
+    trainer = Trainer(mlp(), ("sgd", {"momentum": 0.9, "nesterov": True}), iter(batches), lr=0.1, loss_fn=CE, max_iter=8,
                       progress_bar=False)
     trainer.train()
     by_hand = mlp()
@@ -59,9 +59,9 @@ def test_a_name_with_options_is_torchs_class_with_them():
         optimizer.step()
     assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), by_hand.parameters()))
     with pytest.raises(ValueError, match=r"^optimizer='adamw': torch.optim.AdamW takes no option 'momentum'$"):
-        Trainer(mlp(), ("adamw", {"momentum": 0.9}), batches, lr=0.1, loss_fn=CE, max_iter=1)
+        Trainer(mlp(), ("adamw", {"momentum": 0.9}), iter(batches), lr=0.1, loss_fn=CE, max_iter=1)
     with pytest.raises(ValueError, match=r"^lr is given twice"):
-        Trainer(mlp(), ("adamw", {"lr": 0.1}), batches, lr=0.1, loss_fn=CE, max_iter=1)
+        Trainer(mlp(), ("adamw", {"lr": 0.1}), iter(batches), lr=0.1, loss_fn=CE, max_iter=1)
 
 
 def test_treadles_own_optimizer_default_is_logged_and_can_be_turned_off(treadle_caplog):
@@ -115,7 +115,8 @@ def test_a_list_of_samples_without_a_batch_size_is_refused_in_one_line(tmp_path)
         Trainer(mlp(), "sgd", pairs(), lr=0.1, loss_fn=CE, max_epochs=1, output_dir=str(out))
     assert str(error.value) == (
         "train_loader is a list of samples ((Tensor[6], Tensor[]) each): give batch_size=... (per process) or "
-        "total_batch_size=... (over all processes) to batch it (or pass a DataLoader)"
+        "total_batch_size=... (over all processes) to batch it; ready-made batches come as a DataLoader "
+        "(DataLoader(batches, batch_size=None) for a list of them) or an iterable that is not a list (a generator)"
     )
     assert not out.exists()
     dicts = [{"input_ids": ids, "labels": ids} for ids in CountingTokens(8).ids]
@@ -132,6 +133,61 @@ def test_a_list_of_samples_with_a_batch_size_trains_as_the_same_dataset_does():
     from_list.train()
     from_dataset.train()
     assert all(torch.equal(p, q) for p, q in zip(from_list.model.parameters(), from_dataset.model.parameters()))
+
+
+def _train_counting(trainer):
+    """Trains; returns the input shapes the model saw and the optimizer's updates."""
+    shapes, updates = [], []
+    trainer.model.register_forward_hook(lambda module, inputs, output: shapes.append(tuple(inputs[0].shape)))
+    trainer.optimizer.register_step_post_hook(lambda optimizer, args, kwargs: updates.append(1))
+    trainer.train()
+    return shapes, len(updates)
+
+
+def test_a_list_of_per_token_samples_is_batched_by_batch_size():
+    """Samples (x[5, 8], y[5]) share a first dimension: the shape rule took
+    the list for ready batches (one sample per update), and refused batch_size."""
+    g = torch.Generator().manual_seed(0)
+    tags = [(torch.randn(5, 8, generator=g), torch.randint(0, 3, (5,), generator=g)) for _ in range(20)]
+    torch.manual_seed(0)
+    trainer = Trainer(nn.Linear(8, 3), "sgd", tags, batch_size=4, lr=0.1, max_epochs=2, progress_bar=False,
+                      loss_fn=lambda out, y: CE(out.flatten(0, 1), y.flatten()))
+    assert trainer.epoch_length == 5
+    shapes, updates = _train_counting(trainer)
+    assert shapes == [(4, 5, 8)] * 10 and updates == 10
+
+
+def test_a_list_of_images_and_masks_is_batched_by_batch_size():
+    g = torch.Generator().manual_seed(0)
+    pairs_ = [(torch.randn(1, 8, 8, generator=g), (torch.rand(1, 8, 8, generator=g) > 0.5).float())
+              for _ in range(12)]
+    torch.manual_seed(0)
+    trainer = Trainer(nn.Conv2d(1, 1, 3, padding=1), "sgd", pairs_, batch_size=3, lr=0.1, max_epochs=1,
+                      loss_fn=nn.functional.binary_cross_entropy_with_logits, progress_bar=False)
+    shapes, updates = _train_counting(trainer)
+    assert shapes == [(3, 1, 8, 8)] * 4 and updates == 4
+
+
+def test_a_list_is_a_dataset_whatever_its_items_and_is_refused_without_a_batch_size(tmp_path):
+    """A list of what look like batches is samples too, as torch's DataLoader
+    takes it; the line says how ready batches are given."""
+    out = tmp_path / "run"
+    tags = [(torch.randn(5, 8), torch.randint(0, 3, (5,))) for _ in range(4)]
+    with pytest.raises(ValueError) as error:
+        Trainer(nn.Linear(8, 3), "sgd", tags, lr=0.1, loss_fn=CE, max_iter=2, output_dir=str(out))
+    assert str(error.value) == (
+        "train_loader is a list of samples ((Tensor[5, 8], Tensor[5]) each): give batch_size=... (per process) or "
+        "total_batch_size=... (over all processes) to batch it; ready-made batches come as a DataLoader "
+        "(DataLoader(batches, batch_size=None) for a list of them) or an iterable that is not a list (a generator)"
+    )
+    with pytest.raises(ValueError, match=r"^eval_loader is a list of samples \(\(Tensor\[5, 8\], Tensor\[5\]\) each\): "
+                       r"give eval_batch_size=\.\.\. \(or batch_size\) to batch it; ready-made batches come as a DataLoader"):
+        Trainer(nn.Linear(8, 3), "sgd", iter(tags), lr=0.1, loss_fn=CE, max_iter=2, eval_loader=tags)
+    assert not out.exists()
+    # The documented ways to give them as ready batches: each trains one batch per update.
+    for ready in (DataLoader(tags, batch_size=None), iter(tags), (batch for batch in tags)):
+        trainer = Trainer(nn.Linear(8, 3), "sgd", ready, lr=0.1, loss_fn=CE, max_iter=4, progress_bar=False)
+        assert _train_counting(trainer) == ([(5, 8)] * 4, 4)
 
 
 def test_total_batch_size_batches_evaluation_as_batch_size_does():
@@ -204,7 +260,7 @@ def _text(rows):
     return ["".join(chr(97 + t % 26) for t in row.tolist()) for row in rows]
 
 
-def test_evaluate_with_generate_on_a_decoder_only_model_computes_no_forward_loss_it_was_not_asked_for():
+def test_evaluate_with_generate_on_a_decoder_only_model_computes_no_forward_loss_it_was_not_asked_for(tmp_path):
     """eval_step computed the forward loss on the continuation labels and failed with torch's
     "Expected input batch_size (...) to match target batch_size (...)"."""
     cer = ("cer", {"decode": lambda out: _text(out[:, 4:]), "decode_targets": _text})
@@ -216,16 +272,35 @@ def test_evaluate_with_generate_on_a_decoder_only_model_computes_no_forward_loss
     step = trainer.eval_step(batch)
     assert set(step) == {"cer"} and 0 <= step["cer"] <= 1
     assert set(trainer.evaluate()) == {"cer"}
-    asking = Trainer(tiny_gpt2(), "adamw", CountingTokens(16), batch_size=8, lr=1e-3, eval_loader=Continuations(),
-                     eval_batch_size=4, metrics=[cer, "loss"], evaluate_with_generate=generate, max_iter=1)
+    # Asked for, the forward loss is refused when the Trainer is built (it was at the first evaluation, after
+    # training), and nothing is written.
+    out = tmp_path / "run"
     with pytest.raises(ValueError) as error:
-        asking.evaluate()
+        Trainer(tiny_gpt2(), "adamw", CountingTokens(16), batch_size=8, lr=1e-3, eval_loader=Continuations(),
+                eval_batch_size=4, metrics=[cer, "loss"], evaluate_with_generate=generate, max_iter=1,
+                output_dir=str(out))
+    assert not out.exists()
     message = str(error.value)
     assert "\n" not in message
     assert message.startswith("the evaluation 'loss' is the model's forward loss on the batch (input_ids (4, 4), "
                               "attention_mask (4, 4), labels (4, 3)), which this batch does not allow")
     assert message.endswith("leave 'loss' out of metrics where the labels are the text to generate rather than "
                             "the inputs' next tokens")
+
+
+def test_the_forward_loss_tried_when_the_trainer_is_built_leaves_the_random_states_as_they_were():
+    """The check reads one evaluation batch (a DataLoader draws its seed) and runs the model once."""
+    cer = ("cer", {"decode": lambda out: _text(out[:, 4:]), "decode_targets": _text})
+    generate = {"max_new_tokens": 3, "do_sample": False, "pad_token_id": 0}
+    draws = []
+    for metrics in ([cer], [cer, "loss"]):
+        model = tiny_gpt2()
+        torch.manual_seed(1)
+        trainer = Trainer(model, "adamw", CountingTokens(16), batch_size=8, lr=1e-3, metrics=metrics, max_iter=1,
+                          eval_loader=DataLoader(CountingTokens(8), batch_size=4), evaluate_with_generate=generate)
+        draws.append(torch.rand(3))
+    assert torch.equal(draws[0], draws[1])
+    assert trainer.evaluation.metric_names() == ["cer", "loss"]
 
 
 def test_evaluate_without_a_loss_fn_explains_a_model_that_returns_predictions():
@@ -238,6 +313,60 @@ def test_evaluate_without_a_loss_fn_explains_a_model_that_returns_predictions():
     assert str(error.value).endswith("A model that returns predictions needs a loss_fn (train.step.loss_fn in a config)")
 
 
+# ---------------------------------------------------------------------- what needs no evaluation, and what does
+def test_metrics_without_evaluation_data_are_warned_in_one_line_and_act_in_evaluate(treadle_caplog):
+    """They were accepted without a word, and computed nothing during training."""
+    trainer = Trainer(mlp(), "sgd", classification(), batch_size=32, lr=0.1, loss_fn=CE, metrics=["accuracy"],
+                      max_iter=2, progress_bar=False)
+    assert warnings_of(treadle_caplog) == [
+        "metrics=['accuracy'] are computed by evaluation, and no eval_loader is given: they act only in evaluate(loader)"
+    ]
+    trainer.train()
+    assert set(trainer.evaluate(classification(64, seed=1))) == {"accuracy"}
+
+
+@pytest.mark.parametrize("name", ["train.loss", "train/loss", "train_loss"])
+def test_best_metric_on_the_training_loss_needs_no_evaluation_data(name, tmp_path):
+    """It was accepted, then failed at iteration 0: "BestCheckpointer('total_loss') needs an EvalHook registered
+    before it". It is read at each epoch's end: model_best.pth holds the epoch end of the lowest loss."""
+    trainer = Trainer(mlp(), "sgd", classification(), batch_size=32, lr=0.1, loss_fn=CE, max_epochs=4, seed=0,
+                      best_metric=name, output_dir=str(tmp_path), progress_bar=False)
+    history = trainer.train()
+    losses = dict(history.iterations["total_loss"])
+    epoch_ends = [8 * epoch + 7 for epoch in range(4)]
+    best = min(epoch_ends, key=lambda i: losses[i])
+    saved = torch.load(tmp_path / "model_best.pth", weights_only=False)
+    assert saved["iteration"] == best
+    best_hook = next(h for h in trainer.hooks if type(h).__name__ == "BestCheckpointer")
+    assert (best_hook.best_iter, best_hook.best_metric) == (best, pytest.approx(losses[best]))
+
+
+def test_early_stopping_on_a_training_scalar_needs_no_evaluation_data(tmp_path):
+    """best_mode='max' on a falling loss: the second reading is no better, and patience 1 stops the run there."""
+    trainer = Trainer(mlp(), "sgd", classification(), batch_size=32, lr=0.1, loss_fn=CE, max_epochs=5, seed=0,
+                      best_metric="train/loss", best_mode="max", early_stopping_patience=1, output_dir=str(tmp_path),
+                      progress_bar=False)
+    history = trainer.train()
+    assert [row["epoch"] for row in history.epochs] == [0, 1]
+    assert trainer.last_run_iter == 15
+
+
+def test_best_metric_on_a_training_scalar_of_a_stream_is_read_every_eval_period(tmp_path):
+    with pytest.raises(ValueError) as error:
+        Trainer(mlp(), "sgd", _generator(), lr=0.1, loss_fn=CE, max_iter=8, best_metric="train/loss",
+                output_dir=str(tmp_path / "refused"))
+    assert str(error.value) == (
+        "best_metric='train/loss' is a training scalar, read without an eval_loader every eval_period iterations "
+        "(default: each epoch), and this train_loader has no length (no epochs): give eval_period"
+    )
+    assert not (tmp_path / "refused").exists()
+    trainer = Trainer(mlp(), "sgd", _generator(), lr=0.1, loss_fn=CE, max_iter=8, best_metric="train/loss",
+                      eval_period=4, output_dir=str(tmp_path / "run"), progress_bar=False)
+    losses = dict(trainer.train().iterations["total_loss"])
+    saved = torch.load(tmp_path / "run" / "model_best.pth", weights_only=False)
+    assert saved["iteration"] == min((3, 7), key=lambda i: losses[i])
+
+
 # ---------------------------------------------------------------------- the table
 def _generator():
     return (b for b in DataLoader(classification(), batch_size=32))
@@ -247,6 +376,7 @@ def _generator():
 #: where the need does not hold (``_model``, ``_optimizer``, ``_data`` replace
 #: the positional ones).
 CASES = {
+    ("metrics", "an evaluation set"): dict(metrics=["accuracy"]),
     ("scheduler", "the optimizer trained"): dict(
         scheduler=torch.optim.lr_scheduler.StepLR(torch.optim.SGD(mlp().parameters(), lr=0.1), 2)),
     ("max_epochs", "epochs"): dict(_data=_generator, max_iter=None, max_epochs=1),
@@ -281,6 +411,7 @@ CASES = {
     ("max_to_keep", "periodic checkpoints"): dict(_output_dir=True, checkpoint_period=0, max_to_keep=2),
     ("ema_decay", "not FSDP"): dict(ddp="fsdp", ema_decay=0.9),
     ("best_metric", "an evaluation set"): dict(best_metric="accuracy"),
+    ("best_metric", "a period to read it"): dict(_data=_generator, best_metric="train/loss", _output_dir=True),
     ("best_metric", "output_dir"): dict(best_metric="accuracy", metrics=["accuracy"],
                                         eval_loader=DataLoader(classification(16), batch_size=8)),
     ("best_mode", "a watched metric"): dict(best_mode="max"),
@@ -296,7 +427,6 @@ CASES = {
 ALWAYS_ACTS = {
     "loss_fn": "the loss of training and evaluation (a compute_loss override may call it)",
     "eval_loader": "evaluated every eval_period and at the end",
-    "metrics": "what evaluation computes, evaluate(loader) included",
     "max_iter": "the run length",
     "hooks": "registered",
     "output_dir": "the run's folder",

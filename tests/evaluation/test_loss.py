@@ -147,7 +147,7 @@ def test_a_dict_batch_with_a_loss_fn_trains_and_evaluates_to_the_value_computed_
     batches = [{"features": torch.randn(8, 6, generator=g), "labels": torch.randint(0, 3, (8,), generator=g)}
                for _ in range(4)]
     ce = nn.functional.cross_entropy
-    trainer = Trainer(Tagger(), "sgd", batches, lr=0.5, loss_fn=ce, max_iter=4, progress_bar=False, device="cpu")
+    trainer = Trainer(Tagger(), "sgd", iter(batches), lr=0.5, loss_fn=ce, max_iter=4, progress_bar=False, device="cpu")
     trainer.train()
     by_hand = Tagger()
     optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.5)
@@ -158,4 +158,78 @@ def test_a_dict_batch_with_a_loss_fn_trains_and_evaluates_to_the_value_computed_
     assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), by_hand.parameters()))
     with torch.no_grad():
         expected = sum(ce(by_hand(b["features"]), b["labels"], reduction="sum") for b in batches) / 32
-    assert trainer.evaluate(batches)["loss"] == pytest.approx(float(expected), rel=1e-6)
+    ready = torch.utils.data.DataLoader(batches, batch_size=None)  # a list of ready batches
+    assert trainer.evaluate(ready)["loss"] == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_a_dict_batch_with_a_loss_fn_gives_the_model_the_rest_by_name():
+    """Hugging Face's rule for a custom loss: the labels are taken out before the
+    forward. A model with forward(self, x) was given the whole dict (torch's
+    "linear(): argument 'input' ... must be Tensor, not dict")."""
+    from torch import nn
+    from torch.utils.data import DataLoader, default_collate
+
+    from treadle.engine import Trainer
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.linear = nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.linear(x)
+
+    g = torch.Generator().manual_seed(0)
+    samples = [{"x": torch.randn(6, generator=g), "labels": torch.randint(0, 3, (), generator=g)} for _ in range(32)]
+    trainer = Trainer(Net(), "sgd", samples, batch_size=8, shuffle=False, lr=0.5, loss_fn=F.cross_entropy,
+                      eval_loader=samples, max_epochs=2, progress_bar=False, device="cpu")
+    trainer.train()
+    by_hand = Net()
+    optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.5)
+    batches = list(DataLoader(samples, batch_size=8, collate_fn=default_collate))
+    for batch in batches * 2:
+        optimizer.zero_grad()
+        F.cross_entropy(by_hand(batch["x"]), batch["labels"]).backward()
+        optimizer.step()
+    assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), by_hand.parameters()))
+    with torch.no_grad():
+        expected = sum(F.cross_entropy(by_hand(b["x"]), b["labels"], reduction="sum") for b in batches) / 32
+    assert trainer.evaluate()["loss"] == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_a_hugging_face_model_with_a_loss_fn_computes_no_loss_of_its_own():
+    """It was given the labels too, and computed its own loss beside the loss_fn's."""
+    from treadle.engine import Trainer
+
+    from tests.tiny_models import CountingTokens, tiny_gpt2
+
+    def shifted_cross_entropy(outputs, labels):
+        return F.cross_entropy(outputs.logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
+
+    model = tiny_gpt2()
+    calls = []
+    model.register_forward_hook(lambda module, args, kwargs, outputs: calls.append((sorted(kwargs), outputs.loss)),
+                                with_kwargs=True)
+    trainer = Trainer(model, "adamw", CountingTokens(16), batch_size=8, lr=1e-3, loss_fn=shifted_cross_entropy,
+                      eval_loader=CountingTokens(8, seed=1), metrics=["loss", "perplexity"], max_iter=2,
+                      progress_bar=False, device="cpu")
+    trainer.train()
+    results = trainer.evaluate()
+    assert len(calls) == 2 + 2  # two training steps, then the evaluation at the end and evaluate()
+    assert calls[0][0] == ["attention_mask", "input_ids"]
+    assert all(keys == ["attention_mask", "input_ids"] and loss is None for keys, loss in calls)
+    assert results["perplexity"] == pytest.approx(float(torch.tensor(results["loss"]).exp()), rel=1e-4)
+
+
+def test_a_list_of_per_sample_dicts_with_a_loss_fn_is_refused_in_training_as_in_evaluation():
+    """The pair rule: two per-sample dicts are no (inputs, targets) pair, in
+    training as in evaluation (training fed the first dict to the model)."""
+    from treadle.evaluation.loss import forward_loss
+
+    samples = [{"x": torch.randn(6), "labels": torch.tensor(1)}, {"x": torch.randn(6), "labels": torch.tensor(0)}]
+    with pytest.raises(TypeError, match=r"^With loss_fn, each batch must be an \(inputs, targets\) pair or a dict "
+                       r"with its targets under 'labels'; got a list of 2 per-sample dicts"):
+        forward_loss(lambda batch: torch.zeros(2, 3), F.cross_entropy, samples)
+    with pytest.raises(TypeError, match="cannot find targets in a batch of type list"):
+        LossEvaluator(loss_fn=F.cross_entropy).process(samples, torch.zeros(2, 3))

@@ -68,3 +68,14 @@ def test_cuda_asked_for_without_cuda_is_one_line_at_every_entry_point():
         Trainer(nn.Linear(6, 2), "sgd", classification(), batch_size=4, lr=0.1,
                 loss_fn=nn.functional.cross_entropy, max_epochs=1, device="cuda")
     assert str(raised.value) == expected
+
+
+@pytest.mark.parametrize("device, name", [("mps", "MPS"), ("xpu", "xpu")])
+def test_an_unavailable_device_of_any_type_is_one_line_as_cuda_is(device, name, monkeypatch):
+    """device="mps" gave torch's own error from model.to() where "cuda" got treadle's line."""
+    backend = torch.backends.mps if device == "mps" else torch.xpu
+    monkeypatch.setattr(backend, "is_available", lambda: False)
+    with pytest.raises(ValueError) as raised:
+        Trainer(nn.Linear(6, 2), "sgd", classification(), batch_size=4, lr=0.1,
+                loss_fn=nn.functional.cross_entropy, max_epochs=1, device=device)
+    assert str(raised.value) == f"device='{device}' was asked for, but {name} is not available on this machine"

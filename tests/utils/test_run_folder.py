@@ -18,6 +18,7 @@ from typing import Dict
 
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from treadle.engine import Trainer
 from treadle.tools.train_net import _JobSignals, cli
@@ -356,8 +357,8 @@ def test_the_launcher_passes_on_a_signal_that_arrives_while_it_spawns():
 # ---------------------------------------------------------------------- plain Trainer
 def _tiny_trainer(out: Path) -> Trainer:
     torch.manual_seed(0)
-    data = [(torch.randn(4, 3), torch.randint(0, 2, (4,))) for _ in range(5)]
-    return Trainer(torch.nn.Linear(3, 2), "sgd", data, lr=0.1, loss_fn=torch.nn.functional.cross_entropy,
+    data = [(torch.randn(4, 3), torch.randint(0, 2, (4,))) for _ in range(5)]  # ready batches
+    return Trainer(torch.nn.Linear(3, 2), "sgd", DataLoader(data, batch_size=None), lr=0.1, loss_fn=torch.nn.functional.cross_entropy,
                    max_epochs=2, output_dir=str(out), progress_bar=False)
 
 
@@ -540,8 +541,8 @@ def test_trainer_resume_from_a_checkpoint_of_another_model_is_refused_before_loa
     from treadle.checkpoint import CheckpointError
 
     _tiny_trainer(tmp_path / "a").train()
-    data = [(torch.randn(4, 3), torch.randint(0, 2, (4,))) for _ in range(5)]
-    other = Trainer(torch.nn.Linear(3, 5), "sgd", data, lr=0.1, loss_fn=torch.nn.functional.cross_entropy,
+    data = [(torch.randn(4, 3), torch.randint(0, 2, (4,))) for _ in range(5)]  # ready batches
+    other = Trainer(torch.nn.Linear(3, 5), "sgd", DataLoader(data, batch_size=None), lr=0.1, loss_fn=torch.nn.functional.cross_entropy,
                     max_epochs=2, progress_bar=False)
     weights = {k: v.clone() for k, v in other.model.state_dict().items()}
     with pytest.raises(CheckpointError, match=r"2 of different shapes \(weight: checkpoint \(2, 3\), model \(5, 3\)"):

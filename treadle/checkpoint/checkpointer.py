@@ -26,7 +26,13 @@ from .folder import DCP_SUFFIX, POINTER_FILE, RESUME_PATTERN, CheckpointFolder, 
 from .fsdp import full_optimizer_state_dict, is_fsdp_model, load_full_optimizer_state_dict
 from .key_matching import align_by_suffix, extract_model_state, load_model_state, model_state_for_saving, unwrap_model
 from .safetensors_io import is_safetensors_source, load_safetensors_weights, save_safetensors_weights
-from .serialization import CheckpointError, UnsafeCheckpointError, check_weights_only_loadable, load_checkpoint_file
+from .serialization import (
+    CheckpointError,
+    UnsafeCheckpointError,
+    check_checkpoint_file,
+    check_weights_only_loadable,
+    load_checkpoint_file,
+)
 
 __all__ = ["Checkpointer"]
 
@@ -496,8 +502,28 @@ class Checkpointer:
                     "first (tools/convert_checkpoint.py)."
                 )
             return self._restore_dcp(path, names, strict=strict)
+        self._refuse_a_folder(path)
         checkpoint = load_checkpoint_file(path, self.path_manager)
         return self._restore(checkpoint, path, names, strict=strict, matching_heuristics=matching_heuristics)
+
+    def check_file(self, path: str) -> None:
+        """Refuses, without reading it, a ``path`` that :meth:`load` cannot
+        load: missing, unreadable, or a folder that is no checkpoint (a run
+        folder is answered with its last checkpoint's file). For a caller
+        that checks before it writes anything (a resume by path).
+
+        Raises:
+            CheckpointError: naming ``path`` and what to give instead.
+        """
+        if not (is_safetensors_source(path) or self._is_dcp(path)):
+            self._refuse_a_folder(path)
+        check_checkpoint_file(path, self.path_manager)
+
+    def _refuse_a_folder(self, path: str) -> None:
+        # torch would say "IsADirectoryError", read as a truncated file. (A remote
+        # path's handler may not answer isdir: the load then says what it says.)
+        if is_local_path(path, self.path_manager) and os.path.isdir(path):
+            raise CheckpointError(_folder_given_for_a_file(path, self.path_manager))
 
     def _is_dcp(self, path: str) -> bool:
         if is_safetensors_source(path):
@@ -768,3 +794,20 @@ def _split_query(path: str, matching_heuristics: bool) -> Tuple[str, bool]:
     if value not in ("true", "false", "1", "0"):
         raise ValueError(f"matching_heuristics must be True or False in {path!r}, got {value!r}")
     return base, matching_heuristics or value in ("true", "1")
+
+
+def _folder_given_for_a_file(path: str, path_manager: Any) -> str:
+    """Why the folder ``path`` (neither DCP nor safetensors) does not load,
+    and the file to give instead: a run folder's last checkpoint where its
+    ``last_checkpoint`` names one."""
+    last = CheckpointFolder(path, path_manager).pointer_target()
+    if last:
+        return (
+            f"'{path}' is a run folder, not a checkpoint file: give the checkpoint file inside it "
+            f"('{os.path.join(path, last)}' is its last), or resume the run from its folder (resume=True with it "
+            "as the output folder)"
+        )
+    return (
+        f"'{path}' is a folder, not a checkpoint file (nor a torch.distributed.checkpoint directory with a .metadata, "
+        "nor a Hugging Face model folder with model.safetensors): give a checkpoint file (.pth)"
+    )

@@ -107,7 +107,9 @@ def default_hooks(
             (:class:`BestCheckpointer`; ``None``: off).
         stop_metric, stop_patience, stop_min_delta, stop_mode: stop after
             ``stop_patience`` evaluations without improvement of ``stop_metric``
-            (:class:`EarlyStopping`; ``stop_metric=None``: off).
+            (:class:`EarlyStopping`; ``stop_metric=None``: off). Without
+            ``evaluate``, both watch a training scalar (``total_loss``), read
+            every ``eval_period`` iterations.
         epochs, epoch_callbacks: record each epoch's row into ``epochs`` and
             call the callbacks (:class:`EpochHistory`; ``None``: no epochs).
         checkpoint_period, max_to_keep, async_save, export_safetensors: the
@@ -122,6 +124,8 @@ def default_hooks(
             :class:`TrainEvents` (before the evaluation: ``train_epoch_end``
             precedes it) and :class:`RunEvents` (first in the user slot).
     """
+    # No evaluation: the metric watched is a training scalar, read every eval_period iterations.
+    watch_period = None if evaluate is not None else eval_period
     if scheduler is None:
         lr_hook: HookBase = LRMonitor(optimizer)
     else:
@@ -138,8 +142,10 @@ def default_hooks(
         EMA(ema_decay) if ema_decay is not None else None,
         EvalHook(eval_period, evaluate) if evaluate is not None else None,
         # Both read the evaluation's results of the same iteration.
-        BestCheckpointer(eval_period, checkpointer, best_metric, best_mode) if best_metric is not None else None,
-        EarlyStopping(stop_metric, stop_patience or 1, stop_min_delta, stop_mode) if stop_metric is not None else None,
+        BestCheckpointer(eval_period, checkpointer, best_metric, best_mode, period=watch_period)
+        if best_metric is not None else None,
+        EarlyStopping(stop_metric, stop_patience or 1, stop_min_delta, stop_mode, period=watch_period)
+        if stop_metric is not None else None,
         # After the evaluation: the last epoch's row holds the final one.
         EpochHistory(epochs, epoch_callbacks) if epochs is not None else None,
         # After the epoch's evaluation and history (training_run_epoch_end).

@@ -21,7 +21,7 @@ from treadle.checkpoint import Checkpointer, unwrap_model
 from treadle.config import LazyCall, LazyConfig, get_config_file, instantiate
 from treadle.config.top_nodes import step_kind
 from treadle.config.train_keys import train_section, train_setting
-from treadle.evaluation import forward_batch, inference_on_dataset
+from treadle.evaluation import TARGET_KEY, forward_batch, inference_on_dataset
 from treadle.events import get_default_writers
 from treadle.events.tracking import flatten_params
 from treadle.hooks import HookBase
@@ -517,6 +517,7 @@ class DefaultTrainer(TrainerBase):
         evaluator = evaluator if evaluator is not None else cls.build_evaluator(cfg)
         device = next(iter(model.parameters())).device
         # The model is fed as the training step feeds it: a model that computes
-        # its own loss (no train.step.loss_fn) gets the whole batch.
+        # its own loss (no train.step.loss_fn) gets the whole batch; with one, a dict without its labels.
         loss_fn = train_setting(cfg, "step.loss_fn")
-        return inference_on_dataset(model, loader, evaluator, device=device, forward=functools.partial(forward_batch, whole=loss_fn is None))
+        forward = functools.partial(forward_batch, whole=loss_fn is None, target_key=None if loss_fn is None else TARGET_KEY)
+        return inference_on_dataset(model, loader, evaluator, device=device, forward=forward)

@@ -108,6 +108,8 @@ class RunSession:
             self.checkpointer.resume_or_load(init, resume=bool(resume))
             self.claim(resume=bool(resume), move_aside=move_aside)
             return 0
+        if by_path:
+            self.checkpointer.check_file(os.fspath(resume))  # type: ignore[arg-type]  # before the claim writes
         self.claim(resume=True, move_aside=move_aside)
         snapshot = take_hyperparameters(trainer.optimizer, trainer.hooks)
         try:

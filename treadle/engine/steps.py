@@ -9,6 +9,7 @@ writer and checkpoint keeps working.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 import warnings
@@ -34,6 +35,26 @@ logger = logging.getLogger(__name__)
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _NO_CONTEXT = contextlib.nullcontext()
+
+
+def _three_positional(init: Callable[..., None]) -> Callable[..., None]:
+    """A step's ``__init__`` that takes ``model, data_loader, optimizer``
+    positionally, and refuses a fourth in one line naming the keyword: LiBai's
+    ``EagerTrainer(model, data_loader, optimizer, grad_acc_steps)`` written for
+    a step (Python's own "takes 4 positional arguments but 5 were given")."""
+
+    @functools.wraps(init)
+    def checked(self: Any, *args: Any, **kwargs: Any) -> None:
+        if len(args) > 3:
+            name = type(self).__name__
+            raise TypeError(
+                f"{name}(model, data_loader, optimizer, *, ...) takes 3 positional arguments and {len(args)} were "
+                f"given: the rest are keyword-only (LiBai's EagerTrainer(model, data_loader, optimizer, "
+                f"grad_acc_steps) is {name}(model, data_loader, optimizer, grad_accum_steps={args[3]!r}))"
+            )
+        init(self, *args, **kwargs)
+
+    return checked
 
 
 class StepBase:
@@ -121,6 +142,7 @@ class EagerStep(StepBase):
             contract (the same as overriding :meth:`compute_loss`).
     """
 
+    @_three_positional
     def __init__(
         self,
         model: nn.Module,
@@ -467,6 +489,7 @@ class CompiledStep(EagerStep):
         Other arguments: as :class:`EagerStep`.
     """
 
+    @_three_positional
     def __init__(
         self,
         model: nn.Module,

@@ -87,14 +87,15 @@ class Trainer(SeedOverrides, TrainerBase):
         model: the module to train; moved to ``device``.
         optimizer: a torch optimizer, or ``"sgd"``/``"adam"``/``"adamw"``: torch's class with
             torch's defaults (no momentum for sgd), or ``("sgd", {"momentum": 0.9})``.
-        train_loader: batches (a ``DataLoader``, a list of batches, a generator), or a
+        train_loader: batches (a ``DataLoader``, a generator: an iterable that is not a list), or a
             dataset (a torch ``Dataset``, a list of samples) batched by ``batch_size``.
-        loss_fn: ``loss_fn(model(inputs), targets)`` on ``(inputs, targets)`` batches;
-            without it the model returns its loss (``model(**batch)`` for a dict).
+        loss_fn: ``loss_fn(model(inputs), targets)`` on ``(inputs, targets)`` batches, ``loss_fn(model(**inputs),
+            batch["labels"])`` on dicts; without it the model returns its loss (``model(**batch)`` for a dict).
         eval_loader: batches, or a dataset batched by ``eval_batch_size``,
             evaluated every ``eval_period`` iterations and at the end.
         metrics: what evaluation computes (default ``["loss"]``): names, ``(name,
-            options)``, torchmetrics objects or ``DatasetEvaluator``s.
+            options)``, torchmetrics objects or ``DatasetEvaluator``s (without an
+            ``eval_loader``, only ``evaluate(loader)``'s, with a warning).
         max_iter, max_epochs: the run length; with both, whichever comes first.
         scheduler: a torch scheduler (on this optimizer), a ``ParamScheduler``, a factory
             ``(optimizer[, max_iter])``, ``"cosine"``, ``"linear"``, ``"step"``,
@@ -129,7 +130,8 @@ class Trainer(SeedOverrides, TrainerBase):
         max_to_keep: periodic checkpoints kept.
         ema_decay: keep an EMA of the weights and evaluate with it.
         best_metric: save ``model_best.pth`` when this result improves (``"eval/"``,
-            ``"eval_"``... accepted; ``"train/..."`` names a training scalar).
+            ``"eval_"``... accepted; ``"train/..."`` names a training scalar, which needs no
+            ``eval_loader``: read every ``eval_period``, by default each epoch).
         best_mode: ``"min"``/``"max"``, against the direction inferred.
         early_stopping_patience: stop after that many evaluations without
             improvement of ``best_metric`` (or of the evaluation ``loss``).
@@ -312,6 +314,7 @@ class Trainer(SeedOverrides, TrainerBase):
             step_results=self.eval_step if self._overrides("eval_step") else None,
         )
         evaluator = evaluation.build_evaluator() if self.eval_loader is not None else None
+        evaluation.check_forward_loss(self.eval_loader, self.device)
         self.evaluator = evaluation.with_loss_for_early_stopping(evaluator, s.best_metric, s.early_stopping_patience)
         return evaluation
 
@@ -481,6 +484,11 @@ class Trainer(SeedOverrides, TrainerBase):
         if not self.epoch_length:
             raise ValueError("train_epoch() needs data with a length (the epoch length is not known)")
         start = self.last_run_iter + 1
+        if start < self.max_iter and self._trained and not self._paused and self.stop_reason is not None:
+            raise RuntimeError(
+                f"train_epoch(): the run was stopped at epoch {self.last_run_iter // self.epoch_length} (iteration "
+                f"{self.last_run_iter} of max_iter={self.max_iter}) by {self.stop_reason}; build a new Trainer to train more"
+            )
         if start >= self.max_iter or (self._trained and not self._paused):
             raise RuntimeError(f"train_epoch(): every iteration of the run (max_iter={self.max_iter}) has been trained")
         self._pause_after_epoch = start // self.epoch_length

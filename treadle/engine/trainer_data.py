@@ -2,18 +2,20 @@
 
 What the ``Trainer`` is given for ``train_loader`` and ``eval_loader`` is one of:
 
-- a **dataset**: a map-style torch ``Dataset``, or a list (any sequence) of
-  samples (:mod:`treadle.data.samples` tells samples from batches). The
-  ``Trainer`` batches it with treadle's resumable, sharded loaders:
+- a **dataset**: a map-style torch ``Dataset``, or a list (any sequence: an
+  object with ``__len__`` and ``__getitem__``) of samples, whatever their
+  shapes, as torch's ``DataLoader`` takes it (:mod:`treadle.data.samples`).
+  The ``Trainer`` batches it with treadle's resumable, sharded loaders:
   ``batch_size`` per process or ``total_batch_size`` over all processes for
   training; ``eval_batch_size``, else the training batch per process, for
   evaluation. Without a batch size it is refused.
-- **batches**: a ``DataLoader``, a list of batches, any iterable with a
-  length; read as given. On several processes a ``DataLoader`` over a
+- **batches**: a ``DataLoader``, or any iterable with a length that is not a
+  sequence; read as given (``DataLoader(batches, batch_size=None)`` reads a
+  list of ready batches). On several processes a ``DataLoader`` over a
   map-style dataset with a plain sampler is re-batched per process, as
   Lightning replaces the sampler; anything else is read whole by every
   process, with a warning.
-- a **stream**: batches without a length (a generator); no epochs then.
+- a **stream**: batches without a length (a generator, ``iter(batches)``); no epochs then.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 
 from treadle.data import InferenceSampler, TrainLoader, build_test_loader, build_train_loader
-from treadle.data.samples import describe_item, holds_samples
+from treadle.data.samples import describe_item
 from treadle.utils import comm
 
 from .build import loader_batches
@@ -64,7 +66,7 @@ def data_kind(data: Any, name: str = "train_loader") -> str:
     # An object with __getitem__ alone is iterable too (Python's sequence protocol).
     if not (hasattr(data, "__iter__") or hasattr(type(data), "__getitem__")):
         raise TypeError(f"{name} must be an iterable of batches or a dataset, got {type(data).__name__}")
-    if _is_map_dataset(data) or (_is_sequence(data) and holds_samples(data)):
+    if _is_map_dataset(data) or _is_sequence(data):
         return "dataset"
     return "batches" if _has_length(data) else "stream"
 
@@ -72,7 +74,14 @@ def data_kind(data: Any, name: str = "train_loader") -> str:
 def _what(data: Any) -> str:
     if _is_map_dataset(data):
         return "a dataset"
+    if len(data) == 0:
+        return f"an empty {type(data).__name__}"
     return f"a {type(data).__name__} of samples ({describe_item(data[0])} each)"
+
+
+# Said with every refusal of a dataset without a batch size: the list may be batches already.
+_READY_BATCHES = ("; ready-made batches come as a DataLoader (DataLoader(batches, batch_size=None) for a list of them) "
+                  "or an iterable that is not a list (a generator)")
 
 
 def check_batch_sizes(train: Any, evaluation: Any, batch_size: Optional[int], total_batch_size: Optional[int],
@@ -85,10 +94,11 @@ def check_batch_sizes(train: Any, evaluation: Any, batch_size: Optional[int], to
     if data_kind(train) == "dataset" and batch_size is None and total_batch_size is None:
         raise ValueError(
             f"train_loader is {_what(train)}: give batch_size=... (per process) or total_batch_size=... (over all "
-            "processes) to batch it (or pass a DataLoader)"
+            "processes) to batch it" + _READY_BATCHES
         )
     if data_kind(evaluation) == "dataset" and not (eval_batch_size or batch_size or total_batch_size):
-        raise ValueError(f"eval_loader is {_what(evaluation)}: give eval_batch_size=... (or batch_size) to batch it")
+        raise ValueError(f"eval_loader is {_what(evaluation)}: give eval_batch_size=... (or batch_size) to batch it"
+                         + _READY_BATCHES)
 
 
 def as_train_loader(data: Any, batch_size: Optional[int], total_batch_size: Optional[int], *, num_workers: int = 0,

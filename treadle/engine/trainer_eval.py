@@ -5,7 +5,8 @@ One :class:`TrainerEvaluation` serves the ``eval_loader``'s evaluations,
 ``evaluate(loader)`` and ``eval_step(batch)``:
 
 - the batch reaches the model as in training (``model(inputs)`` with a
-  ``loss_fn``, the whole batch without one); with ``evaluate_with_generate``,
+  ``loss_fn``, a dict without its ``"labels"``; the whole batch without
+  one); with ``evaluate_with_generate``,
   ``model.generate(...)`` on the batch's inputs instead;
 - the ``loss`` is computed as training computes it (a subclass's
   ``compute_loss``, else ``loss_fn``, else the model's own); with
@@ -17,16 +18,18 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from treadle.evaluation import build_evaluator, forward_batch, inference_on_dataset
+from treadle.evaluation import TARGET_KEY, build_evaluator, forward_batch, inference_on_dataset
 from treadle.evaluation import known_metric_mode, metric_mode, model_id2label
 from treadle.evaluation.batch import move_to_device
 from treadle.evaluation.inference import inference_context
 from treadle.evaluation.loss import LossEvaluator
+from treadle.utils import comm
+from treadle.utils.rng import get_rng_state, set_rng_state
 
 from .seed_overrides import StepResultsEvaluator
 
@@ -81,6 +84,11 @@ def _generate_forward(model: Any, batch: Any, *, options: Dict[str, Any]) -> Any
     if isinstance(batch, (list, tuple)) and len(batch) == 2:
         return generate(batch[0], **options)
     return generate(batch, **options)
+
+
+def _target_key(loss_fn: Any) -> Optional[str]:
+    """The key a ``loss_fn`` reads its targets from, which the model is not given (the loss contract)."""
+    return None if loss_fn is None else TARGET_KEY
 
 
 def _no_outputs(model: Any, batch: Any) -> None:
@@ -138,7 +146,7 @@ class TrainerEvaluation:
         elif generate is not None:
             self.forward = functools.partial(_generate_forward, options=generate)
         elif compute_loss is None:
-            self.forward = functools.partial(forward_batch, whole=loss_fn is None)
+            self.forward = functools.partial(forward_batch, whole=loss_fn is None, target_key=_target_key(loss_fn))
         else:
             # A compute_loss runs the model itself: only metrics other than the loss need outputs.
             self.forward = _no_outputs if self.metric_names() == ["loss"] else forward_batch
@@ -168,7 +176,7 @@ class TrainerEvaluation:
         forward's, on the same batch, explained in one line where the batch
         does not allow it (a decoder-only model's continuation labels)."""
         try:
-            outputs = forward_batch(self.model, batch, whole=self.loss_fn is None)
+            outputs = forward_batch(self.model, batch, whole=self.loss_fn is None, target_key=_target_key(self.loss_fn))
             return self._training_loss.batch_loss(batch, outputs).mean()
         except (RuntimeError, ValueError, TypeError, IndexError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -177,6 +185,26 @@ class TrainerEvaluation:
                 f"batch does not allow ({type(e).__name__}: {first}); with evaluate_with_generate, leave 'loss' "
                 "out of metrics where the labels are the text to generate rather than the inputs' next tokens"
             ) from e
+
+    def check_forward_loss(self, loader: Optional[Iterable[Any]], device: torch.device) -> None:
+        """Where the forward generates and ``metrics`` ask for the ``loss``,
+        computes it on ``loader``'s first batch when the ``Trainer`` is built,
+        so that a batch that does not allow it is refused then, not at the
+        first evaluation after training. The random states are kept (a
+        ``DataLoader`` draws its seed); a one-pass iterator is not read, nor
+        is anything on several processes (a forward there may need them all)."""
+        if self.generate is None or "loss" not in self.metric_names() or loader is None:
+            return
+        if isinstance(loader, Iterator) or comm.get_world_size() > 1:
+            return
+        state = get_rng_state()
+        try:
+            batch = next(iter(loader), None)
+            if batch is not None:
+                with torch.no_grad(), inference_context(self.model):
+                    self._forward_loss(move_to_device(batch, device))
+        finally:
+            set_rng_state(state)
 
     def evaluate(self, loader: Iterable[Any], evaluator: Any, device: torch.device) -> Dict[str, Any]:
         """The metrics over ``loader`` (a qurious ``eval_step``'s results where a subclass overrides it)."""

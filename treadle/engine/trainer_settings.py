@@ -74,9 +74,9 @@ class Situation:
 
     Attributes:
         train: ``"dataset"`` (samples the ``Trainer`` batches: a torch
-            ``Dataset``, a list of samples), ``"batches"`` (an iterable of
-            batches with a length: a ``DataLoader``, a list of batches) or
-            ``"stream"`` (batches without a length: a generator).
+            ``Dataset``, a list), ``"batches"`` (an iterable of batches with
+            a length that is not a list: a ``DataLoader``) or ``"stream"``
+            (batches without a length: a generator).
         eval: ``"none"``, ``"dataset"`` or ``"batches"``.
         train_type, eval_type: the objects' type names, for messages.
         optimizer: ``"name"`` or ``"object"``.
@@ -206,6 +206,14 @@ def _watches_an_evaluation(s: Situation, v: Any) -> bool:
     return s.eval != "none" or watches_training(s["best_metric"])
 
 
+def _watched_training_scalar_is_read(s: Situation, v: Any) -> bool:
+    """Without an evaluation, a training ``best_metric`` is read every
+    ``eval_period`` iterations, by default each epoch: it needs one of them."""
+    from .trainer_eval import watches_training
+
+    return s.eval != "none" or not watches_training(s["best_metric"]) or s["eval_period"] is not None or _EPOCHS(s, v)
+
+
 _MAKES_ITS_OWN = "this train_loader ({train}) makes its own batches"
 _NOT_WRITTEN = "without output_dir nothing is written: give output_dir"
 
@@ -229,11 +237,14 @@ def _shared(name: str, train_key: str, *needs: Need, default: Any = dataclasses.
 #: Every argument of ``Trainer`` after ``model, optimizer, train_loader``, in
 #: the order of its signature.
 SETTINGS: Tuple[Setting, ...] = (
-    _shared("loss_fn", "step.loss_fn", doc="A dict batch goes to model(**batch); a subclass may override "
-            "compute_loss instead."),
+    _shared("loss_fn", "step.loss_fn", doc="A dict batch goes to model(**batch) without its 'labels', which "
+            "loss_fn gets (Hugging Face's rule); a subclass may override compute_loss instead."),
     _row("eval_loader", None, None, "What evaluation reads: batches, or a dataset batched by eval_batch_size."),
     _row("metrics", (), _sequence, "What evaluation computes (default ['loss']): metric names, (name, options), "
-         "torchmetrics objects or DatasetEvaluators; also what evaluate(loader) computes."),
+         "torchmetrics objects or DatasetEvaluators; also what evaluate(loader) computes.",
+         Need("an evaluation set", lambda s, v: s.eval != "none",
+              "metrics={value} are computed by evaluation, and no eval_loader is given: they act only in "
+              "evaluate(loader)", refuse=False)),
     _row("max_iter", None, integer(1), "Iterations to train (one iteration = one optimizer update)."),
     _row("max_epochs", None, integer(1), "Passes over the data; with max_iter, whichever comes first.",
          Need("epochs", _EPOCHS, "max_epochs needs data with a length; this train_loader has none, so give max_iter")),
@@ -322,9 +333,10 @@ SETTINGS: Tuple[Setting, ...] = (
          "(the data order then uses 0)."),
     _shared("log_period", "log_period"),
     _shared("eval_period", "eval_period",
-            Need("an evaluation set", lambda s, v: s.eval != "none",
+            Need("an evaluation set", _watches_an_evaluation,
                  "eval_period={value} is when eval_loader is evaluated, and no eval_loader is given"),
-            default=None, doc="None: every epoch when the epoch length is known."),
+            default=None, doc="None: every epoch when the epoch length is known. Without eval_loader, when a "
+            "training best_metric ('train/loss') is read."),
     _shared("checkpoint_period", "checkpointer.period",
             Need("output_dir", _OUTPUT_DIR, "checkpoint_period={value} saves checkpoints, and " + _NOT_WRITTEN,
                  refuse=False),
@@ -340,15 +352,19 @@ SETTINGS: Tuple[Setting, ...] = (
                  "ema_decay is not supported with ddp='fsdp': the EMA keeps an unsharded copy of the weights"),
             default=None, doc="None: no EMA; else evaluate with the averaged weights."),
     _row("best_metric", None, text(empty=False, none=True), "Save model_best.pth when this evaluation result "
-         "improves ('eval/', 'evaluation.', 'eval_' prefixes accepted; 'train/...' names a training scalar).",
+         "improves ('eval/', 'evaluation.', 'eval_' prefixes accepted; 'train/...', 'train.', 'train_' name a "
+         "training scalar, which needs no eval_loader: read every eval_period iterations, by default each epoch).",
          Need("an evaluation set", _watches_an_evaluation,
               "best_metric and early_stopping_patience watch an evaluation: give eval_loader"),
+         Need("a period to read it", _watched_training_scalar_is_read,
+              "best_metric={value} is a training scalar, read without an eval_loader every eval_period iterations "
+              "(default: each epoch), and this train_loader has no length (no epochs): give eval_period"),
          Need("output_dir", _OUTPUT_DIR, "best_metric saves model_best.pth: give output_dir")),
     _shared("best_mode", "best_checkpointer.mode",
             Need("a watched metric", lambda s, v: s["best_metric"] is not None or s["early_stopping_patience"],
                  "best_mode={value} is the direction of best_metric and early stopping, and neither is given")),
     _row("early_stopping_patience", None, integer(1), "Stop after that many evaluations without improvement of "
-         "best_metric (or of the evaluation loss).",
+         "best_metric (or of the evaluation loss); of a training best_metric, that many readings.",
          Need("an evaluation set", _watches_an_evaluation,
               "best_metric and early_stopping_patience watch an evaluation: give eval_loader")),
     _row("init_weights_from", None, text(empty=False, none=True), "A checkpoint whose matching weights are loaded "

@@ -10,6 +10,7 @@ import warnings
 from typing import Any
 
 from .batch import (
+    TARGET_KEY,
     ForwardFn,
     batch_size,
     forward_batch,
@@ -101,6 +102,7 @@ __all__ = [
     "float_accumulator_dtype",
     "edit_distance",
     "ForwardFn",
+    "TARGET_KEY",
     "move_to_device",
     "get_targets",
     "get_predictions",

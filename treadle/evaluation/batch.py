@@ -11,6 +11,9 @@ The rules, the same in training and evaluation (also in ``docs/evaluation.md``):
 - with a loss function (``loss_fn``), any other list/tuple of two items is
   ``(inputs, targets)``: ``model(inputs)``; the default evaluation forward
   does the same, and rejects a list/tuple of another length (pass ``forward=``);
+  a mapping reaches the model without its targets (``"labels"``), as the
+  Hugging Face Trainer feeds a model whose loss a custom loss computes:
+  ``model(**inputs)``, and the ``loss_fn`` gets ``batch["labels"]``;
 - without one, the model computes its own loss from the batch: anything that
   is not a mapping goes whole, ``model(batch)``, in evaluation too
   (:func:`forward_batch` with ``whole=True``);
@@ -33,6 +36,7 @@ from treadle.utils.device import to_device
 
 __all__ = [
     "ForwardFn",
+    "TARGET_KEY",
     "move_to_device",
     "forward_batch",
     "get_targets",
@@ -42,6 +46,10 @@ __all__ = [
 ]
 
 ForwardFn = Callable[[Any, Any], Any]
+
+#: Where a mapping batch holds its targets, as in Hugging Face models: what a
+#: ``loss_fn`` is given and what reaches the model without it.
+TARGET_KEY = "labels"
 
 
 def move_to_device(obj: Any, device: Union[str, torch.device]) -> Any:
@@ -116,9 +124,13 @@ def _call(model: Callable[..., Any], batch: Any) -> Any:
     return model(batch)
 
 
-def forward_batch(model: Callable[..., Any], batch: Any, *, whole: bool = False) -> Any:
+def forward_batch(model: Callable[..., Any], batch: Any, *, whole: bool = False,
+                  target_key: Optional[str] = None) -> Any:
     """Feeds ``batch`` to ``model`` by the rules of this module's docstring:
     treadle's one forward, in training and evaluation.
+
+    ``target_key`` (given where a ``loss_fn`` computes the loss from the
+    targets under it): a mapping reaches the model without that key.
 
     ``whole=False`` (a model trained with a ``loss_fn``; evaluation's
     default): an ``(inputs, targets)`` pair is ``model(inputs)``; a list or
@@ -129,6 +141,8 @@ def forward_batch(model: Callable[..., Any], batch: Any, *, whole: bool = False)
     mapping is spread, ``model(**batch)``, and a list of per-sample mappings
     or any other object goes whole.
     """
+    if target_key is not None and isinstance(batch, abc.Mapping):
+        batch = {key: value for key, value in batch.items() if key != target_key}
     if whole:
         try:
             return _call(model, batch)

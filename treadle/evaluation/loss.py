@@ -6,9 +6,10 @@ The contract (``docs/engine.md``, "Step objects"), used by the training step
 ``eval_step`` and ``evaluate()``, and :class:`LossEvaluator`:
 
 1. with ``loss_fn``, the batch is ``(inputs, targets)`` and the loss is
-   ``loss_fn(model(inputs), targets)``; or a mapping, fed whole to the model
-   (``model(**batch)``) with its targets under ``"labels"``:
-   ``loss_fn(model(**batch), batch["labels"])``;
+   ``loss_fn(model(inputs), targets)``; or a mapping with its targets under
+   ``"labels"``, which the model gets without them (Hugging Face's rule for a
+   custom loss: the model computes none of its own):
+   ``loss_fn(model(**inputs), batch["labels"])``, ``inputs`` the rest;
 2. without it, the model gets the whole batch (``model(**batch)`` for a
    mapping, see :mod:`treadle.evaluation.batch`) and returns its loss;
 3. a ``compute_loss(batch)`` of the user's replaces both.
@@ -27,7 +28,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 import torch
 
-from .batch import batch_size, forward_batch, get_targets
+from .batch import TARGET_KEY, batch_size, forward_batch, get_targets
 from .evaluator import metric_names
 from .registry import register_metric
 from .results import Results
@@ -42,28 +43,40 @@ MODEL = "the model"
 LOSS_FN = "loss_fn"
 
 
-def forward_loss(model: Callable[..., Any], loss_fn: Optional[LossFn], batch: Any, target_key: str = "labels") -> Any:
+def forward_loss(model: Callable[..., Any], loss_fn: Optional[LossFn], batch: Any, target_key: str = TARGET_KEY) -> Any:
     """What the contract computes from a batch (training's and evaluation's),
     before :func:`as_losses` reads it: with ``loss_fn``, ``loss_fn(outputs,
-    targets)`` (``model(inputs)`` and ``targets`` of a pair; ``model(**batch)`` and
-    ``batch[target_key]`` of a mapping); without it, the model's output for the whole batch."""
+    targets)`` (``model(inputs)`` and ``targets`` of a pair; the model's output
+    for the mapping without ``target_key`` and ``batch[target_key]`` of a
+    mapping); without it, the model's output for the whole batch."""
     if loss_fn is None:
         return forward_batch(model, batch, whole=True)
     return loss_fn(*_outputs_and_targets(model, batch, target_key))
 
 
-def _outputs_and_targets(model: Callable[..., Any], batch: Any, target_key: str = "labels") -> Any:
+def _outputs_and_targets(model: Callable[..., Any], batch: Any, target_key: str = TARGET_KEY) -> Any:
     """A batch's model outputs and targets, for a ``loss_fn``: ``model(inputs)``
     and ``targets`` of an ``(inputs, targets)`` pair; the model's output for
-    a whole mapping (``model(**batch)``) and ``batch[target_key]``."""
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        # forward_batch's pair rule, written out: through forward_batch and get_targets
-        # a step made 21 more calls (benchmarks/peers.py --calls, treadle-bare 314.5
-        # against 293.5 per iteration) and took ~4 µs more (--interleaved).
+    the mapping without ``target_key`` (``model(**inputs)``) and ``batch[target_key]``."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2 and (
+        isinstance(batch[0], torch.Tensor) or not (isinstance(batch[0], abc.Mapping) and isinstance(batch[1], abc.Mapping))
+    ):
+        # forward_batch's pair rule, written out (two per-sample dicts are no pair there either;
+        # tensor inputs are told first, in C: an ABC isinstance is a Python call): through
+        # forward_batch and get_targets a step made 21 more calls (benchmarks/peers.py --calls,
+        # treadle-bare 314.5 against 293.5 per iteration) and took ~4 µs more (--interleaved).
         inputs, targets = batch
         return model(inputs), targets
     if isinstance(batch, abc.Mapping):
-        return forward_batch(model, batch), get_targets(batch, target_key, LOSS_FN)
+        targets = get_targets(batch, target_key, LOSS_FN)  # first: a batch without them is refused before the forward
+        return forward_batch(model, batch, target_key=target_key), targets
+    if isinstance(batch, (tuple, list)) and batch and all(isinstance(item, abc.Mapping) for item in batch):
+        raise TypeError(
+            f"With loss_fn, each batch must be an (inputs, targets) pair or a dict with its targets under "
+            f"{target_key!r}; got a {type(batch).__name__} of {len(batch)} per-sample dicts (detectron2's batch, "
+            "which the model takes whole and returns its losses of): leave loss_fn out, or collate the samples "
+            "into one dict (collate_fn=torch.utils.data.default_collate)"
+        )
     raise TypeError(
         "With loss_fn, each batch must be an (inputs, targets) pair; got "
         + type(batch).__name__

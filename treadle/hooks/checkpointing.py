@@ -57,7 +57,9 @@ class BestCheckpointer(HookBase):
 
     Runs after_step and after_train, after the :class:`EvalHook` that puts
     the metric into storage, and only at iterations where that hook
-    evaluated (so it never forces a device sync in between). NaN values are
+    evaluated (so it never forces a device sync in between); with
+    ``period``, every ``period`` iterations and at the end instead, with no
+    evaluation needed: for a training scalar (``total_loss``). NaN values are
     ignored. The best value and its iteration are kept in the trainer's
     state, so they survive a resume. Saving ``model_best`` does not move the
     ``last_checkpoint`` pointer used for resuming.
@@ -81,6 +83,9 @@ class BestCheckpointer(HookBase):
             ``"accuracy"``, or ``"val/accuracy"`` for nested results).
         mode: ``"max"``, ``"min"``, or None to infer it.
         file_prefix: name of the file written.
+        period: None: checked where an EvalHook evaluated (one must be
+            registered); N: every N iterations and at the end of training,
+            the metric's latest value (a training scalar, put by the step).
     """
 
     runs_after = (EvalHook,)
@@ -95,6 +100,8 @@ class BestCheckpointer(HookBase):
         val_metric: str,
         mode: Optional[str] = None,
         file_prefix: str = "model_best",
+        *,
+        period: Optional[int] = None,
     ) -> None:
         if isinstance(eval_period, str):
             raise TypeError(
@@ -114,19 +121,25 @@ class BestCheckpointer(HookBase):
         self.file_prefix = file_prefix
         self.best_metric: Optional[float] = None
         self.best_iter: Optional[int] = None
+        self._period = Period(period) if period is not None else None
         self._eval_hooks: List[EvalHook] = []
 
     def before_train(self) -> None:
         self._eval_hooks = self.hooks_of(EvalHook)
-        if not self._eval_hooks:
-            raise ValueError(f"BestCheckpointer('{self.metric}') needs an EvalHook registered before it.")
+        if not self._eval_hooks and self._period is None:
+            raise ValueError(f"BestCheckpointer('{self.metric}') needs an EvalHook registered before it "
+                             "(or period=N to watch a training scalar such as 'total_loss' every N iterations).")
         self._checkpointer = trainer_checkpointer(self, self._checkpointer)
         self._ema = next((h for h in self.hooks_of(EMA) if h.eval_with_ema), None)
         logger.info("BestCheckpointer: saving %s when %s reaches a new %s", self.file_prefix, self.metric,
                     "maximum" if self.mode == "max" else "minimum")
 
-    def _check(self, iteration: int) -> None:
-        if not any(h.last_eval_iter == self.trainer.iter for h in self._eval_hooks):
+    def _check(self, iteration: int, *, final: bool = False) -> None:
+        if self._period is not None:
+            # At the end too: a value equal to the best one checked saves nothing.
+            if not (final or self._period.fires_after(iteration)):
+                return
+        elif not any(h.last_eval_iter == self.trainer.iter for h in self._eval_hooks):
             return
         found = latest_metric(self.trainer.storage, self.metric, type(self).__name__)
         if found is None:
@@ -168,7 +181,7 @@ class BestCheckpointer(HookBase):
         if self.trainer.training_error is None:
             # trainer.iter is one past the last iteration run; the checkpoint
             # holds the same state as model_final, and says the same iteration.
-            self._check(self.trainer.iter - 1)
+            self._check(self.trainer.iter - 1, final=True)
 
 
 class PeriodicCheckpointer(HookBase):

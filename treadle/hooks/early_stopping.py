@@ -10,6 +10,7 @@ from treadle.evaluation.registry import metric_mode
 
 from .base import HookBase
 from .evaluation import EvalHook
+from .periods import Period
 
 if TYPE_CHECKING:
     from treadle.events import EventStorage
@@ -43,13 +44,17 @@ class EarlyStopping(HookBase):
 
     ``mode`` None infers the direction from the metric
     (:func:`~treadle.evaluation.metric_mode`), as :class:`BestCheckpointer` does.
+    With ``period``, the metric's latest value is read every ``period``
+    iterations instead, with no evaluation needed: a training scalar
+    (``total_loss``); ``patience`` then counts those readings.
     """
 
     runs_after = (EvalHook,)
     order_reason = "it reads the evaluation's result of the same iteration"
     state_attributes = ("best_metric", "best_iter", "num_bad_evals")
 
-    def __init__(self, metric: str, patience: int, min_delta: float = 0.0, mode: Optional[str] = None) -> None:
+    def __init__(self, metric: str, patience: int, min_delta: float = 0.0, mode: Optional[str] = None, *,
+                 period: Optional[int] = None) -> None:
         if mode is None:
             mode = metric_mode(metric)
         elif mode not in ("max", "min"):
@@ -65,15 +70,20 @@ class EarlyStopping(HookBase):
         self.best_metric: Optional[float] = None
         self.best_iter: Optional[int] = None
         self.num_bad_evals = 0
+        self._period = Period(period) if period is not None else None
         self._eval_hooks: List[EvalHook] = []
 
     def before_train(self) -> None:
         self._eval_hooks = self.hooks_of(EvalHook)
-        if not self._eval_hooks:
-            raise ValueError(f"EarlyStopping('{self.metric}') needs an EvalHook registered before it.")
+        if not self._eval_hooks and self._period is None:
+            raise ValueError(f"EarlyStopping('{self.metric}') needs an EvalHook registered before it "
+                             "(or period=N to watch a training scalar such as 'total_loss' every N iterations).")
 
     def after_step(self) -> None:
-        if not any(h.last_eval_iter == self.trainer.iter for h in self._eval_hooks):
+        if self._period is not None:
+            if not self._period.fires_after(self.trainer.iter):
+                return
+        elif not any(h.last_eval_iter == self.trainer.iter for h in self._eval_hooks):
             return
         value, metric_iter = latest_metric(self.trainer.storage, self.metric, "EarlyStopping")
         if not math.isnan(value) and (self.best_metric is None or is_better(value, self.best_metric, self.mode, self.min_delta)):
@@ -84,5 +94,6 @@ class EarlyStopping(HookBase):
         if self.num_bad_evals >= self.patience:
             self.trainer.request_stop(
                 f"early stopping: {self.metric} has not improved by more than {self.min_delta} for "
-                f"{self.patience} evaluation(s); best {self.best_metric} at iteration {self.best_iter}"
+                f"{self.patience} {'evaluation(s)' if self._period is None else 'check(s)'}; "
+                f"best {self.best_metric} at iteration {self.best_iter}"
             )

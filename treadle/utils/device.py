@@ -22,11 +22,24 @@ def resolve_device(device: Union[str, torch.device, None] = "auto") -> torch.dev
             return torch.device("mps")
         return torch.device("cpu")
     device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={str(device)!r} was asked for, but CUDA is not available on this machine")
+    if not _available(device.type):
+        name = {"cuda": "CUDA", "mps": "MPS"}.get(device.type, device.type)
+        raise ValueError(f"device={str(device)!r} was asked for, but {name} is not available on this machine")
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())  # this process's GPU
     return device
+
+
+def _available(device_type: str) -> bool:
+    """Whether this machine has a device of ``device_type``: torch's backend
+    module says (``torch.cuda``, ``torch.backends.mps``, ``torch.xpu``...);
+    one that cannot tell (cpu, meta) is taken to have it."""
+    if device_type == "mps":
+        backend = getattr(torch.backends, "mps", None)
+    else:
+        backend = getattr(torch, device_type, None)
+    is_available = getattr(backend, "is_available", None)
+    return not callable(is_available) or bool(is_available())
 
 
 def to_device(
