@@ -69,7 +69,8 @@ def _token_batches(n=4, length=8, seed=0):
         labels = torch.randint(0, len(TAGS), (2, length), generator=g)
         labels[:, 0] = labels[:, -1] = -100  # [CLS] and [SEP]: no label, as a tokenizer's word_ids leave them
         batches.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
-    return batches
+    # Ready batches, read once per epoch: a list given as it is would be a dataset of samples.
+    return torch.utils.data.DataLoader(batches, batch_size=None)
 
 
 def test_a_trainer_evaluates_seqeval_with_the_models_own_labels(tmp_path):
