@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -323,3 +324,74 @@ def test_sam_ends_its_update_as_every_step_does_clipping_by_value_included():
     TrainerBase(step).train(0, 2)
     # Each element's gradient is clamped to 1e-4, so two updates at lr 1 move it by 2e-4 at most.
     assert max(float((p.detach() - q).abs().max()) for p, q in zip(model.parameters(), before)) <= 2e-4 + 1e-7
+
+
+# ---------------------------------------------------------------- the deferred flush after faults
+DEFERRED = ROOT / "tests" / "deferred_train_net.py"
+FAULTS_CONFIG = ROOT / "tests" / "dist_scripts" / "digits_faults.py"
+# A flush every 5 iterations falls on each evaluation (49, 99), where the best
+# checkpoint reads the result from the storage; checkpoints at 29, 59, 89.
+EVALUATED = ["train.max_iter=120", "train.log_period=5", "train.eval_period=50", "train.checkpointer.period=30",
+             "model.rank=0"]
+
+
+def _faulty_job(script, out, *faults):
+    return subprocess.Popen(
+        [sys.executable, str(script), "--config-file", str(FAULTS_CONFIG), f"train.output_dir={out}", *EVALUATED, *faults],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def _tensorboard_scalars(run_dir):
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def _assert_same_rows(run_dir, reference):
+    """metrics.json and TensorBoard hold the reference's rows, key for key and
+    value for value (timings by key only: they differ between runs)."""
+    rows, expected = metrics(run_dir), metrics(reference)
+    assert [sorted(row) for row in rows] == [sorted(row) for row in expected]
+    timeless = lambda lines: [{k: v for k, v in row.items() if not k.endswith("time")} for row in lines]  # noqa: E731
+    assert timeless(rows) == timeless(expected)
+    board, expected_board = _tensorboard_scalars(run_dir), _tensorboard_scalars(reference)
+    assert board.keys() == expected_board.keys()
+    for tag, points in expected_board.items():
+        assert [step for step, _ in board[tag]] == [step for step, _ in points], tag
+        if not tag.endswith("time"):
+            assert board[tag] == points, tag
+    for it in (49, 99):  # the evaluations' rows hold the training values too
+        row = next(row for row in rows if row["iteration"] == it)
+        assert {"accuracy", "lr", "total_loss", "time", "data_time"} <= set(row), row
+
+
+@pytest.mark.slow
+def test_the_deferred_flush_writes_whole_rows_through_train_net_after_kill_9_and_sigterm(tmp_path):
+    reference = tmp_path / "reference"
+    waiting = _faulty_job(TRAIN_NET, reference)
+    assert waiting.wait(timeout=300) == 0, waiting.stderr.read()[-2000:]
+
+    # kill -9 in iteration 55: the run resumes from 29 and writes 30.. again.
+    killed, marker = tmp_path / "killed", tmp_path / "paused"
+    job = _faulty_job(DEFERRED, killed, "model.pause_at_iter=55", f"model.pause_marker={marker}")
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists() and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert marker.exists(), job.stderr.read()[-2000:] if job.poll() is not None else "timed out"
+    finally:
+        job.kill()
+        job.wait()
+    resumed = _faulty_job(DEFERRED, killed, "--resume")
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()[-2000:]
+    _assert_same_rows(killed, reference)
+
+    # SIGTERM in iteration 49, an evaluation's and a flush's: the job saves it and exits 75.
+    stopped = tmp_path / "stopped"
+    job = _faulty_job(DEFERRED, stopped, "model.signal_at_iter=49")
+    assert job.wait(timeout=300) == 75, job.stderr.read()[-2000:]
+    assert (stopped / "last_checkpoint").read_text() == "model_0000049.pth"
+    resumed = _faulty_job(DEFERRED, stopped, "--resume")
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()[-2000:]
+    _assert_same_rows(stopped, reference)
