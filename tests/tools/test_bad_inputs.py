@@ -85,6 +85,7 @@ CASES: List[Case] = [
          culprit="train.step.clip_grad_norm=1.0 and train.step.clip_grad_value=0.5: clip by norm or by value, not both"),
     case("train.step.compile.mode=fast", culprit="train.step.compile.mode"),
     case("train.step.compile.fullgraph=maybe", culprit="train.step.compile.fullgraph"),
+    case("train.step.compile.backend=nope", culprit="train.step.compile.backend='nope' is not a torch.compile backend"),
     case("train.ddp.kind=zero", culprit="train.ddp.kind must be one of 'ddp', 'fsdp'"),
     case("train.ddp.find_unused_parameters=yes", culprit="train.ddp.find_unused_parameters"),
     case("train.ddp.param_dtype=fp64", culprit="train.ddp.param_dtype"),
@@ -112,6 +113,10 @@ CASES: List[Case] = [
     case("model.hidden_dims=[32]", "--eval-only", "train.init_checkpoint=@run/model_final.pth",
          culprit="The model does not match the weights in checkpoint", modes=("fresh",)),
     case("model.hidden_dims=[32]", "--eval-only", culprit="The model does not match the weights", modes=("resume",)),
+    # ... and the optimizer it continues: the same parameter groups
+    case("optimizer.params.weight_decay_bias=1e-4", "optimizer.params.weight_decay_norm=1e-4",
+         culprit="Cannot resume from @run/model_final.pth: The optimizer state ('optimizer') in "
+                 "'@run/model_final.pth' has 2 parameter group(s)", modes=("resume",)),
     # overrides themselves
     case("train.max_iters=5", culprit="did you mean 'train.max_iter'"),
     case("trian.max_iter=5", culprit="trian.max_iter"),
