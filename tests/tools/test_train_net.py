@@ -146,6 +146,39 @@ def test_resume_without_checkpoint_warns_and_starts_fresh(tmp_path, treadle_capl
     assert "Starting training from iteration 0" in treadle_caplog.text
 
 
+def test_resume_with_a_broken_init_checkpoint_says_so_in_one_line_and_resumes(tmp_path, capfd):
+    short = [f"train.output_dir={tmp_path}", "train.max_iter=5", "train.eval_period=0", "lr_multiplier.warmup_iters=0"]
+    assert cli(short) == 0
+    capfd.readouterr()
+    assert cli([*short, "--resume", "train.max_iter=8", f"train.init_checkpoint={tmp_path / 'gone.pth'}"]) == 0
+    out, err = capfd.readouterr()
+    said = [line for line in (out + err).splitlines() if "train.init_checkpoint is" in line]
+    assert len(said) == 1 and said[0].endswith(
+        "WARNING: train.init_checkpoint is not loaded (--resume continues the run's checkpoint), and it could not "
+        f"be: Checkpoint file '{tmp_path / 'gone.pth'}' does not exist."
+    ), said
+    assert torch.load(tmp_path / "model_final.pth", weights_only=True)["iteration"] == 7
+
+
+def test_a_config_may_give_its_paths_as_pathlib_paths(tmp_path, monkeypatch):
+    config = tmp_path / "paths.py"
+    config.write_text(
+        "import pathlib\n"
+        "from treadle.config import LazyConfig\n"
+        f"_all = LazyConfig.load({str(DIGITS)!r})\n"
+        "model, optimizer, lr_multiplier, dataloader, train = (_all.model, _all.optimizer, _all.lr_multiplier, "
+        "_all.dataloader, _all.train)\n"
+        f"train.output_dir = pathlib.Path({str(tmp_path / 'second')!r})\n"
+        f"train.init_checkpoint = pathlib.Path({str(tmp_path / 'first' / 'model_final.pth')!r})\n"
+    )
+    short = ["train.max_iter=3", "train.eval_period=0", "lr_multiplier.warmup_iters=0"]
+    assert cli([f"train.output_dir={tmp_path / 'first'}", *short]) == 0
+    assert cli(["--config-file", str(config), *short]) == 0
+    assert (tmp_path / "second" / "model_final.pth").is_file()
+    assert f"Loaded all 6 model keys from {tmp_path / 'first' / 'model_final.pth'}" in (
+        tmp_path / "second" / "log.txt").read_text()
+
+
 def test_research_loop_config_replaces_the_step(tmp_path):
     cfg = LazyConfig.load(str(ROOT / "configs" / "digits_sam.py"))
     cfg = LazyConfig.apply_overrides(cfg, [f"train.output_dir={tmp_path}", "train.max_iter=60", "train.eval_period=0", "lr_multiplier.warmup_iters=5"])
