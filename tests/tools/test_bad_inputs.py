@@ -98,7 +98,7 @@ CASES: List[Case] = [
     case("train.early_stopping.min_delta=-1", culprit="train.early_stopping.min_delta"),
     case("train.handle_preemption=maybe", culprit="train.handle_preemption"),
     case("train.nonfinite_check=sometimes", culprit="train.nonfinite_check must be one of 'flush', 'step', 'off'"),
-    case("train.output_dir=", culprit="train.output_dir must be a non-empty string"),
+    case("train.output_dir=", culprit="train.output_dir must be a non-empty path (a str or os.PathLike), got ''"),
     case("train.init_checkpoint=/no/such/weights.pth", culprit="/no/such/weights.pth", modes=("fresh",)),
     case("train.init_checkpoint=/tmp", culprit="'/tmp' is a directory, not a checkpoint file", modes=("fresh",)),
     case("train.seed=99999999999999999999", culprit="train.seed=99999999999999999999 is too large"),

@@ -279,7 +279,8 @@ class RunFolder:
         """
         # Refused before the lock is taken: a refused start changes nothing in
         # the folder, the lock a killed job left there included.
-        self.check(resume=resume, move_aside=move_aside)
+        if self._fd is None:
+            self.check(resume=resume, move_aside=move_aside)
         self.acquire()
         try:
             if resume:
