@@ -219,10 +219,23 @@ def test_checkpointable_load_error_names_file_and_entry(tmp_path):
     Checkpointer(model, str(tmp_path), optimizer=opt).save("m")
     other = nn.Linear(3, 3)
     wrong_opt = torch.optim.Adam([{"params": [other.weight]}, {"params": [other.bias]}])
-    with pytest.raises(ValueError) as info:
+    # Other parameter groups: refused in one line before anything is loaded.
+    with pytest.raises(CheckpointError, match=rf"^The optimizer state \('optimizer'\) in '{tmp_path / 'm.pth'}' has 1 "
+                                              r"parameter group\(s\) of \[\d+\] parameters, and this run's optimizer 2 of \[1, 1\]"):
         Checkpointer(Net(), str(tmp_path), optimizer=wrong_opt).load(str(tmp_path / "m.pth"))
+    # Another checkpointable that refuses its state: its error carries the file and the entry.
+    class Refusing:
+        def state_dict(self):
+            return {"n": 1}
+
+        def load_state_dict(self, state):
+            raise ValueError("not mine")
+
+    Checkpointer(Net(), str(tmp_path), counter=Refusing()).save("c")
+    with pytest.raises(ValueError, match="not mine") as info:
+        Checkpointer(Net(), str(tmp_path), counter=Refusing()).load(str(tmp_path / "c.pth"))
     if sys.version_info >= (3, 11):  # exception notes (PEP 678); Python 3.10's error comes without the note
-        assert f"while loading 'optimizer' from checkpoint '{tmp_path / 'm.pth'}'" in "\n".join(info.value.__notes__)
+        assert f"while loading 'counter' from checkpoint '{tmp_path / 'c.pth'}'" in "\n".join(info.value.__notes__)
 
 
 def test_garbage_pointer_of_a_finished_run_resumes_from_its_final_checkpoint(tmp_path):

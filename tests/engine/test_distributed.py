@@ -13,6 +13,7 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -261,6 +262,38 @@ def test_launch_spawns_gloo_processes_on_cpu(tmp_path):
             "rank": rank, "world": 2, "local_rank": rank, "local_size": 2, "backend": "gloo",
             "env_rank": str(rank), "gathered": [0, 1],
         }
+
+
+_FAILING_JOB = """
+import torch
+from treadle.engine import Trainer, launch
+
+
+def main():
+    data = [(torch.randn(3), torch.tensor(1)) for _ in range(20)]
+    Trainer(torch.nn.Linear(3, 2), "sgd", data, lr=0.1, loss_fn=torch.nn.functional.cross_entropy, max_iter=3,
+            total_batch_size=5)
+
+
+if __name__ == "__main__":
+    launch(main, 2)
+"""
+
+
+def test_an_error_in_a_launched_worker_is_one_line_with_its_traceback_in_a_file(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(_FAILING_JOB)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env["TMPDIR"] = str(tmp_path)
+    result = subprocess.run([sys.executable, str(script)], env=env, cwd=REPO, capture_output=True, text=True,
+                            timeout=DEADLINE)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert re.fullmatch(
+        r"error: process [01] of the job failed: ValueError: total_batch_size=5 is not divisible by the world size 2"
+        r": .* \(traceback in (.+)\)", lines[0]), lines[0]
+    saved = Path(re.search(r"traceback in (.+)\)$", lines[0]).group(1))
+    assert saved.parent == tmp_path and "Traceback (most recent call last)" in saved.read_text()
 
 
 # ---------------------------------------------------------------------------- wrap_model options

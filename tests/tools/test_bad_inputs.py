@@ -92,6 +92,7 @@ CASES: List[Case] = [
          culprit="train.step.clip_grad_norm=1.0 and train.step.clip_grad_value=0.5: clip by norm or by value, not both"),
     case("train.step.compile.mode=fast", culprit="train.step.compile.mode"),
     case("train.step.compile.fullgraph=maybe", culprit="train.step.compile.fullgraph"),
+    case("train.step.compile.backend=nope", culprit="train.step.compile.backend='nope' is not a torch.compile backend"),
     case("train.ddp.kind=zero", culprit="train.ddp.kind must be one of 'ddp', 'fsdp'"),
     case("train.ddp.find_unused_parameters=yes", culprit="train.ddp.find_unused_parameters"),
     case("train.ddp.param_dtype=fp64", culprit="train.ddp.param_dtype"),
@@ -104,7 +105,7 @@ CASES: List[Case] = [
     case("train.early_stopping.min_delta=-1", culprit="train.early_stopping.min_delta"),
     case("train.handle_preemption=maybe", culprit="train.handle_preemption"),
     case("train.nonfinite_check=sometimes", culprit="train.nonfinite_check must be one of 'flush', 'step', 'off'"),
-    case("train.output_dir=", culprit="train.output_dir must be a non-empty string"),
+    case("train.output_dir=", culprit="train.output_dir must be a non-empty path (a str or os.PathLike), got ''"),
     case("train.init_checkpoint=/no/such/weights.pth", culprit="/no/such/weights.pth", modes=("fresh",)),
     case("train.init_checkpoint=/tmp", culprit="'/tmp' is a directory, not a checkpoint file", modes=("fresh",)),
     case("train.seed=99999999999999999999", culprit="train.seed=99999999999999999999 is too large"),
@@ -119,6 +120,10 @@ CASES: List[Case] = [
     case("model.hidden_dims=[32]", "--eval-only", "train.init_checkpoint=@run/model_final.pth",
          culprit="The model does not match the weights in checkpoint", modes=("fresh",)),
     case("model.hidden_dims=[32]", "--eval-only", culprit="The model does not match the weights", modes=("resume",)),
+    # ... and the optimizer it continues: the same parameter groups
+    case("optimizer.params.weight_decay_bias=1e-4", "optimizer.params.weight_decay_norm=1e-4",
+         culprit="Cannot resume from @run/model_final.pth: The optimizer state ('optimizer') in "
+                 "'@run/model_final.pth' has 2 parameter group(s)", modes=("resume",)),
     # overrides themselves
     case("train.max_iters=5", culprit="did you mean 'train.max_iter'"),
     case("trian.max_iter=5", culprit="trian.max_iter"),

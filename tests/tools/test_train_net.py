@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,39 @@ def test_resume_without_checkpoint_warns_and_starts_fresh(tmp_path, treadle_capl
     assert "No checkpoint found" in treadle_caplog.text or "no checkpoint" in treadle_caplog.text.lower()
     assert (tmp_path / "model_final.pth").exists()
     assert "Starting training from iteration 0" in treadle_caplog.text
+
+
+def test_resume_with_a_broken_init_checkpoint_says_so_in_one_line_and_resumes(tmp_path, capfd):
+    short = [f"train.output_dir={tmp_path}", "train.max_iter=5", "train.eval_period=0", "lr_multiplier.warmup_iters=0"]
+    assert cli(short) == 0
+    capfd.readouterr()
+    assert cli([*short, "--resume", "train.max_iter=8", f"train.init_checkpoint={tmp_path / 'gone.pth'}"]) == 0
+    out, err = capfd.readouterr()
+    said = [line for line in (out + err).splitlines() if "train.init_checkpoint is" in line]
+    assert len(said) == 1 and said[0].endswith(
+        "WARNING: train.init_checkpoint is not loaded (--resume continues the run's checkpoint), and it could not "
+        f"be: Checkpoint file '{tmp_path / 'gone.pth'}' does not exist."
+    ), said
+    assert torch.load(tmp_path / "model_final.pth", weights_only=True)["iteration"] == 7
+
+
+def test_a_config_may_give_its_paths_as_pathlib_paths(tmp_path, monkeypatch):
+    config = tmp_path / "paths.py"
+    config.write_text(
+        "import pathlib\n"
+        "from treadle.config import LazyConfig\n"
+        f"_all = LazyConfig.load({str(DIGITS)!r})\n"
+        "model, optimizer, lr_multiplier, dataloader, train = (_all.model, _all.optimizer, _all.lr_multiplier, "
+        "_all.dataloader, _all.train)\n"
+        f"train.output_dir = pathlib.Path({str(tmp_path / 'second')!r})\n"
+        f"train.init_checkpoint = pathlib.Path({str(tmp_path / 'first' / 'model_final.pth')!r})\n"
+    )
+    short = ["train.max_iter=3", "train.eval_period=0", "lr_multiplier.warmup_iters=0"]
+    assert cli([f"train.output_dir={tmp_path / 'first'}", *short]) == 0
+    assert cli(["--config-file", str(config), *short]) == 0
+    assert (tmp_path / "second" / "model_final.pth").is_file()
+    assert f"Loaded all 6 model keys from {tmp_path / 'first' / 'model_final.pth'}" in (
+        tmp_path / "second" / "log.txt").read_text()
 
 
 def test_research_loop_config_replaces_the_step(tmp_path):
@@ -355,3 +389,74 @@ def test_a_top_level_node_no_code_reads_is_refused_before_anything_is_written(tm
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "The config's top-level node 'tokenization' is read by nothing" in err[0]
     assert not out.exists()
+
+
+# ---------------------------------------------------------------- the deferred flush after faults
+DEFERRED = ROOT / "tests" / "deferred_train_net.py"
+FAULTS_CONFIG = ROOT / "tests" / "dist_scripts" / "digits_faults.py"
+# A flush every 5 iterations falls on each evaluation (49, 99), where the best
+# checkpoint reads the result from the storage; checkpoints at 29, 59, 89.
+EVALUATED = ["train.max_iter=120", "train.log_period=5", "train.eval_period=50", "train.checkpointer.period=30",
+             "model.rank=0"]
+
+
+def _faulty_job(script, out, *faults):
+    return subprocess.Popen(
+        [sys.executable, str(script), "--config-file", str(FAULTS_CONFIG), f"train.output_dir={out}", *EVALUATED, *faults],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def _tensorboard_scalars(run_dir):
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def _assert_same_rows(run_dir, reference):
+    """metrics.json and TensorBoard hold the reference's rows, key for key and
+    value for value (timings by key only: they differ between runs)."""
+    rows, expected = metrics(run_dir), metrics(reference)
+    assert [sorted(row) for row in rows] == [sorted(row) for row in expected]
+    timeless = lambda lines: [{k: v for k, v in row.items() if not k.endswith("time")} for row in lines]  # noqa: E731
+    assert timeless(rows) == timeless(expected)
+    board, expected_board = _tensorboard_scalars(run_dir), _tensorboard_scalars(reference)
+    assert board.keys() == expected_board.keys()
+    for tag, points in expected_board.items():
+        assert [step for step, _ in board[tag]] == [step for step, _ in points], tag
+        if not tag.endswith("time"):
+            assert board[tag] == points, tag
+    for it in (49, 99):  # the evaluations' rows hold the training values too
+        row = next(row for row in rows if row["iteration"] == it)
+        assert {"accuracy", "lr", "total_loss", "time", "data_time"} <= set(row), row
+
+
+@pytest.mark.slow
+def test_the_deferred_flush_writes_whole_rows_through_train_net_after_kill_9_and_sigterm(tmp_path):
+    reference = tmp_path / "reference"
+    waiting = _faulty_job(TRAIN_NET, reference)
+    assert waiting.wait(timeout=300) == 0, waiting.stderr.read()[-2000:]
+
+    # kill -9 in iteration 55: the run resumes from 29 and writes 30.. again.
+    killed, marker = tmp_path / "killed", tmp_path / "paused"
+    job = _faulty_job(DEFERRED, killed, "model.pause_at_iter=55", f"model.pause_marker={marker}")
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists() and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert marker.exists(), job.stderr.read()[-2000:] if job.poll() is not None else "timed out"
+    finally:
+        job.kill()
+        job.wait()
+    resumed = _faulty_job(DEFERRED, killed, "--resume")
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()[-2000:]
+    _assert_same_rows(killed, reference)
+
+    # SIGTERM in iteration 49, an evaluation's and a flush's: the job saves it and exits 75.
+    stopped = tmp_path / "stopped"
+    job = _faulty_job(DEFERRED, stopped, "model.signal_at_iter=49")
+    assert job.wait(timeout=300) == 75, job.stderr.read()[-2000:]
+    assert (stopped / "last_checkpoint").read_text() == "model_0000049.pth"
+    resumed = _faulty_job(DEFERRED, stopped, "--resume")
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()[-2000:]
+    _assert_same_rows(stopped, reference)

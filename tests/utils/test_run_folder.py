@@ -537,6 +537,38 @@ def test_move_aside_refuses_the_current_directory(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["metrics.json"]
 
 
+def _left_by_a_killed_job(out: Path) -> None:
+    """The lock a job killed with -9 leaves: its record, no process holding it."""
+    (out / LOCK_FILE).write_text(json.dumps({"pid": 4_000_000, "host": socket.gethostname(), "started": "2026-01-01"})
+                                 + "\n")
+
+
+def test_a_refused_fresh_start_changes_nothing_in_the_folder_a_killed_jobs_lock_included(tmp_path):
+    from treadle.checkpoint import CheckpointError
+
+    out = tmp_path / "run"
+    _tiny_trainer(out).train()
+    _left_by_a_killed_job(out)
+    before = snapshot(out)
+    assert LOCK_FILE in before
+    with pytest.raises(RunFolderUsedError, match="holds an earlier run"):
+        _tiny_trainer(out).train()
+    assert snapshot(out) == before
+    # A resume whose checkpoint does not fit (another model) is refused before the claim too.
+    data = [(torch.randn(4, 3), torch.randint(0, 2, (4,))) for _ in range(5)]
+    other = Trainer(torch.nn.Linear(3, 5), "sgd", data, lr=0.1, loss_fn=torch.nn.functional.cross_entropy,
+                    max_epochs=2, output_dir=str(out), progress_bar=False)
+    with pytest.raises(CheckpointError, match="Cannot resume from"):
+        other.train(resume=True)
+    assert snapshot(out) == before
+    # train_net's refusal too: the folder is checked before anything is written.
+    assert cli([f"train.output_dir={out}", *SHORT]) == 2
+    assert snapshot(out) == before
+    # The resume that is accepted takes the lock over, and releases it at the end.
+    _tiny_trainer(out).train(resume=True)
+    assert not (out / LOCK_FILE).exists()
+
+
 def test_trainer_resume_from_a_checkpoint_of_another_model_is_refused_before_loading(tmp_path):
     from treadle.checkpoint import CheckpointError
 

@@ -10,7 +10,7 @@ import logging
 import os
 import shutil
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -107,7 +107,7 @@ class Checkpointer:
     def __init__(
         self,
         model: nn.Module,
-        save_dir: str = "",
+        save_dir: Union[str, "os.PathLike[str]"] = "",
         *,
         save_to_disk: Optional[bool] = None,
         async_save: bool = False,
@@ -120,7 +120,7 @@ class Checkpointer:
             raise ValueError(f"Checkpointer format must be one of {FORMATS} (or None: 'dcp' under FSDP), got {format!r}")
         self.format = format
         self.model = model
-        self.save_dir = save_dir
+        self.save_dir = os.fspath(save_dir)  # a pathlib.Path too
         # Every file of this checkpointer goes through it (detectron2's
         # per-checkpointer path_manager: a handler for another store).
         self.path_manager = PathManager
@@ -313,7 +313,7 @@ class Checkpointer:
         logger.info("Saved the model weights to %s", path)
         return path
 
-    def save_file(self, path: str, **extra: Any) -> Optional[str]:
+    def save_file(self, path: Union[str, "os.PathLike[str]"], **extra: Any) -> Optional[str]:
         """Writes the same checkpoint as :meth:`save` to any ``path`` (its
         directory is created), without moving ``last_checkpoint``: for a
         checkpoint outside ``save_dir`` (``Trainer.save_checkpoint``). Returns
@@ -325,7 +325,7 @@ class Checkpointer:
         for key in extra:
             if key == "model" or key in self.checkpointables:
                 raise ValueError(f"save_file(..., {key}=...) collides with the checkpointable '{key}'; rename it.")
-        return self._write(path, extra, sharded, asynchronous=False, then=None)
+        return self._write(os.fspath(path), extra, sharded, asynchronous=False, then=None)
 
     def _write(
         self,
@@ -454,7 +454,7 @@ class Checkpointer:
     # ------------------------------------------------------------------ load
     def load(
         self,
-        path: str,
+        path: Union[str, "os.PathLike[str]"],
         checkpointables: Optional[Sequence[str]] = None,
         *,
         strict: bool = False,
@@ -488,7 +488,7 @@ class Checkpointer:
         if not path:
             logger.info("No checkpoint given: the model keeps its current weights.")
             return {}
-        path, matching_heuristics = _split_query(path, matching_heuristics)
+        path, matching_heuristics = _split_query(os.fspath(path), matching_heuristics)
         names = self._select(checkpointables)
         logger.info("Loading checkpoint from %s", path)
         if is_safetensors_source(path):
@@ -564,6 +564,23 @@ class Checkpointer:
                 e.add_note(f"treadle: raised while loading '{name}' from checkpoint '{path}'")
             raise
 
+    def _check_optimizer_fits(self, name: str, state: Any, path: str) -> None:
+        """Refuses an optimizer state whose parameter groups differ from the
+        optimizer's in number or size (torch's own error names no file)."""
+        obj = self.checkpointables[name]
+        if not isinstance(obj, torch.optim.Optimizer) or not isinstance(state, dict) or is_fsdp_model(
+            unwrap_model(self.model)
+        ):
+            return
+        saved = [len(group.get("params", ())) for group in state.get("param_groups", ())]
+        here = [len(group["params"]) for group in obj.param_groups]
+        if saved != here:
+            raise CheckpointError(
+                f"The optimizer state ('{name}') in '{path}' has {len(saved)} parameter group(s) of {saved} "
+                f"parameters, and this run's optimizer {len(here)} of {here}: it was saved by another optimizer "
+                "setup (another trainer, or other parameter groups)."
+            )
+
     def _select(self, checkpointables: Optional[Sequence[str]]) -> List[str]:
         if checkpointables is None:
             return list(self.checkpointables)
@@ -586,14 +603,16 @@ class Checkpointer:
         matching_heuristics: bool = False,
     ) -> Dict[str, Any]:
         state, container = extract_model_state(checkpoint, path)
-        if matching_heuristics:
-            state = align_by_suffix(unwrap_model(self.model).state_dict().keys(), state)
-        report = load_model_state(self.model, state, source=f"checkpoint '{path}'", strict=strict)
-        _log_load_report(report, path)
         rest: Dict[str, Any] = {}
         if container is not None:
             rest = dict(checkpoint)
             rest.pop(container)
+        for name in names:  # before anything is loaded: a refused file changes nothing
+            self._check_optimizer_fits(name, rest.get(name), path)
+        if matching_heuristics:
+            state = align_by_suffix(unwrap_model(self.model).state_dict().keys(), state)
+        report = load_model_state(self.model, state, source=f"checkpoint '{path}'", strict=strict)
+        _log_load_report(report, path)
         for name in names:
             if name not in rest:
                 logger.warning("Checkpoint %s has no state for '%s'; it keeps its current state.", path, name)

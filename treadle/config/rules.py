@@ -13,6 +13,7 @@ imports torch when it runs.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Callable, Sequence
 
 from .errors import ConfigError
@@ -28,8 +29,10 @@ __all__ = [
     "choice",
     "boolean",
     "text",
+    "path",
     "seed",
     "device",
+    "compile_backend",
     "anything",
 ]
 
@@ -116,6 +119,44 @@ def text(*, empty: bool = True, none: bool = False) -> Rule:
             raise ConfigError(f"{key} must be {what}{' or None' if none else ''}, got {shown(value)}")
 
     return rule
+
+
+def path(*, empty: bool = True, none: bool = False, inside: bool = False) -> Rule:
+    """A path: a string or an ``os.PathLike`` (``pathlib.Path``), which
+    code reads as its string (non-empty unless ``empty``; or None when
+    ``none``). ``inside``: a folder inside the run's folder, which is what its
+    lock covers: a relative path that neither leaves it (``..``) nor is it (``.``)."""
+
+    def rule(key: str, value: Any) -> None:
+        if value is None and none:
+            return
+        text = os.fspath(value) if isinstance(value, os.PathLike) else value
+        if not isinstance(text, str) or (not empty and not text):
+            what = "a non-empty path" if not empty else "a path"
+            got = shown(value) if isinstance(value, str) else f"{type(value).__name__} {shown(value)}"
+            raise ConfigError(f"{key} must be {what} (a str or os.PathLike){' or None' if none else ''}, got {got}")
+        if inside and text:
+            normal = os.path.normpath(text)
+            if os.path.isabs(text) or normal == os.curdir or normal == os.pardir or normal.startswith(os.pardir + os.sep):
+                where = "is output_dir itself" if normal == os.curdir else "is outside output_dir"
+                raise ConfigError(
+                    f"{key}={text!r} {where}: give a folder inside output_dir (a relative path such as "
+                    f"'{key.rsplit('.', 1)[-1].replace('_dir', '')}'), or None for output_dir itself"
+                )
+
+    return rule
+
+
+def compile_backend(key: str, value: Any) -> None:
+    """A backend ``torch.compile`` knows (``torch.compiler.list_backends``), or a callable one."""
+    if callable(value) or value == "inductor":  # the default is known without importing the compiler
+        return
+    text(empty=False)(key, value)
+    import torch
+
+    known = torch.compiler.list_backends(exclude_tags=())
+    if value not in known:
+        raise ConfigError(f"{key}={value!r} is not a torch.compile backend; choose one of {', '.join(sorted(known))}")
 
 
 def seed(key: str, value: Any) -> None:

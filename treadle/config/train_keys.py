@@ -17,6 +17,7 @@ OmegaConf.
 
 from __future__ import annotations
 
+import os
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,9 +29,11 @@ from .rules import (
     anything,
     boolean,
     choice,
+    compile_backend,
     device,
     integer,
     non_negative_number,
+    path,
     positive_number,
     seed,
     shown,
@@ -49,6 +52,7 @@ __all__ = [
     "train_default",
     "train_setting",
     "train_section",
+    "check_options",
     "wrapper_options",
     "describe",
 ]
@@ -79,9 +83,9 @@ _NAME = text(empty=False, none=True)
 #: Every key of ``train``, in the order of the shipped config. Defaults are
 #: immutable values (strings, numbers, booleans, None).
 KEYS: Tuple[TrainKey, ...] = (
-    _K("output_dir", "./output", text(empty=False),
+    _K("output_dir", "./output", path(empty=False),
        "The run's folder: checkpoints, metrics.json, log.txt, config.yaml."),
-    _K("init_checkpoint", "", text(none=True),
+    _K("init_checkpoint", "", path(none=True),
        "Weights loaded at the start when not resuming (e.g. a pre-trained backbone); '' for none."),
     _K("max_iter", 1000, integer(1), "Iterations to train (one iteration = one optimizer update)."),
     _K("device", "auto", device, "'auto' picks cuda, then mps, then cpu; or 'cpu', 'cuda', 'cuda:N', 'mps'."),
@@ -121,7 +125,7 @@ KEYS: Tuple[TrainKey, ...] = (
        "loss = loss_fn(model(inputs), targets) on (inputs, targets) batches; None: the model returns its loss."),
     _K("step.compile.mode", None, choice(_COMPILE_MODES),
        "torch.compile's mode; 'reduce-overhead' uses CUDA graphs on GPU."),
-    _K("step.compile.backend", "inductor", text(empty=False), "torch.compile's backend."),
+    _K("step.compile.backend", "inductor", compile_backend, "torch.compile's backend."),
     _K("step.compile.fullgraph", False, boolean, "Fail on a graph break instead of splitting the graph."),
     _K("step.compile.dynamic", None, choice((None, True, False)),
        "Compile for dynamic shapes (True), static ones (False) or decide on a recompile (None)."),
@@ -213,6 +217,24 @@ def train_default(key: str) -> Any:
     return _entry(key).default
 
 
+def check_options(setting: str, options: Mapping[str, Any], section: str, *, more: Mapping[str, Rule] = {}) -> None:
+    """Checks options of ``train.<section>`` given under another name (the
+    plain ``Trainer``'s ``ddp={...}``, ``compile={...}``), before anything is
+    built: each key is one of the section's (or of ``more``), each value
+    follows its rule.
+
+    Raises:
+        ConfigError: one line naming ``setting``, the option and what it takes.
+    """
+    rules = {name.split(".")[-1]: key.rule for name, key in _BY_NAME.items() if name.rpartition(".")[0] == section}
+    rules.update(more)
+    for name, value in options.items():
+        rule = rules.get(name)
+        if rule is None:
+            raise ConfigError(f"{setting} has no option {name!r}; its options are {', '.join(sorted(rules))}")
+        rule(f"{setting}[{name!r}]", value)
+
+
 def _entry(key: str) -> TrainKey:
     try:
         return _BY_NAME[key]
@@ -253,6 +275,8 @@ def train_setting(cfg: Any, key: str) -> Any:
     """
     entry = _entry(key)
     value = _walk(cfg, key)
+    if isinstance(value, os.PathLike):  # a path key's pathlib.Path is read as its string
+        return os.fspath(value)
     return entry.default if value is _MISSING else value
 
 

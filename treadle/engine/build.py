@@ -14,6 +14,8 @@ import torch
 from fvcore.common.param_scheduler import ParamScheduler
 from torch import nn
 
+from treadle.config.rules import is_int, is_number
+
 # Importable from here too: configs saved before (config.yaml's _target_) name them so.
 from treadle.solver.build import (  # noqa: F401
     OPTIMIZERS,
@@ -91,6 +93,7 @@ def resolve_scheduler(
         unknown = sorted(set(options) - set(SCHEDULE_OPTIONS))
         if unknown:
             raise ValueError(f"scheduler={name!r} takes the options {', '.join(SCHEDULE_OPTIONS)}; got {unknown}")
+        _check_schedule_options(name, options)
         logger.info("Schedule %r: %s", name, describe_schedule(name, max_iter, warmup_iters, **options))
         return build_lr_multiplier(name, max_iter=max_iter, **warmup, **options)
     if isinstance(scheduler, ParamScheduler):
@@ -111,6 +114,16 @@ def resolve_scheduler(
             )
         return built
     raise TypeError(f"scheduler must be a name, a scheduler or a factory, got {type(scheduler).__name__}")
+
+
+def _check_schedule_options(name: str, options: Dict[str, Any]) -> None:
+    """The values of a named schedule's options: numbers, and ``steps`` a
+    list of iterations (fvcore would take a string and fail mid-run)."""
+    for key, value in options.items():
+        steps = key == "steps"
+        if not (is_number(value) or (steps and isinstance(value, (list, tuple)) and all(map(is_int, value)))):
+            what = "a list of iterations" if steps else "a number"
+            raise ValueError(f"scheduler={name!r}: option {key} must be {what}, got {value!r}")
 
 
 def _named(scheduler: Tuple[Any, ...]) -> Tuple[str, Dict[str, Any]]:

@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 import threading
+import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Union
 
@@ -219,6 +220,26 @@ def _wait_for_workers(context: Any, forwarded: Set[int]) -> None:
             print(f"error: process {e.error_index} of the job was killed by {name}", file=sys.stderr, flush=True)
             raise SystemExit(128 - e.exit_code) from None
         raise
+    except mp.ProcessRaisedException as e:
+        # torch wraps the worker's traceback in the launcher's (some 40 lines
+        # around the one that says what happened): that line, and where the rest is.
+        print(f"error: process {e.error_index} of the job failed: {_worker_error(str(e))}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+def _worker_error(message: str) -> str:
+    """The exception's own line(s) at the end of a worker's traceback
+    (``ProcessRaisedException``'s message), joined by "; ", and the file the
+    whole traceback is saved to."""
+    trace = message.split("terminated with the following error:\n", 1)[-1]
+    lines = trace.rstrip().splitlines()
+    # The exception follows the last frame (indented lines), and may span lines of its own.
+    start = max((i + 1 for i, line in enumerate(lines) if line.startswith(" ")), default=0)
+    text = "; ".join(line.strip() for line in lines[start:] if line.strip()) or "an exception"
+    fd, path = tempfile.mkstemp(prefix="treadle-error-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write(trace)
+    return f"{text} (traceback in {path})"
 
 
 def _distributed_worker(

@@ -6,11 +6,13 @@ A :class:`RunSession` does that, in this order:
 
 1. **open**: load what the run starts from and claim the folder
    (:class:`~treadle.utils.run_folder.RunFolder`: one job at a time, no fresh
-   start over an earlier run unless it is moved aside). A fresh start loads
-   its initial weights first, so that a broken file is named as itself; a
-   resume claims first, then loads the newest readable checkpoint (or the
-   one named) and keeps the hyperparameters the trainer was given over the
-   checkpoint's, a warning naming each (:mod:`treadle.engine.resume`);
+   start over an earlier run unless it is moved aside). Both load first and
+   claim after, so that a broken or unfitting file is named as itself and a
+   refused start changes nothing in the folder (a killed job's lock
+   included): a fresh start its initial weights; a resume, once no live job
+   holds the folder, the newest readable checkpoint (or the one named),
+   keeping the hyperparameters the trainer was given over the checkpoint's,
+   a warning naming each (:mod:`treadle.engine.resume`);
 2. **start**: once there is training to do, write what the job left for
    this moment (``config.yaml``, see :mod:`treadle.utils.run_start`) and start
    the log files, which hold every record logged since the job began;
@@ -29,7 +31,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Union
 from treadle.checkpoint import Checkpointer, check_checkpoint_file
 from treadle.hooks import LRScheduler
 from treadle.utils.logger import start_log_files
-from treadle.utils.run_folder import RunFolder, claim_on_main_process
+from treadle.utils.run_folder import RunFolder, check_on_main_process, claim_on_main_process
 from treadle.utils.run_start import training_starts
 
 from .resume import restore_hyperparameters, take_hyperparameters
@@ -109,17 +111,18 @@ class RunSession:
             self.claim(resume=bool(resume), move_aside=move_aside)
             return 0
         if by_path:
-            self.checkpointer.check_file(os.fspath(resume))  # type: ignore[arg-type]  # before the claim writes
-        self.claim(resume=True, move_aside=move_aside)
+            self.checkpointer.check_file(os.fspath(resume))  # type: ignore[arg-type]  # a folder is named, not loaded
+        # Loaded before the claim too, once no live job holds the folder: a
+        # checkpoint refused (another model, other parameter groups) changes
+        # nothing there, the lock a killed job left included.
+        if self.folder is not None and not self._claimed:
+            check_on_main_process(self.folder, resume=True)
         snapshot = take_hyperparameters(trainer.optimizer, trainer.hooks)
-        try:
-            if by_path:
-                extra = self.checkpointer.load(os.fspath(resume), strict=True)  # type: ignore[arg-type]
-            else:
-                extra = self.checkpointer.resume_or_load(init, resume=True)
-        except BaseException:
-            self.release()
-            raise
+        if by_path:
+            extra = self.checkpointer.load(os.fspath(resume), strict=True)  # type: ignore[arg-type]
+        else:
+            extra = self.checkpointer.resume_or_load(init, resume=True)
+        self.claim(resume=True, move_aside=move_aside)
         if "iteration" not in extra:
             return 0
         restore_hyperparameters(snapshot, trainer.optimizer, trainer.hooks)

@@ -622,9 +622,9 @@ def _check_epoch_events(events: SeedEventCalls, epoch_length: Optional[int]) -> 
 def _logs_dir(values: Dict[str, Any]) -> Optional[str]:
     """Where log.txt goes, from settings not checked yet (a bad one: nowhere; the check then says why)."""
     output_dir, sub = values["output_dir"], values["logs_dir"]
-    if not isinstance(output_dir, str) or not isinstance(sub, (str, type(None))):
+    if not isinstance(output_dir, (str, os.PathLike)) or not isinstance(sub, (str, os.PathLike, type(None))):
         return None
-    return _inside(output_dir, sub)
+    return _inside(os.fspath(output_dir), os.fspath(sub) if sub else None)
 
 
 def _inside(output_dir: Optional[str], sub: Optional[str]) -> Optional[str]:

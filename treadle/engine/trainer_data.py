@@ -71,6 +71,14 @@ def data_kind(data: Any, name: str = "train_loader") -> str:
     return "batches" if _has_length(data) else "stream"
 
 
+def _is_empty(data: Any) -> bool:
+    """Whether ``data`` has a length, and it is 0 (a dataset of no samples, no batches)."""
+    try:
+        return (len(data) if _is_map_dataset(data) or _is_sequence(data) else loader_batches(data)) == 0
+    except TypeError:  # no length: a stream, or a DataLoader over an iterable dataset
+        return False
+
+
 def _what(data: Any) -> str:
     if _is_map_dataset(data):
         return "a dataset"
@@ -86,11 +94,16 @@ _READY_BATCHES = ("; ready-made batches come as a DataLoader (DataLoader(batches
 
 def check_batch_sizes(train: Any, evaluation: Any, batch_size: Optional[int], total_batch_size: Optional[int],
                       eval_batch_size: Optional[int]) -> None:
-    """Refuses, in one line, a dataset given without a batch size for it.
+    """Refuses, in one line, data that holds nothing, and a dataset given
+    without a batch size for it.
 
     Raises:
-        ValueError: naming the dataset and the settings that would batch it.
+        ValueError: naming the data and the settings that would batch it.
     """
+    for name, data in (("train_loader", train), ("eval_loader", evaluation)):
+        if data is not None and _is_empty(data):
+            instead = "leave eval_loader out to train without evaluation" if name == "eval_loader" else "give it data"
+            raise ValueError(f"{name} is empty (a {type(data).__name__} of length 0): {instead}")
     if data_kind(train) == "dataset" and batch_size is None and total_batch_size is None:
         raise ValueError(
             f"train_loader is {_what(train)}: give batch_size=... (per process) or total_batch_size=... (over all "

@@ -37,11 +37,13 @@ from treadle.config.rules import (
     integer,
     is_int,
     non_negative_number,
+    path,
     positive_number,
     shown,
     text,
 )
 from treadle.config.train_keys import KEYS as TRAIN_KEYS
+from treadle.config.train_keys import check_options
 
 __all__ = [
     "records_given_settings",
@@ -168,6 +170,21 @@ def _ddp(key: str, value: Any) -> None:
         raise ConfigError(f"{key} must be 'ddp', 'fsdp' or a dict of train.ddp options, got {shown(value)}")
     if kind not in ("ddp", "fsdp"):
         raise ConfigError(f"{key}: the model wrapper must be 'ddp' or 'fsdp', got {kind!r}")
+    if isinstance(value, Mapping):  # also on one process, where nothing is wrapped: said before a job uses it
+        check_options(key, value, "ddp")
+
+
+def _compile(key: str, value: Any) -> None:
+    _bool_or_dict(key, value)
+    if isinstance(value, dict):  # CompiledStep's: torch.compile's options
+        check_options(key, value, "step.compile", more={"options": _options_dict})
+        if value.get("mode") is not None and value.get("options") is not None:
+            raise ConfigError(f"{key}: torch.compile takes either mode or options, not both")
+
+
+def _options_dict(key: str, value: Any) -> None:
+    if value is not None and not isinstance(value, dict):
+        raise ConfigError(f"{key} must be a dict of inductor options or None, got {shown(value)}")
 
 
 def _device(key: str, value: Any) -> None:
@@ -306,12 +323,12 @@ SETTINGS: Tuple[Setting, ...] = (
     _row("callbacks", (), _sequence, "fn(trainer, epoch, metrics) at each epoch's end, with that epoch's row.",
          Need("epochs", _EPOCHS,
               "callbacks are called at each epoch's end, and this train_loader has no length (no epochs)")),
-    _row("output_dir", None, text(empty=False, none=True), "The run's folder: checkpoints, metrics, log.txt; "
+    _row("output_dir", None, path(empty=False, none=True), "The run's folder: checkpoints, metrics, log.txt; "
          "nothing is written without it."),
-    _row("checkpoints_dir", None, text(empty=False, none=True), "A folder inside output_dir for the checkpoints.",
+    _row("checkpoints_dir", None, path(empty=False, none=True, inside=True), "A folder inside output_dir for the checkpoints.",
          Need("output_dir", _OUTPUT_DIR, "checkpoints_dir/logs_dir ({value}) are folders inside output_dir: give "
               "output_dir")),
-    _row("logs_dir", None, text(empty=False, none=True), "A folder inside output_dir for the logs and metrics.",
+    _row("logs_dir", None, path(empty=False, none=True, inside=True), "A folder inside output_dir for the logs and metrics.",
          Need("output_dir", _OUTPUT_DIR, "checkpoints_dir/logs_dir ({value}) are folders inside output_dir: give "
               "output_dir")),
     _row("loggers", ("json", "tensorboard"), _loggers, "The files written ('json', 'tensorboard', 'csv'), "
@@ -326,7 +343,7 @@ SETTINGS: Tuple[Setting, ...] = (
             Need("no clip_grad_value", lambda s, v: s["clip_grad_value"] is None,
                  "clip_grad_norm={value} and clip_grad_value={clip_grad_value}: clip by norm or by value, not both")),
     _shared("clip_grad_value", "step.clip_grad_value"),
-    _row("compile", False, _bool_or_dict, "Run each step through torch.compile (CompiledStep); a dict is "
+    _row("compile", False, _compile, "Run each step through torch.compile (CompiledStep); a dict is "
          "passed to torch.compile."),
     _shared("device", "device", rule=_device, doc="A torch.device is taken too."),
     _row("seed", None, _seed, "Seeds python, numpy and torch before training, and the data order; None: not seeded "
@@ -367,7 +384,7 @@ SETTINGS: Tuple[Setting, ...] = (
          "best_metric (or of the evaluation loss); of a training best_metric, that many readings.",
          Need("an evaluation set", _watches_an_evaluation,
               "best_metric and early_stopping_patience watch an evaluation: give eval_loader")),
-    _row("init_weights_from", None, text(empty=False, none=True), "A checkpoint whose matching weights are loaded "
+    _row("init_weights_from", None, path(empty=False, none=True), "A checkpoint whose matching weights are loaded "
          "first (a new head is fine: mismatched keys are reported)."),
     _row("progress_bar", None, choice((None, True, False)), "A tqdm bar; None: shown when stderr is a terminal."),
     _row("evaluate_with_generate", False, _bool_or_dict, "Score the metrics on model.generate()'s outputs; a dict "
@@ -431,6 +448,8 @@ def check_settings(situation: Situation, given: FrozenSet[str]) -> Dict[str, Any
         value = values[row.name]
         if row.name in given and row.rule is not None and not (value is None and row.default is None):
             row.rule(row.name, value)
+            if isinstance(value, os.PathLike):  # a path setting's pathlib.Path is used as its string
+                values[row.name] = value = os.fspath(value)
             if row.rule is not _seed and is_int(value) and isinstance(value, float) and isinstance(row.default, int):
                 values[row.name] = int(value)
     situation = dataclasses.replace(situation, values=values)

@@ -157,9 +157,11 @@ class EventStorage:
         self._series_of_tensors: Set[str] = set()
         # The values of the last deferred flush, on their way to host memory (see flush).
         self._reading: Optional[_Reading] = None
-        # Inside as_of(): reads resolve nothing; writers' rows end at _rows_through.
+        # Inside as_of(): reads resolve nothing; writers' rows end at _rows_through,
+        # evaluation results at _results_through (None: every one).
         self._reads_record = True
         self._rows_through: Optional[int] = None
+        self._results_through: Optional[int] = None
         # Counts the reads that recorded something: what the values of
         # latest_with_smoothing_hint are cached by, so that the writers of
         # one flush compute each median once between them.
@@ -402,22 +404,33 @@ class EventStorage:
         return any(series[name] and not cast(torch.Tensor, series[name][-1][0]).is_cpu for name in self._series_of_tensors)
 
     @contextmanager
-    def as_of(self, iteration: int) -> Iterator[None]:
-        """Reads inside the block resolve nothing, and writers' rows of
-        training values end at ``iteration`` (:attr:`rows_through`;
-        evaluation results are every one recorded): a deferred :meth:`flush`'s
+    def as_of(self, iteration: int, *, every_result: bool = False) -> Iterator[None]:
+        """Reads inside the block resolve nothing, and writers' rows end at
+        ``iteration`` (:attr:`rows_through`, :attr:`results_through`): what a
+        waiting flush at ``iteration`` wrote. A deferred :meth:`flush`'s
         writers write what the flush before it recorded, as of its iteration,
-        without waiting for the copy just started."""
+        without waiting for the copy just started; an evaluation result
+        recorded since (a hook read the storage for it) waits for the rows of
+        its own iteration, which then hold its training values too.
+        ``every_result=True``: the training rows end at ``iteration``, and
+        every evaluation result recorded is written (a stop to be resumed:
+        the resumed run never writes them)."""
         self._reads_record, self._rows_through = False, iteration
+        self._results_through = None if every_result else iteration
         try:
             yield
         finally:
-            self._reads_record, self._rows_through = True, None
+            self._reads_record, self._rows_through, self._results_through = True, None, None
 
     @property
     def rows_through(self) -> Optional[int]:
-        """Inside :meth:`as_of`, the iteration writers' rows end at; else None (every value recorded)."""
+        """Inside :meth:`as_of`, the iteration writers' rows of training values end at; else None (every value recorded)."""
         return self._rows_through
+
+    @property
+    def results_through(self) -> Optional[int]:
+        """Inside :meth:`as_of`, the iteration writers' evaluation results end at; else None (every result recorded)."""
+        return self._results_through
 
     def point_through(self, name: str, iteration: int, window_size: int) -> Optional[Tuple[float, int]]:
         """``name``'s point as a read at ``iteration`` saw it: its newest

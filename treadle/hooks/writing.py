@@ -153,7 +153,8 @@ class PeriodicWriter(HookBase):
                         storage.clear_images()
                         storage.clear_histograms()
                 if not defer:
-                    with storage.as_of(rows_through) if rows_through is not None else contextlib.nullcontext():
+                    stop = storage.as_of(rows_through, every_result=True) if rows_through is not None else None
+                    with stop or contextlib.nullcontext():
                         self._write_rows()
             finally:
                 storage.clear_images()

@@ -177,6 +177,19 @@ def reduce_param_groups(groups: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return list(merged.values())
 
 
+def _refused_option(cls: type, options: Dict[str, Any]) -> str:
+    """``name=value`` of the option that ``cls`` refuses alone (torch's own
+    message often names neither the option nor the optimizer); all of them
+    when none does alone."""
+    probe = [nn.Parameter(torch.zeros(1))]
+    for key, value in options.items():
+        try:
+            cls(probe, **{key: value})
+        except (TypeError, ValueError):
+            return f"{key}={value!r}"
+    return ", ".join(f"{k}={v!r}" for k, v in options.items())
+
+
 def build_optimizer(
     name: str,
     params: Union[Iterable[nn.Parameter], List[Dict[str, Any]], nn.Module],
@@ -213,7 +226,12 @@ def build_optimizer(
             params = get_param_groups(params, weight_decay=weight_decay, weight_decay_norm=0.0, weight_decay_bias=0.0)
         else:
             params = trainable_parameters(params)
-    optimizer = cls(params, lr=lr, weight_decay=weight_decay, **options)
+    try:
+        optimizer = cls(params, lr=lr, weight_decay=weight_decay, **options)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"optimizer={name!r}: torch.optim.{cls.__name__} refuses "
+                         f"{_refused_option(cls, dict(lr=lr, weight_decay=weight_decay, **options))} "
+                         f"({type(e).__name__}: {e})") from None
     given = ", ".join(f"{k}={v!r}" for k, v in {"lr": lr, "weight_decay": weight_decay, **options}.items())
     logger.info(
         "Optimizer %r: torch.optim.%s(%s), torch's defaults for the rest%s", name, cls.__name__, given,

@@ -149,7 +149,14 @@ def check_job(cfg: DictConfig, args: argparse.Namespace) -> Optional[str]:
         return weights
     init = train_setting(cfg, "init_checkpoint")
     if init and args.resume and Checkpointer(nn.Module(), output_dir).has_checkpoint():
-        init = ""  # a resume loads the run's own checkpoint
+        # A resume loads the run's own checkpoint; a broken init is said, not
+        # refused: a requeued job must not fail on a file it does not read.
+        try:
+            check_checkpoint_file(init)
+        except CheckpointError as e:
+            logger.warning("train.init_checkpoint is not loaded (--resume continues the run's checkpoint), and it "
+                           "could not be: %s", e)
+        init = ""
     if init:
         check_checkpoint_file(init)  # the weights a fresh start loads
     _check_run_folder(output_dir, args, init)

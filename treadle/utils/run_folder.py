@@ -277,6 +277,10 @@ class RunFolder:
             RunFolderUsedError: a fresh start in a used folder, without ``move_aside``.
             RunFolderError: the folder cannot be created, locked or moved.
         """
+        # Refused before the lock is taken: a refused start changes nothing in
+        # the folder, the lock a killed job left there included.
+        if self._fd is None:
+            self.check(resume=resume, move_aside=move_aside)
         self.acquire()
         try:
             if resume:

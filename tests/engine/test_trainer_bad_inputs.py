@@ -1,0 +1,154 @@
+"""The plain Trainer's bad inputs: each is one line naming the setting, option
+or file, before anything is written; paths are taken as ``str`` or
+``os.PathLike`` everywhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from treadle.checkpoint import CheckpointError, Checkpointer
+from treadle.engine import Trainer
+
+from tests.run_files import snapshot
+
+CE = nn.functional.cross_entropy
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def batches(n=4):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(4, 6, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(n)]
+
+
+def trainer(optimizer="sgd", **settings):
+    model = mlp()
+    settings.setdefault("max_iter", 4)
+    return Trainer(model, optimizer, settings.pop("train_loader", batches()), lr=0.1, loss_fn=CE, progress_bar=False,
+                   **settings)
+
+
+def same_weights(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---------------------------------------------------------------------- empty data
+@pytest.mark.parametrize("name", ["train_loader", "eval_loader"])
+def test_empty_data_is_refused_when_the_trainer_is_built_before_anything_is_written(name, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=rf"^{name} is empty \(a list of length 0\)"):
+        trainer(output_dir=str(out), **{name: []})
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------------- paths
+def test_every_path_is_taken_as_a_str_or_a_pathlike(tmp_path):
+    first = trainer(output_dir=tmp_path / "first", checkpoints_dir=Path("ckpt"), logs_dir=Path("logs"))
+    first.train()
+    assert (tmp_path / "first" / "ckpt" / "model_final.pth").is_file()
+    assert (tmp_path / "first" / "logs" / "metrics.json").is_file() and (tmp_path / "first" / "logs" / "log.txt").is_file()
+    assert first.save_checkpoint(tmp_path / "saved.pth") == str(tmp_path / "saved.pth")
+    weights = torch.load(tmp_path / "saved.pth", weights_only=True)["model"]
+
+    loaded = trainer()
+    loaded.load_checkpoint(tmp_path / "saved.pth")
+    assert same_weights(loaded.model.state_dict(), weights)
+    initialized = trainer(init_weights_from=tmp_path / "saved.pth", max_iter=1)
+    assert same_weights(initialized.model.state_dict(), weights)
+    resumed = trainer(output_dir=tmp_path / "resumed", max_iter=6)
+    resumed.train(resume=tmp_path / "saved.pth")
+    assert resumed.last_run_iter == 5 and (tmp_path / "resumed" / "model_final.pth").is_file()
+
+    by_checkpointer = Checkpointer(mlp(1), tmp_path / "first" / "ckpt")
+    assert by_checkpointer.has_checkpoint()
+    by_checkpointer.load(tmp_path / "saved.pth")
+    assert same_weights(by_checkpointer.model.state_dict(), weights)
+
+
+def test_a_path_setting_of_another_type_is_refused_naming_its_type(tmp_path):
+    with pytest.raises(ValueError, match=r"^output_dir must be a non-empty path \(a str or os.PathLike\) or None, "
+                                         r"got int 5$"):
+        trainer(output_dir=5)
+
+
+@pytest.mark.parametrize(
+    "setting, value, where",
+    [
+        ("checkpoints_dir", "../elsewhere", "is outside output_dir"),
+        ("checkpoints_dir", "a/../..", "is outside output_dir"),
+        ("logs_dir", "/tmp/logs", "is outside output_dir"),
+        ("logs_dir", Path("."), "is output_dir itself"),
+        ("checkpoints_dir", "sub/..", "is output_dir itself"),
+    ],
+)
+def test_a_run_subfolder_outside_output_dir_or_equal_to_it_is_refused(setting, value, where, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=rf"^{setting}='{value}' {where}: give a folder inside output_dir"):
+        trainer(output_dir=str(out), **{setting: value})
+    assert not out.exists() and not (tmp_path / "elsewhere").exists()
+
+
+# ---------------------------------------------------------------------- options torch refuses
+@pytest.mark.parametrize(
+    "optimizer, culprit",
+    [
+        (("adam", {"betas": "x"}), "optimizer='adam': torch.optim.Adam refuses betas='x' (TypeError: "),
+        (("sgd", {"momentum": "fast"}), "optimizer='sgd': torch.optim.SGD refuses momentum='fast' (TypeError: "),
+        (("adamw", {"eps": -1.0}), "optimizer='adamw': torch.optim.AdamW refuses eps=-1.0 (ValueError: "),
+    ],
+)
+def test_an_optimizer_option_torch_refuses_is_one_line_naming_the_optimizer_and_option(optimizer, culprit, tmp_path):
+    with pytest.raises(ValueError) as error:
+        trainer(optimizer, output_dir=str(tmp_path / "run"))
+    assert str(error.value).startswith(culprit) and "\n" not in str(error.value)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "settings, culprit",
+    [
+        ({"scheduler": ("step", {"gamma": "x"})}, "scheduler='step': option gamma must be a number, got 'x'"),
+        ({"scheduler": ("step", {"steps": "x"})}, "scheduler='step': option steps must be a list of iterations, got 'x'"),
+        ({"scheduler": ("cosine", {"end_value": "x"})}, "scheduler='cosine': option end_value must be a number, got 'x'"),
+        ({"compile": {"mode": "fastest"}}, "compile['mode'] must be one of None, 'default'"),
+        ({"compile": {"bogus": 1}}, "compile has no option 'bogus'; its options are backend, dynamic, fullgraph, mode, "
+                                    "options"),
+        ({"compile": {"backend": "nope"}}, "compile['backend']='nope' is not a torch.compile backend; choose one of "),
+        ({"compile": {"mode": "default", "options": {}}}, "compile: torch.compile takes either mode or options"),
+        ({"ddp": {"kind": "ddp", "bucket_cap_mb": "x"}}, "ddp['bucket_cap_mb'] must be a positive number or None, got 'x'"),
+        ({"ddp": {"kind": "fsdp", "fullgraph": True}}, "ddp has no option 'fullgraph'; its options are "),
+    ],
+)
+def test_a_scheduler_compile_or_ddp_option_torch_refuses_is_one_line_naming_it(settings, culprit, tmp_path):
+    with pytest.raises(ValueError) as error:
+        trainer(output_dir=str(tmp_path / "run"), **settings)
+    assert str(error.value).startswith(culprit) and "\n" not in str(error.value)
+    assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------- a resume that does not fit
+def test_resuming_an_optimizer_with_other_parameter_groups_is_one_line_naming_the_file_and_changes_nothing(tmp_path):
+    out = tmp_path / "run"
+    # weight_decay puts norms and biases into a group of their own: two groups, then one.
+    trainer(output_dir=str(out), weight_decay=0.01).train()
+    before = snapshot(out)
+    other = trainer(output_dir=str(out), weight_decay=0.0, max_iter=8)
+    untouched = {k: v.clone() for k, v in other.model.state_dict().items()}
+    with pytest.raises(CheckpointError) as error:
+        other.train(resume=True)
+    message = str(error.value)
+    assert message.startswith(f"Cannot resume from {out / 'model_final.pth'}: The optimizer state ('optimizer') in "
+                              f"'{out / 'model_final.pth'}' has 2 parameter group(s) of [2, 2] parameters, and this "
+                              "run's optimizer 1 of [4]"), message
+    assert "\n" not in message
+    assert snapshot(out) == before
+    assert same_weights(other.model.state_dict(), untouched)  # refused before the weights were loaded
+    with pytest.raises(CheckpointError, match=r"^The optimizer state \('optimizer'\) in '.*model_final.pth' has 2"):
+        other.load_checkpoint(out / "model_final.pth")
