@@ -25,7 +25,7 @@ import importlib
 import inspect
 import sys
 import types
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple, TypeVar
 
 from docutils import nodes
 from docutils.parsers.rst import directives
@@ -146,10 +146,14 @@ def reference_lines(module_name: str) -> List[str]:
         elif kind == "function":
             lines += [f".. autofunction:: {name}"] + no_index + [""]
         else:
-            doc = data_doc(module_name, name) or []
-            lines += [f".. py:data:: {name}", ""]
-            lines += [f"   {line}" if line.strip() else "" for line in doc] + [""]
+            lines += data_lines(module_name, name)
     return lines
+
+
+def data_lines(module_name: str, name: str) -> List[str]:
+    """A constant (or type alias), with its ``#:`` comment: a ``py:data`` entry."""
+    doc = data_doc(module_name, name) or []
+    return [f".. py:data:: {name}", f"   :module: {module_name}", ""] + [f"   {line}" if line.strip() else "" for line in doc] + [""]
 
 
 def submodules() -> List[str]:
@@ -199,12 +203,14 @@ def module_lines() -> List[str]:
         for name in getattr(module, "__all__", []):
             value = getattr(module, name)
             kind = kind_of(value)
-            if id(value) in exported or getattr(value, "__module__", module_name) != module_name:
+            if id(value) in exported or (kind != "data" and getattr(value, "__module__", module_name) != module_name):
                 continue  # on a package page, or defined elsewhere
             if kind == "class":
                 lines += [f".. autoclass:: {module_name}.{name}", "   :members:", "   :show-inheritance:", ""]
             elif kind == "function":
                 lines += [f".. autofunction:: {module_name}.{name}", ""]
+            elif kind == "data" and not isinstance(value, TypeVar):
+                lines += data_lines(module_name, name)
         lines.append("")
     return lines
 
@@ -239,7 +245,15 @@ class TreadleAPI(SphinxDirective):
 
 
 def _import(path: str) -> Any:
-    """The object a dotted ``path`` names (a module, then attributes), or raises."""
+    """The object a dotted ``path`` names, or raises: an attribute of its
+    parent first (``treadle.engine.launch`` is the function the package
+    exports, not the module of that name), else a module."""
+    if "." in path:
+        parent, name = path.rsplit(".", 1)
+        try:
+            return getattr(_import(parent), name)
+        except (ImportError, AttributeError):
+            pass
     parts = path.split(".")
     for i in range(len(parts), 0, -1):
         try:
@@ -270,10 +284,64 @@ def _documented_name(app: Sphinx, obj: Any, attr_path: Tuple[str, ...] = ()) -> 
             index.setdefault(id(value), full_name)
         app.env.treadle_api_index = index  # type: ignore[attr-defined]
     found = index.get(id(obj))
+    if found is None and isinstance(obj, (int, float, str, bool, tuple)):
+        # A constant: the documented data of the same name and value.
+        name = attr_path[-1] if attr_path else None
+        for full_name, entry in objects.items():
+            if entry.objtype == "data" and (name is None or full_name.endswith("." + name)):
+                try:
+                    if _import(full_name) == obj:
+                        return full_name
+                except Exception:  # noqa: BLE001
+                    continue
     if found and attr_path:
         found = ".".join((found,) + attr_path)
         return found if found in objects else None
     return found
+
+
+def _is_constant(obj: Any) -> bool:
+    return isinstance(obj, (int, float, str, bool, tuple))
+
+
+def _defined_in_treadle(obj: Any, path: str) -> bool:
+    """Whether ``obj`` (found at ``path``) is treadle's own: a constant found
+    in treadle, or an object whose module is treadle's."""
+    if _is_constant(obj) or obj is None:
+        return path.startswith("treadle.")
+    module = getattr(obj, "__module__", None) if not isinstance(obj, types.ModuleType) else obj.__name__
+    if not isinstance(module, str):
+        return path.startswith("treadle.")
+    return module == "treadle" or module.startswith("treadle.")
+
+
+def _docstring_owner(node: Any) -> Any:
+    """The object whose docstring holds ``node`` (autodoc's ``docstring of NAME``), or None."""
+    import re
+
+    parent = node
+    while parent is not None and not getattr(parent, "source", None):
+        parent = parent.parent
+    match = re.search(r"docstring of ([\w.]+)$", getattr(parent, "source", "") or "")
+    if not match:
+        return None
+    try:
+        return _import(match.group(1))
+    except Exception:  # noqa: BLE001 - not importable: no scope from it
+        return None
+
+
+def _owner_class(obj: Any) -> Any:
+    """The class that defines the function or property ``obj``, or None."""
+    function = getattr(obj, "fget", obj)
+    qualname = getattr(function, "__qualname__", "")
+    module = sys.modules.get(getattr(function, "__module__", "") or "")
+    if module is None or "." not in qualname:
+        return None
+    owner: Any = module
+    for part in qualname.split(".")[:-1]:
+        owner = getattr(owner, part, None)
+    return owner if inspect.isclass(owner) else None
 
 
 def resolve_by_import(app: Sphinx, env: Any, node: Any, contnode: Any) -> Optional[nodes.Node]:
@@ -287,6 +355,18 @@ def resolve_by_import(app: Sphinx, env: Any, node: Any, contnode: Any) -> Option
         scopes.append(f"{module}.{klass}.")
     if module:
         scopes.append(f"{module}.")
+    # A docstring shown under the package's name (``treadle.engine.Trainer``)
+    # names things as its own module does: that module, and its class.
+    written_in = _docstring_owner(node)
+    if written_in is not None:
+        owner = written_in
+        while owner is not None and not isinstance(owner, types.ModuleType) and not inspect.isclass(owner):
+            owner = getattr(owner, "__objclass__", None) or _owner_class(owner)
+        source_module = getattr(written_in, "__module__", None)
+        if inspect.isclass(owner):
+            scopes.insert(0, f"{owner.__module__}.{owner.__qualname__}.")
+        if isinstance(source_module, str):
+            scopes.insert(1 if inspect.isclass(owner) else 0, f"{source_module}.")
     scopes.append("")
     for scope in scopes:
         path = scope + target
@@ -294,7 +374,15 @@ def resolve_by_import(app: Sphinx, env: Any, node: Any, contnode: Any) -> Option
             obj = _import(path)
         except Exception:  # noqa: BLE001 - not this scope
             continue
-        documented = _documented_name(app, obj)
+        private = any(part.startswith("_") and not part.startswith("__") for part in path.split("."))
+        if isinstance(obj, TypeVar) or private or not _defined_in_treadle(obj, path):
+            # A type variable or a private name (no page of their own: a
+            # signature may name them), or another package's
+            # object reached through treadle (``LRMultiplier.get_last_lr`` is
+            # torch's): shown as code, as conf.py's nitpick_ignore_regex shows
+            # the names of other packages.
+            return contnode
+        documented = _documented_name(app, obj, (path.rsplit(".", 1)[-1],) if _is_constant(obj) else ())
         if documented is None and "." in path:
             # A method or attribute: its owner documented, the member under it.
             owner_path, member = path.rsplit(".", 1)
@@ -304,10 +392,11 @@ def resolve_by_import(app: Sphinx, env: Any, node: Any, contnode: Any) -> Option
                 owner = None
             if owner is not None and inspect.isclass(owner):
                 for base in inspect.getmro(owner):
-                    if member in vars(base):
-                        documented = _documented_name(app, base, (member,))
-                        if documented:
-                            break
+                    # An instance attribute is in no class's vars: its
+                    # ``#:`` comment documents it under the class.
+                    documented = _documented_name(app, base, (member,))
+                    if documented:
+                        break
         if documented is None:
             continue
         py = env.get_domain("py")

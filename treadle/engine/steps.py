@@ -190,8 +190,8 @@ class EagerStep(StepBase):
 
     @property
     def loss_source(self) -> str:
-        """Where the loss comes from, as errors name it: ``loss_fn``, ``the
-        model``, or a ``compute_loss`` (``MyTrainer.compute_loss``)."""
+        """Where the loss comes from, as errors name it (``loss_fn``, ``the
+        model``, or a ``compute_loss``: ``MyTrainer.compute_loss``)."""
         given = self.__dict__.get("compute_loss")
         if given is not None:
             return loss_source(given)
@@ -441,7 +441,7 @@ class CompiledStep(EagerStep):
 
     Args:
         mode, backend, fullgraph, dynamic, options: passed to ``torch.compile``.
-        Other arguments: as :class:`EagerStep`.
+        others: as :class:`EagerStep`.
     """
 
     def __init__(

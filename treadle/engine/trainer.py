@@ -83,7 +83,7 @@ class Trainer(TrainerBase):
         eval_loader: batches, or a dataset batched by ``eval_batch_size``,
             evaluated every ``eval_period`` iterations and at the end.
         metrics: what evaluation computes (default ``["loss"]``): names, ``(name,
-            options)``, torchmetrics objects or ``DatasetEvaluator``s.
+            options)``, torchmetrics objects or ``DatasetEvaluator`` objects.
         max_iter, max_epochs: the run length; with both, whichever comes first.
         scheduler: a torch scheduler (on this optimizer), a ``ParamScheduler``, a factory
             ``(optimizer[, max_iter])``, ``"cosine"``, ``"linear"``, ``"step"``,

@@ -131,6 +131,7 @@ class RunFolder:
         self.path = path
         self._names = dict(self.COMMAND_LINE, **(names or {}))
         # Folders inside it where the run also writes (Hezar's checkpoints/ and logs/).
+        #: Folders below ``path`` whose run files are the run's too (checkpoint shards).
         self.subdirs = [d for d in subdirs if d]
         self._fd: Optional[int] = None
         self.moved_to: Optional[str] = None
