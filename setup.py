@@ -41,6 +41,9 @@ setup(
         # ruff and mypy: the lint and type checks .ci/run runs (configured in pyproject.toml).
         "dev": ["pytest", "matplotlib", "transformers", "torchmetrics", "mlflow", "wandb", "ruff", "mypy"],
         "metrics": ["torchmetrics"],
+        # The documentation site: python -m sphinx -W -n --keep-going -b html docs docs/_build/html
+        # (.ci/run builds it; every reference must resolve).
+        "docs": ["sphinx", "myst-parser", "furo"],
         # The peers that benchmarks/peers.py runs beside treadle, when installed
         # (never a CI dependency).
         "bench": ["pytorch-ignite", "accelerate", "mmengine", "pytorch-accelerated", "lightning"],

@@ -41,6 +41,7 @@ __all__ = [
     "batch_size",
 ]
 
+#: How evaluation calls the model on a batch: ``forward(model, batch) -> outputs``.
 ForwardFn = Callable[[Any, Any], Any]
 
 
