@@ -42,7 +42,7 @@ exclude_patterns = ["_build"]
 # ```{directive} blocks hold Sphinx directives on the Markdown pages.
 myst_heading_anchors = 4
 myst_enable_extensions = ["colon_fence"]
-suppress_warnings = ["myst.xref_missing"] if False else []
+
 
 # The docstrings are Google style (Args:, Returns:, Raises:).
 napoleon_google_docstring = True
@@ -67,3 +67,27 @@ nitpick_ignore_regex = [
                r"|functools|datetime|json|csv|random|socket|re|inspect|shutil|tempfile|time"
                r"|builtins|_io|_thread)(\..*)?"),
 ]
+
+# The pages link to the repository's CHANGELOG.md and README.md, as a reader of
+# the repository follows them; on the site they are the pages changelog and index.
+SITE_PAGES = {"CHANGELOG.md": "changelog.md", "README.md": "index.md"}
+
+
+def _site_links(text: str, prefix: str) -> str:
+    for repository_file, page in SITE_PAGES.items():
+        text = text.replace(f"]({prefix}{repository_file})", f"]({page})")
+    return text
+
+
+def _on_source_read(app, docname, source):  # type: ignore[no-untyped-def]
+    source[0] = _site_links(source[0], "../")
+
+
+def _on_include_read(app, relative_path, parent_docname, content):  # type: ignore[no-untyped-def]
+    if relative_path.name == "README.md":
+        content[0] = _site_links(content[0], "")
+
+
+def setup(app):  # type: ignore[no-untyped-def]
+    app.connect("source-read", _on_source_read)
+    app.connect("include-read", _on_include_read)
