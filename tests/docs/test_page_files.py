@@ -91,3 +91,21 @@ def test_every_file_made_by_the_reader_is_made_by_its_page():
     for name, where in MADE_BY_THE_READER.items():
         page = where.split(",")[0]
         assert f"# {name}" in (ROOT / page).read_text(), f"{page} no longer makes {name}"
+
+
+def test_the_loop_that_docs_engine_md_shows_is_the_code():
+    """docs/engine.md shows TrainerBase._run_iterations' loop as an excerpt:
+    each of its lines (without the comments) is a line of the loop, in order."""
+    import inspect
+
+    from treadle.engine.train_loop import TrainerBase
+
+    page = (ROOT / "docs" / "engine.md").read_text()
+    block = page.split("<!-- not run by tests: an excerpt of TrainerBase._run_iterations", 1)[1]
+    block = block.split("```python\n", 1)[1].split("```", 1)[0]
+    shown = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+    source = [line.split("  #")[0].strip() for line in inspect.getsource(TrainerBase._run_iterations).splitlines()]
+    position = 0
+    for line in shown:
+        assert line in source[position:], f"docs/engine.md's loop shows {line!r}, which the code has not (there)"
+        position = source.index(line, position) + 1

@@ -80,7 +80,8 @@ class EagerStep(StepBase):
     in this order:
 
     1. with ``loss_fn``, the batch is ``(inputs, targets)`` and
-       ``loss = loss_fn(model(inputs), targets)``;
+       ``loss = loss_fn(model(inputs), targets)``, or a mapping with its
+       targets under ``"labels"``: ``loss_fn(model(**batch), batch["labels"])``;
     2. without it, ``out = model(batch)`` (``model(**batch)`` for a mapping,
        as Hugging Face models take it; see :mod:`treadle.evaluation.batch`)
        and ``out`` is a scalar tensor, an object with a ``.loss`` attribute

@@ -78,7 +78,8 @@ class Trainer(TrainerBase):
             torch's defaults (no momentum for sgd), or ``("sgd", {"momentum": 0.9})``.
         train_loader: batches (a ``DataLoader``, a list of batches, a generator), or a
             dataset (a torch ``Dataset``, a list of samples) batched by ``batch_size``.
-        loss_fn: ``loss_fn(model(inputs), targets)`` on ``(inputs, targets)`` batches;
+        loss_fn: ``loss_fn(model(inputs), targets)`` on ``(inputs, targets)`` batches,
+            ``loss_fn(model(**batch), batch["labels"])`` on dict batches;
             without it the model returns its loss (``model(**batch)`` for a dict).
         eval_loader: batches, or a dataset batched by ``eval_batch_size``,
             evaluated every ``eval_period`` iterations and at the end.
