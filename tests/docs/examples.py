@@ -1,6 +1,6 @@
 """The code examples of the documentation: which there are, and how each runs.
 
-An example is a ```python block of README.md or a docs/*.md page, or a
+An example is a ```python block of README.md or a page of docs/, or a
 literal block introduced by ``Example::`` (or ``Examples::``) in a docstring
 of treadle. Each runs, by these rules, so that no page can drift from the
 code:
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts)]
 
 SKIP_MARKER = re.compile(r"<!--\s*not run by tests:\s*(?P<reason>.*?)\s*-->")
 FILE_LINE = re.compile(r"^# (?P<path>[\w./-]+\.py)\s*$")
