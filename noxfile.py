@@ -8,11 +8,15 @@ command (the tests not marked slow):
 - the oldest Python that ``setup.py`` admits with the oldest PyTorch it admits;
 - the newest Python with the newest PyTorch;
 - Python 3.11 with the newest PyTorch, and with ``constraints.txt``'s (what
-  ``.ci/run`` runs, every other package at its pinned version too).
+  ``.ci/run`` runs, every other package at its pinned version too);
+- Python 3.12 with the newest PyTorch.
+
+The ``docs`` session builds the documentation site as ``.ci/run`` does
+(warnings are errors, every reference must resolve).
 
 Only the last session keeps ``constraints.txt``'s pins for the other
 packages: some (numpy 2.4) admit no Python 3.10. The results of the last
-run of each are in the README ("Quick start", after the test command).
+run are in the README ("Quick start").
 """
 
 from __future__ import annotations
@@ -52,6 +56,20 @@ def oldest(session: nox.Session, torch: str) -> None:
 def newest(session: nox.Session, torch: str) -> None:
     """Python 3.13 with the newest PyTorch."""
     _tests(session, torch, pinned=False)
+
+
+@nox.session(python="3.12")
+@nox.parametrize("torch", [NEWEST_TORCH])
+def py312(session: nox.Session, torch: str) -> None:
+    """Python 3.12 with the newest PyTorch."""
+    _tests(session, torch, pinned=False)
+
+
+@nox.session(python="3.11")
+def docs(session: nox.Session) -> None:
+    """The documentation site, built as .ci/run builds it, into docs/_build/html."""
+    session.install("-c", "constraints.txt", "-e", ".[docs]")
+    session.run("python", "-m", "sphinx", "-E", "-W", "-n", "--keep-going", "-b", "html", "docs", "docs/_build/html")
 
 
 @nox.session(python="3.11")

@@ -45,6 +45,9 @@ setup(
         # The "seqeval" metric (entity-level precision/recall/F1 of token
         # classification, Hezar's): entities are read from IOB tags by seqeval.
         "seqeval": ["seqeval"],
+        # The documentation site: python -m sphinx -W -n --keep-going -b html docs docs/_build/html
+        # (.ci/run builds it; every reference must resolve).
+        "docs": ["sphinx", "myst-parser", "furo"],
         # The peers that benchmarks/peers.py runs beside treadle, when installed
         # (never a CI dependency).
         "bench": ["pytorch-ignite", "accelerate", "mmengine", "pytorch-accelerated", "lightning"],

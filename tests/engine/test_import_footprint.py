@@ -211,7 +211,7 @@ def _treadle_imports(root):
 
 
 def test_no_import_circle_anywhere_in_treadle():
-    """The layers of DESIGN.md point down: hooks see the trainer through
+    """The layers of docs/architecture.md point down: hooks see the trainer through
     TrainerProtocol, never by importing the engine (TYPE_CHECKING imports
     count too)."""
     import treadle
@@ -239,18 +239,21 @@ _PUBLIC_UNDERSCORE_NAMES = {
     "_exit": "os._exit: the documented way to end a process without running exit handlers",
     "_getframe": "sys._getframe: the documented way to read a caller's frame (a config file's line)",
     "_target_": "a config node's key (detectron2's and Hydra's), not an attribute",
+    "_fields": "a named tuple's field names: the documented way to tell one from a tuple",
 }
 #: The modules that wrap a library's private names, each the one place for its library.
 _WRAPPERS = {
     "config/nodes.py": "OmegaConf's node interface",
     "utils/torch_internals.py": "torch's private calls",
     "utils/logger.py": "logging's format string (a style's _fmt), read to format a line without a record",
+    "utils/atomic.py": "iopath's handler lookup (PathManager's __get_path_handler), to tell a local path from a remote one",
 }
 
 
 def test_no_module_reads_another_objects_private_name_but_the_wrappers():
     """No module of treadle reads or writes another module's underscore
-    attribute or imports one; a library's private name is read only in the
+    attribute or imports one, also by a string (``getattr(x, "_name")``,
+    ``hasattr``, ``setattr``); a library's private name is read only in the
     module that wraps that library (_WRAPPERS)."""
     import ast
     from pathlib import Path
@@ -272,6 +275,14 @@ def test_no_module_reads_another_objects_private_name_but_the_wrappers():
             if isinstance(node, ast.ImportFrom):
                 found += [f"{where}:{node.lineno}: imports {a.name}" for a in node.names
                           if a.name.startswith("_") and not a.name.startswith("__")]
+            by_string = _read_by_string(node)
+            if by_string is not None:
+                owner, name = by_string
+                if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")) and not (
+                    name in _PUBLIC_UNDERSCORE_NAMES or name in assigned
+                ):
+                    found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+                continue
             if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
                 continue
             owner = node.value
@@ -283,3 +294,30 @@ def test_no_module_reads_another_objects_private_name_but_the_wrappers():
                 continue  # a name this module gives the objects it makes (a handler's marker) is its own
             found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
     assert found == []
+
+
+def _read_by_string(node):
+    """``(owner, name)`` where ``node`` is ``getattr``/``hasattr``/``setattr``/
+    ``delattr`` of a private name given as a string, else None."""
+    import ast
+
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr", "setattr", "delattr") and len(node.args) >= 2):
+        return None
+    name = node.args[1]
+    if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+        return None
+    if not name.value.startswith("_") or (name.value.startswith("__") and name.value.endswith("__")):
+        return None
+    return node.args[0], name.value
+
+
+def test_a_private_name_read_by_a_string_is_seen():
+    import ast
+
+    found = [_read_by_string(n) for n in ast.walk(ast.parse(
+        'getattr(scaler, "_scale", None)\nhasattr(self, "_x")\ngetattr(m, "__name__")\ngetattr(m, "name")'
+    ))]
+    seen = [(ast.unparse(owner), name) for owner, name in filter(None, found)]
+    assert seen == [("scaler", "_scale"), ("self", "_x")]
+

@@ -63,3 +63,24 @@ def test_averaged_weights_restores_trained_weights_after_an_exception():
             assert not torch.all(model.weight == 3.0)
             raise ValueError
     assert torch.all(model.weight == 3.0)
+
+
+def test_ema_declares_its_period_and_the_trainer_calls_it_only_there():
+    # update_every is the hook's declared period (the hook rule): the trainer
+    # calls after_step after iterations 2, 5 and 8 of 10, not at every
+    # iteration, and not at the last one (the updates keep their spacing).
+    calls = []
+
+    class CountingEMA(EMA):
+        def after_step(self):
+            calls.append(self.trainer.iter)
+            super().after_step()
+
+    model = nn.Linear(3, 1)
+    trainer, _ = make_trainer(model)
+    ema = CountingEMA(0.5, update_every=3)
+    trainer.register_hooks([ema])
+    trainer.train(0, 10)
+    assert ema.after_step_period() == 3
+    assert calls == [2, 5, 8]
+    assert ema.num_updates == 3

@@ -77,3 +77,40 @@ def test_the_optional_cpu_index_is_a_footnote_that_says_it_can_block():
     for paragraph in mentions:
         assert paragraph.lstrip().startswith("[^"), paragraph  # a footnote
         assert "blocks for minutes" in " ".join(paragraph.split()), paragraph
+
+
+def test_the_readme_hook_declares_its_period_and_runs(tmp_path, monkeypatch):
+    """The README's hook example teaches the hook rule: the period is declared
+    (after_step_period), the trainer calls after_step only there, and the
+    hook never checks the iteration itself."""
+    from treadle.data.datasets import DigitsDataset
+    from treadle.engine import EagerStep, TrainerBase
+
+    code = python_block_after("### Writing a hook")
+    assert "def after_step_period" in code and "self.trainer.iter" not in code
+    monkeypatch.chdir(tmp_path)
+    torch.set_num_threads(1)
+    model = torch.nn.Linear(64, 10)
+    namespace = {
+        "__name__": "readme_example", "torch": torch, "model": model,
+        "train_loader": torch.utils.data.DataLoader(DigitsDataset("train"), batch_size=16, shuffle=True),
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.05),
+    }
+    exec(compile(code, str(README), "exec"), namespace)
+    assert namespace["trainer"].iter == 100  # it ran to the end: the alarm did not stop it
+
+    calls = []
+
+    class Counted(namespace["GradientNormAlarm"]):
+        def after_step(self):
+            calls.append(self.trainer.iter)
+            super().after_step()
+
+    step = EagerStep(model, namespace["train_loader"], namespace["optimizer"],
+                     loss_fn=torch.nn.functional.cross_entropy, clip_grad_norm=1.0)
+    trainer = TrainerBase(step)
+    alarm = Counted(limit=0.0, period=20)
+    trainer.register_hooks([alarm])
+    trainer.train(start_iter=0, max_iter=100)
+    assert calls == [19] and alarm.alarms == 1  # first called at its period, and it stopped training there
+    assert trainer.iter < 100

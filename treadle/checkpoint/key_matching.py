@@ -365,10 +365,10 @@ def _with_metadata(
     the checkpoint (under the checkpoint's name for it), else from the model.
     """
     out: "OrderedDict[str, Any]" = OrderedDict(to_load)
-    own_meta = getattr(own, "_metadata", None)
+    own_meta = state_dict_metadata(own)
     if own_meta is None:
         return out
-    ckpt_meta = getattr(state_dict, "_metadata", None) or {}
+    ckpt_meta = state_dict_metadata(state_dict) or {}
     metadata = OrderedDict(own_meta)
     for own_key, ckpt_key in pairs.items():
         own_module, ckpt_module = _module_of(own_key), _module_of(ckpt_key)

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from treadle.utils import comm
+from treadle.utils.torch_internals import stager_copy_rules
 
 from .file_writer import describe_os_error
 from .folder import DCP_SUFFIX, partial_name
@@ -161,8 +162,7 @@ def stager_reusable(stager: Any) -> bool:
     later ones keep it open until ``close()``: a closed one fails the next
     save deep in DCP with ``KeyError: <class 'type'>``, so it is replaced.
     A stager whose inside is not the one known here is taken as reusable."""
-    copier = getattr(stager, "_state_dict_stager", None)
-    rules = getattr(copier, "_deepcopy_dispatch", None)
+    rules = stager_copy_rules(stager)
     return rules is None or bool(rules)
 
 

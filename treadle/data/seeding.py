@@ -132,7 +132,7 @@ class WorkerSeeder:
     """``worker_init_fn`` that seeds each data worker from (seed, rank, start, worker id).
 
     It also makes the worker ignore a SIGTERM that does not come from the
-    main process (see :func:`~treadle.data._worker_signals.ignore_foreign_sigterm`),
+    main process (see ``treadle.data._worker_signals.ignore_foreign_sigterm``),
     so that a scheduler signalling every process of a job does not kill the
     workers under a main process that is saving its preemption checkpoint.
 

@@ -112,7 +112,7 @@ class EpochHistory(HookBase):
     """Records each epoch's row (see this module) and calls the per-epoch callbacks.
 
     Runs after_epoch (see :class:`HookBase`): register it after the
-    :class:`EvalHook`, so that the last epoch's row holds the final
+    :class:`~treadle.hooks.EvalHook`, so that the last epoch's row holds the final
     evaluation. Each callback is called as ``fn(trainer, epoch, metrics)``
     (qurious' and pytorch-accelerated's ``on_epoch_end``) with the row just
     recorded; a callback may call ``trainer.request_stop(...)``.

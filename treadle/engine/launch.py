@@ -321,7 +321,7 @@ def join_env_process_group(timeout: datetime.timedelta = DEFAULT_TIMEOUT, *, lea
 
     Under torchrun's restarts the ranks meet over a store of their own for
     each attempt, not over torchrun's store directly: see
-    :func:`_attempt_store` (docs/distributed.md, "Fault-tolerant runs").
+    ``_attempt_store`` (docs/distributed.md, "Fault-tolerant runs").
     """
     if dist.is_initialized() or not launched_by_torchrun():
         return False

@@ -84,6 +84,7 @@ class RunSession:
         self._claimed = True
 
     def release(self) -> None:
+        """Releases the folder claimed by :meth:`claim` (a no-op without one)."""
         if self.folder is not None:
             self.folder.release()
         self._claimed = False

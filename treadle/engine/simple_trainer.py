@@ -15,6 +15,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, Optional
 import torch
 from torch import nn
 
+from treadle.utils.torch_internals import grad_scaler_scale
+
 from .steps import EagerStep
 from .train_loop import TrainerBase
 
@@ -155,6 +157,6 @@ class AMPTrainer(SimpleTrainer):
         super().after_step()
         if self.log_grad_scaler and self.grad_scaler is not None:
             # The scale tensor itself: get_scale() would read it on the host every step.
-            scale = getattr(self.grad_scaler, "_scale", None)
+            scale = grad_scaler_scale(self.grad_scaler)
             if scale is not None:
                 self.storage.put_scalar("[metric]grad_scaler", scale.detach().clone(), smoothing_hint=False)

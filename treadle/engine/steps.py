@@ -101,7 +101,8 @@ class EagerStep(StepBase):
     in this order:
 
     1. with ``loss_fn``, the batch is ``(inputs, targets)`` and
-       ``loss = loss_fn(model(inputs), targets)``;
+       ``loss = loss_fn(model(inputs), targets)``, or a mapping with its
+       targets under ``"labels"``: ``loss_fn(model(**batch), batch["labels"])``;
     2. without it, ``out = model(batch)`` (``model(**batch)`` for a mapping,
        as Hugging Face models take it; see :mod:`treadle.evaluation.batch`)
        and ``out`` is a scalar tensor, an object with a ``.loss`` attribute
@@ -214,8 +215,8 @@ class EagerStep(StepBase):
 
     @property
     def loss_source(self) -> str:
-        """Where the loss comes from, as errors name it: ``loss_fn``, ``the
-        model``, or a ``compute_loss`` (``MyTrainer.compute_loss``)."""
+        """Where the loss comes from, as errors name it (``loss_fn``, ``the
+        model``, or a ``compute_loss``: ``MyTrainer.compute_loss``)."""
         given = self.__dict__.get("compute_loss")
         if given is not None:
             return loss_source(given)
@@ -486,7 +487,7 @@ class CompiledStep(EagerStep):
 
     Args:
         mode, backend, fullgraph, dynamic, options: passed to ``torch.compile``.
-        Other arguments: as :class:`EagerStep`.
+        others: as :class:`EagerStep`.
     """
 
     @_three_positional

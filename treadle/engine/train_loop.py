@@ -1,6 +1,6 @@
 """The iteration loop: hooks around a swappable step object.
 
-Read :meth:`TrainerBase.train` and :meth:`TrainerBase._run_iterations` for
+Read :meth:`TrainerBase.train` and ``TrainerBase._run_iterations`` for
 an iteration; which hooks run at each stage is decided in
 :mod:`treadle.engine.hook_table`, what a checkpoint records of the trainer in
 :mod:`treadle.engine.trainer_state`.
@@ -49,7 +49,7 @@ class TrainerBase:
         iter: the current iteration.
         start_iter: the iteration training (re)started at.
         max_iter: the iteration training ends before.
-        storage: the :class:`EventStorage` opened by :meth:`train`.
+        storage: the :class:`~treadle.events.EventStorage` opened by :meth:`train`.
         nonfinite_check: passed to the ``EventStorage``: ``"flush"``, ``"step"`` or ``"off"``.
         history_length: values the ``EventStorage`` keeps per scalar name.
         epoch_length: iterations per epoch when the data has a length (set by
@@ -445,7 +445,7 @@ class TrainerBase:
         """``{key: hook}`` for the hooks in checkpoints.
 
         The key is the class name, with ``#2``, ``#3``, ... for the second and
-        later hooks of one class, so two ``EvalHook``s keep separate states.
+        later hooks of one class, so two ``EvalHook`` hooks keep separate states.
         """
         return hook_state_keys(self._table.hooks)
 

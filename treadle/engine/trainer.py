@@ -89,12 +89,13 @@ class Trainer(SeedOverrides, TrainerBase):
             torch's defaults (no momentum for sgd), or ``("sgd", {"momentum": 0.9})``.
         train_loader: batches (a ``DataLoader``, a generator: an iterable that is not a list), or a
             dataset (a torch ``Dataset``, a list of samples) batched by ``batch_size``.
-        loss_fn: ``loss_fn(model(inputs), targets)`` on ``(inputs, targets)`` batches, ``loss_fn(model(**inputs),
-            batch["labels"])`` on dicts; without it the model returns its loss (``model(**batch)`` for a dict).
+        loss_fn: ``loss_fn(model(inputs), targets)`` on ``(inputs, targets)`` batches,
+            ``loss_fn(model(**rest), batch["labels"])`` on dict batches (``rest``: the batch without
+            its labels); without it the model returns its loss (``model(**batch)`` for a dict).
         eval_loader: batches, or a dataset batched by ``eval_batch_size``,
             evaluated every ``eval_period`` iterations and at the end.
         metrics: what evaluation computes (default ``["loss"]``): names, ``(name,
-            options)``, torchmetrics objects or ``DatasetEvaluator``s (without an
+            options)``, torchmetrics objects or ``DatasetEvaluator`` objects (without an
             ``eval_loader``, only ``evaluate(loader)``'s, with a warning).
         max_iter, max_epochs: the run length; with both, whichever comes first.
         scheduler: a torch scheduler (on this optimizer), a ``ParamScheduler``, a factory

@@ -19,7 +19,7 @@ logger = logging.getLogger("treadle.engine.train_loop")
 
 def hook_state_keys(hooks: Sequence[HookBase]) -> Dict[str, HookBase]:
     """``{key: hook}``: the class name, with ``#2``, ``#3``, ... for the second
-    and later hooks of one class, so two ``EvalHook``s keep separate states."""
+    and later hooks of one class, so two ``EvalHook`` hooks keep separate states."""
     keys: Dict[str, HookBase] = {}
     seen: Dict[str, int] = defaultdict(int)
     for h in hooks:
@@ -32,7 +32,7 @@ def hook_state_keys(hooks: Sequence[HookBase]) -> Dict[str, HookBase]:
 def capture_state(
     *, last_run_iter: int, finished: bool, max_iter: int, hooks: Sequence[HookBase], step: Any, storage: Any
 ) -> Dict[str, Any]:
-    """A trainer's state (see :meth:`TrainerBase.state_dict`), from its parts:
+    """A trainer's state (see :meth:`~treadle.engine.TrainerBase.state_dict`), from its parts:
     ``step`` may be None (no step object yet), ``storage`` None (outside training)."""
     rng = get_rng_state()
     state: Dict[str, Any] = {

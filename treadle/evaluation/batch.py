@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 import torch
 
 from treadle.utils.device import to_device
+from treadle.utils.torch_internals import compiled_module
 
 __all__ = [
     "ForwardFn",
@@ -45,6 +46,7 @@ __all__ = [
     "batch_size",
 ]
 
+#: How evaluation calls the model on a batch: ``forward(model, batch) -> outputs``.
 ForwardFn = Callable[[Any, Any], Any]
 
 #: Where a mapping batch holds its targets, as in Hugging Face models: what a
@@ -84,7 +86,7 @@ def _innermost(model: Any) -> Any:
     for _ in range(8):
         inner = getattr(model, "module", None)
         if not isinstance(inner, torch.nn.Module):
-            inner = getattr(model, "_orig_mod", None)
+            inner = compiled_module(model)
         if not isinstance(inner, torch.nn.Module):
             return model
         model = inner

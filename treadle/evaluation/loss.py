@@ -88,7 +88,7 @@ def _outputs_and_targets(model: Callable[..., Any], batch: Any, target_key: str 
 def as_losses(out: Any, source: str) -> Dict[str, torch.Tensor]:
     """The losses in ``out`` by name, their sum under ``"total_loss"``.
 
-    ``source`` names where ``out`` came from (:data:`MODEL`, :data:`LOSS_FN`,
+    ``source`` names where ``out`` came from (``MODEL``, ``LOSS_FN``,
     ``"MyTrainer.compute_loss"``) in the error raised when ``out`` is not a
     loss by the contract (see the module docstring).
     """

@@ -16,7 +16,7 @@ __all__ = ["Results", "flatten_results", "format_results", "print_csv_format"]
 
 logger = logging.getLogger(__name__)
 
-# A result value is a float, or a nested dict of them.
+#: Evaluation results: metric name -> a float, or a nested dict of them.
 Results = Dict[str, Any]
 
 

@@ -90,7 +90,7 @@ class TorchMetricsEvaluator(DatasetEvaluator):
 
     @property
     def higher_is_better(self) -> Dict[str, Optional[bool]]:
-        """Each result's direction, as torchmetrics declares it (None: unknown)."""
+        """Each result's direction as torchmetrics declares it (None where unknown)."""
         if self.collection:
             return {str(k): getattr(m, "higher_is_better", None) for k, m in self.metric.items()}
         return {self.name: getattr(self.metric, "higher_is_better", None)}

@@ -71,7 +71,7 @@ def _all_gather_single(output: torch.Tensor, local: torch.Tensor) -> None:
 def reduce_across_ranks(entries: List[Entry]) -> List[float]:
     """Means (losses, metrics, other scalars) and maxima (times) over all ranks.
 
-    Installed as :attr:`EventStorage.reducer` by the trainer when the world
+    Installed as :attr:`~treadle.events.EventStorage.reducer` by the trainer when the world
     size is above one; it runs at each flush, on every rank at once, and is
     the only communication of a flush: two ``all_gather_single`` calls
     (``all_gather_into_tensor`` before torch 2.13).

@@ -53,7 +53,7 @@ class MLflowWriter(IterationRowWriter):
 
     Args:
         tracking_uri: ``http://host:port``, a ``file:`` or database URI;
-            ``None``: MLflow's default (``MLFLOW_TRACKING_URI`` or ``./mlruns``).
+            ``None``: MLflow's default (``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``).
         experiment_name: created when missing; ``None``: MLflow's default experiment.
         run_name: the run's display name.
         tags: ``{name: value}`` set on the run.

@@ -102,7 +102,8 @@ class CommonMetricPrinter(EventWriter):
         # detectron2's printer logs to its module's: a test or a filter can
         # take the status lines apart from the rest of the log.
         self._logger = logger
-        self.logger = self._logger  # detectron2's attribute
+        #: The logger the line goes to (detectron2's attribute).
+        self.logger = self._logger
         self._first_iter = 0
         # The iteration of the last training line.
         self._last_iter = -1

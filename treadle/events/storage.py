@@ -170,9 +170,9 @@ class EventStorage:
         self._prefix = ""
         self._images: List[Tuple[str, torch.Tensor, int]] = []
         self._histograms: List[Tuple[str, torch.Tensor, int, Any]] = []
-        # Called with [(name, value, kind)] of one flush in put order (values
-        # are floats or tensors); returns the values to record, as floats in
-        # the same order. Distributed training installs a cross-rank reduction.
+        #: Called with [(name, value, kind)] of one flush in put order (values
+        #: are floats or tensors); returns the values to record, as floats in
+        #: the same order. Distributed training installs a cross-rank reduction.
         self.reducer: Optional[Callable[[List[Tuple[str, ScalarValue, Optional[str]]]], List[float]]] = None
 
     # ------------------------------------------------------------------ context

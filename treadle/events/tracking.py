@@ -45,6 +45,7 @@ class BackgroundSender:
     so it neither ends an outage nor counts as having reached it.
     """
 
+    #: What a call that had nothing to send returns.
     NOTHING_SENT: Any = object()
 
     def __init__(self, name: str) -> None:

@@ -1,12 +1,12 @@
-"""Writers: what turns the :class:`EventStorage` into files and console lines.
+"""Writers: what turns the :class:`~treadle.events.EventStorage` into files and console lines.
 
-A writer reads the innermost storage (:func:`get_event_storage`) when its
+A writer reads the innermost storage (:func:`~treadle.events.get_event_storage`) when its
 :meth:`EventWriter.write` is called, typically every N iterations by a
 periodic hook. Reading the storage resolves every pending tensor in one
 batch, so a write costs one device sync however many scalars were put.
 
-The three file writers (:class:`JSONWriter`, :class:`CSVWriter`,
-:class:`TensorboardWriter`) share one rule for which scalars a write emits:
+The three file writers (:class:`~treadle.events.JSONWriter`, :class:`~treadle.events.CSVWriter`,
+:class:`~treadle.events.TensorboardWriter`) share one rule for which scalars a write emits:
 
 - a training scalar (any kind but ``"metric"``) is emitted once per write, at
   the iteration it was last put at, provided that iteration is newer than the
@@ -38,11 +38,11 @@ from treadle.utils.file_io import PathManager, describe_os_error
 
 from .storage import EventStorage, ScalarKind
 
-__all__ = ["EventWriter", "ITERATION_KEY"]
+__all__ = ["EventWriter", "IterationRowWriter", "AppendingFileWriter", "ITERATION_KEY"]
 
 logger = logging.getLogger(__name__)
 
-# The key that holds the iteration in metrics.json and the first CSV column.
+#: The key that holds the iteration in metrics.json and the first CSV column.
 ITERATION_KEY = "iteration"
 
 # Rows of one write: {iteration: {name: value}}, iterations in increasing order.
@@ -58,7 +58,7 @@ class EventWriter(ABC):
       first iteration that will run (after a resume, the first iteration that
       runs again). A writer drops or hides what an interrupted run wrote from
       that iteration on, so that no iteration appears twice.
-    - :meth:`write` is called inside an open :class:`EventStorage`, any number
+    - :meth:`write` is called inside an open :class:`~treadle.events.EventStorage`, any number
       of times; it never writes the same scalar at the same iteration twice.
       It must not clear the storage's images or histograms: the calling hook
       does that after every writer ran.

@@ -34,7 +34,7 @@ class SAMStep(EagerStep):
 
     Args:
         rho: radius of the perturbation.
-        Other arguments: as :class:`EagerStep` (``grad_accum_steps`` must be 1).
+        others: as :class:`EagerStep` (``grad_accum_steps`` must be 1).
     """
 
     def __init__(self, model: torch.nn.Module, data_loader: Any, optimizer: torch.optim.Optimizer, *, rho: float = 0.05, **kwargs: Any) -> None:

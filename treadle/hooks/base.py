@@ -119,14 +119,14 @@ class HookBase:
 
     trainer: TrainerProtocol
 
-    # Attribute names saved by the default state_dict/load_state_dict.
+    #: Attribute names saved by the default state_dict/load_state_dict.
     state_attributes: Sequence[str] = ()
-    # Hook classes that must come earlier in the hook list when both are registered.
+    #: Hook classes that must come earlier in the hook list when both are registered.
     runs_after: Tuple[Type["HookBase"], ...] = ()
-    # Why, for the HookOrderError's message (no order rule without a reason
-    # that no other design could remove).
+    #: Why, for the HookOrderError's message (no order rule without a reason
+    #: that no other design could remove).
     order_reason: str = ""
-    # Hook classes whose registered instances this hook works with, in any order.
+    #: Hook classes whose registered instances this hook works with, in any order.
     uses: Tuple[Type["HookBase"], ...] = ()
     #: Whether a periodic stage (:meth:`after_step_period`,
     #: :meth:`after_iteration_period`) also runs after the run's last

@@ -82,6 +82,9 @@ class EMA(HookBase):
             self._apply_state(self._pending_state)
             self._pending_state = None
         self._bind()
+        # Every update_every iterations, the run's last one only where it is on
+        # that period: the decay is per update, so the updates keep their spacing.
+        self.runs_at_last_iteration = self.trainer.max_iter % self.update_every == 0
 
     # ------------------------------------------------------------------ update
     def _current_decay(self) -> float:
@@ -120,9 +123,13 @@ class EMA(HookBase):
             dst.copy_(src)
         self.num_updates += 1
 
+    def after_step_period(self) -> Optional[int]:
+        """``update_every``: the trainer calls :meth:`after_step` every ``update_every`` iterations."""
+        return self.update_every
+
     def after_step(self) -> None:
-        if (self.trainer.iter + 1) % self.update_every == 0:
-            self.update()
+        """Folds this iteration's weights into the average (at its period)."""
+        self.update()
 
     # ------------------------------------------------------------------ use
     @contextlib.contextmanager

@@ -62,7 +62,7 @@ class PreemptionHandler(HookBase):
     after any exception in one of them). With several processes the ranks
     also agree at the last iteration, so that a signal in the last partial
     ``sync_period`` stops the run there; the resumed run then only does what
-    the end of training does (see :attr:`TrainerBase.finished`).
+    the end of training does (see :attr:`~treadle.engine.TrainerBase.finished`).
 
     Any registration order works: the flag is read and the checkpoint taken
     in ``after_iteration``, after every hook's ``after_step`` of that

@@ -17,8 +17,9 @@ __all__ = ["ProgressBar"]
 class ProgressBar(HookBase):
     """A tqdm bar over the iterations, with the smoothed losses and the ETA.
 
-    The bar advances every iteration (pure Python); the loss readout is
-    refreshed every ``period`` iterations, when the storage is read anyway
+    The bar advances every iteration (pure Python, in ``before_step``); the
+    loss readout is refreshed every ``period`` iterations (its declared
+    :meth:`after_step_period`, and the last iteration), when the storage is read anyway
     by the writers, so the bar adds no device sync. Register it after the
     :class:`PeriodicWriter` with the same period.
 
@@ -44,19 +45,32 @@ class ProgressBar(HookBase):
             total=t.max_iter, initial=t.start_iter, file=self._file, dynamic_ncols=True, unit="it", desc="train"
         )
 
+    def _advance_to(self, done: int) -> None:
+        assert self._bar is not None
+        self._bar.update(done - self._bar.n)
+
+    def before_step(self) -> None:
+        """Advances the bar over the iterations done (pure Python, every iteration)."""
+        if self._bar is not None:
+            self._advance_to(self.trainer.iter)
+
+    def after_step_period(self) -> Optional[int]:
+        """``period``: the trainer calls :meth:`after_step` every ``period``
+        iterations and after the last one."""
+        return self._period
+
     def after_step(self) -> None:
+        """Refreshes the losses shown (at its period, when the storage is read anyway)."""
         if self._bar is None:
             return
-        self._bar.update(1)
-        it = self.trainer.iter
-        if (it + 1) % self._period == 0 or it + 1 == self.trainer.max_iter:
-            storage = self.trainer.storage
-            shown = {
-                name: f"{value:.4g}"
-                for name, (value, _) in storage.latest_with_smoothing_hint(self._window).items()
-                if storage.kind(name) == ScalarKind.LOSS
-            }
-            self._bar.set_postfix(shown, refresh=False)
+        self._advance_to(self.trainer.iter + 1)
+        storage = self.trainer.storage
+        shown = {
+            name: f"{value:.4g}"
+            for name, (value, _) in storage.latest_with_smoothing_hint(self._window).items()
+            if storage.kind(name) == ScalarKind.LOSS
+        }
+        self._bar.set_postfix(shown, refresh=False)
 
     def after_train(self) -> None:
         if self._bar is not None:

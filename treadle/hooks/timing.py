@@ -24,8 +24,8 @@ class IterationTimer(HookBase):
     ``before_step`` hook, to the end of the step, before every ``after_step``
     hook: it covers the step and excludes the hooks' after-step work (a
     checkpoint, an evaluation), wherever this hook is registered. The trainer
-    reads those two clocks (:attr:`TrainerBase.iter_start_time` and
-    :attr:`~TrainerBase.step_end_time`); this hook's ``after_step`` appends
+    reads those two clocks (:attr:`~treadle.engine.TrainerBase.iter_start_time` and
+    :attr:`~treadle.engine.TrainerBase.step_end_time`); this hook's ``after_step`` appends
     their difference to the storage's ``time`` series. (The loop once
     appended it itself, to save this call: ``benchmarks/peers.py
     --interleaved`` put the saving at 1.4 ± 0.9 µs per iteration, within

@@ -42,7 +42,7 @@ class PeriodicWriter(HookBase):
     resume point, so that a checkpoint is never on disk while values at or
     before its iteration are still unwritten or only buffered (a writer may
     buffer between periods, as TensorBoard's does: see
-    :meth:`EventWriter.flush`).
+    :meth:`~treadle.events.EventWriter.flush`).
 
     **A stop to be resumed** (:class:`PreemptionHandler` calls
     ``flush(stop=True)``) writes what an uninterrupted run would have
@@ -116,7 +116,7 @@ class PeriodicWriter(HookBase):
 
     def flush(self, *, stop: bool = False) -> None:
         """Writes what the storage holds now (waiting for the device) and
-        waits until every writer has it on disk (:meth:`EventWriter.flush`):
+        waits until every writer has it on disk (:meth:`~treadle.events.EventWriter.flush`):
         what a checkpoint needs before it is saved. ``stop=True``: the run
         stops here to be resumed (see the class docstring). Call it during
         training only."""

@@ -254,6 +254,7 @@ class LMCrossEntropy(nn.Module):
         self.reduction = reduction
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The loss of ``(N, T, V)`` logits against ``(N, T)`` targets."""
         return lm_cross_entropy(logits, targets, ignore_index=self.ignore_index, reduction=self.reduction)
 
     def extra_repr(self) -> str:

@@ -26,6 +26,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: The optimizers :func:`build_optimizer` builds by name: name -> torch class.
 OPTIMIZERS: Dict[str, type] = {
     "sgd": torch.optim.SGD,
     "adam": torch.optim.Adam,

@@ -39,10 +39,12 @@ def is_distributed() -> bool:
 
 
 def get_world_size() -> int:
+    """The number of processes in the default group (1 when not distributed)."""
     return dist.get_world_size() if is_distributed() else 1
 
 
 def get_rank() -> int:
+    """This process's rank in the default group (0 when not distributed)."""
     return dist.get_rank() if is_distributed() else 0
 
 
@@ -67,6 +69,7 @@ def get_local_size() -> int:
 
 
 def is_main_process() -> bool:
+    """Whether this is rank 0, the process that writes files and logs."""
     return get_rank() == 0
 
 

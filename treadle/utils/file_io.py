@@ -10,6 +10,7 @@ from iopath.common.file_io import PathManager as _PathManagerClass
 
 __all__ = ["PathManager", "ensure_writable_dir", "describe_os_error"]
 
+#: iopath's path manager: ``PathManager.open(path)`` reads and writes local and remote paths.
 PathManager = _PathManagerClass()
 
 

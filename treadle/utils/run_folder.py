@@ -49,6 +49,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: The file that marks a run folder as claimed by a running job.
 LOCK_FILE = ".treadle.lock"
 
 #: Names (glob patterns) in an output directory that show a run has trained
@@ -130,7 +131,7 @@ class RunFolder:
             raise ValueError("RunFolder needs a path")
         self.path = path
         self._names = dict(self.COMMAND_LINE, **(names or {}))
-        # Folders inside it where the run also writes (Hezar's checkpoints/ and logs/).
+        #: Folders inside it where the run also writes (Hezar's checkpoints/ and logs/).
         self.subdirs = [d for d in subdirs if d]
         self._fd: Optional[int] = None
         self.moved_to: Optional[str] = None

@@ -27,6 +27,8 @@ __all__ = [
     "summary_file_writer",
     "event_file_path",
     "quiet_event_file_thread_errors",
+    "grad_scaler_scale",
+    "stager_copy_rules",
 ]
 
 # The multi-tensor kernels of torch's own optimizers: one launch for a list
@@ -59,6 +61,20 @@ def state_dict_metadata(state: Mapping[str, Any]) -> Optional[Any]:
 def set_state_dict_metadata(state: Any, metadata: Any) -> None:
     """Gives a rebuilt state dict the ``_metadata`` of the one it came from."""
     state._metadata = metadata
+
+
+def grad_scaler_scale(scaler: Any) -> Optional[torch.Tensor]:
+    """A ``GradScaler``'s scale as the tensor it keeps (``_scale``), or None
+    before its first step: ``get_scale()`` would read it on the host."""
+    return getattr(scaler, "_scale", None)
+
+
+def stager_copy_rules(stager: Any) -> Optional[Any]:
+    """The copy rules (``_deepcopy_dispatch``) of a DCP ``DefaultStager``'s
+    copier (``_state_dict_stager``): emptied when the copier is closed. None
+    for a stager whose inside is not this one."""
+    copier = getattr(stager, "_state_dict_stager", None)
+    return getattr(copier, "_deepcopy_dispatch", None)
 
 
 def dynamo_supported() -> bool:

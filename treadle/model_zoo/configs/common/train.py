@@ -86,8 +86,9 @@ train.step.clip_grad_value = None
     Clamp each gradient element to [-value, value]; None: no clipping. Not with
     clip_grad_norm.
 train.step.loss_fn = None
-    loss = loss_fn(model(inputs), targets) on (inputs, targets) batches; None: the model
-    returns its loss.
+    loss = loss_fn(model(inputs), targets) on (inputs, targets) batches,
+    loss_fn(model(**batch), batch['labels']) on dict batches; None: the model returns
+    its loss.
 
 train.step.compile: torch.compile's options, for kind='compiled'.
 train.step.compile.mode = None
