@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.data import DataLoader
 from torch import nn
 
 from treadle.checkpoint import CheckpointError, Checkpointer
@@ -25,7 +26,9 @@ def mlp(seed=0):
 
 def batches(n=4):
     g = torch.Generator().manual_seed(1)
-    return [(torch.randn(4, 6, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(n)]
+    # Ready batches, read once per epoch (a list given as it is would be a dataset of samples).
+    return DataLoader([(torch.randn(4, 6, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(n)],
+                      batch_size=None)
 
 
 def trainer(optimizer="sgd", **settings):

@@ -556,8 +556,8 @@ def test_a_refused_fresh_start_changes_nothing_in_the_folder_a_killed_jobs_lock_
     assert snapshot(out) == before
     # A resume whose checkpoint does not fit (another model) is refused before the claim too.
     data = [(torch.randn(4, 3), torch.randint(0, 2, (4,))) for _ in range(5)]
-    other = Trainer(torch.nn.Linear(3, 5), "sgd", data, lr=0.1, loss_fn=torch.nn.functional.cross_entropy,
-                    max_epochs=2, output_dir=str(out), progress_bar=False)
+    other = Trainer(torch.nn.Linear(3, 5), "sgd", DataLoader(data, batch_size=None), lr=0.1,
+                    loss_fn=torch.nn.functional.cross_entropy, max_epochs=2, output_dir=str(out), progress_bar=False)
     with pytest.raises(CheckpointError, match="Cannot resume from"):
         other.train(resume=True)
     assert snapshot(out) == before
