@@ -68,7 +68,7 @@ args = argparse.Namespace(config_file="configs/mlp.py", opts=["optimizer.lr=0.01
 from treadle.checkpoint import Checkpointer
 from treadle.hooks import PeriodicCheckpointer, PreemptionHandler
 """,
-    "docs/migrating.md": COMMON + """
+    "docs/coming_from/hezar.md": COMMON + """
 # Hezar's CRNN example, in small: a dataset that brings its collator, a
 # model that computes its loss, a decoder, and the model it starts from.
 from treadle.data.datasets import DigitsDataset

@@ -34,7 +34,8 @@ MADE_BY_THE_READER = {
 
 #: Files of another project that a page names as theirs: name -> whose.
 OTHER_PROJECTS = {
-    "tools/my_train_net.py": "LiBai's documented training script (docs/migrating.md)",
+    "tools/my_train_net.py": "LiBai's documented training script (docs/coming_from/libai.md)",
+    "tools/lazyconfig_train_net.py": "detectron2's training script, ported in docs/coming_from/detectron2.md",
 }
 
 

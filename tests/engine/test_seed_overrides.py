@@ -493,7 +493,7 @@ def test_hezars_compute_loss_of_outputs_and_labels_is_the_loss():
 # ---------------------------------------------------------------------- the page
 def test_docs_migrating_shows_the_table_as_generated():
     text = (ROOT / "docs" / "migrating.md").read_text()
-    assert render_markdown() in text, "docs/migrating.md is out of date: run python tools/override_table.py"
+    assert render_markdown() in text, "docs/migrating.md is out of date: run python tools/seed_pages.py"
     for point in OVERRIDE_POINTS:
         assert f"| `{point.name}` | {point.on} | {'called' if point.called else 'refused'}: " in text
     for event in CALLBACK_EVENTS:

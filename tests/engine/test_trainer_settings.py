@@ -508,10 +508,12 @@ def test_the_signature_docstring_and_table_name_the_same_settings_with_the_same_
     assert table == describe()
 
 
-def test_docs_migrating_names_only_settings_of_the_table():
-    """Every lowercase name the migration tables give on treadle's side is a
-    row of the table, an argument or method of the Trainer, a hook stage, a
-    name of the history, or the seed's own name of its row."""
+def test_docs_coming_from_names_only_settings_of_the_table():
+    """Every lowercase name the tables of the "Coming from ..." pages of the
+    plain Trainer's seeds give on treadle's side is a row of the table, an
+    argument or method of the Trainer, a hook stage, a name of the history,
+    or the seed's own name of its row (the generated rows are checked by
+    tests/engine/test_seed_names.py; this covers the hand-written ones)."""
     from treadle.engine import HookBase
 
     names = {row.name for row in SETTINGS}
@@ -520,9 +522,9 @@ def test_docs_migrating_names_only_settings_of_the_table():
                    "load_optimizer", "load_scheduler"}
     stages = {name for name in vars(HookBase) if name.startswith(("before_", "after_"))}
     history = {"train_loss", "eval_loss", "epoch", "iteration"}
-    text = (ROOT / "docs" / "migrating.md").read_text()
-    trainer_part = text[:text.index("## detectron2 and LiBai")]
-    rows = [line.split("|") for line in trainer_part.splitlines() if line.startswith("|") and "---" not in line]
+    pages = ("hezar", "pytorch_accelerated", "qurious", "hugging_face", "lightning")
+    text = "\n".join((ROOT / "docs" / "coming_from" / f"{page}.md").read_text() for page in pages)
+    rows = [line.split("|") for line in text.splitlines() if line.startswith("|") and "---" not in line]
     seeds_names = {name for cells in rows for name in re.findall(r"\w+", cells[1])}
     used = {name for cells in rows if len(cells) > 3 for name in re.findall(r"`([a-z_]+)(?:=|`)", cells[2])}
     assert used - names - trainer_api - stages - history - seeds_names == set()

@@ -5,7 +5,7 @@ recognition model trained with ``metrics=["cer"]``,
 ``metric_for_best_model="cer"``, ``init_weights_from``, ``save_steps``,
 mixed precision, gradient accumulation, TensorBoard and CSV logs in
 ``logs_dir``, checkpoints in ``checkpoints_dir``, and
-``resume_from_checkpoint``. Names: ``docs/migrating.md``, section Hezar.
+``resume_from_checkpoint``. Names: ``docs/coming_from/hezar.md``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Source: ``shared/seeds/002_*.txt``: ``create_scheduler_fn``, placeholders,
 the torchmetrics subclass example, callbacks (``on_*``), ``RunHistory``,
 ``calculate_train_batch_loss``, ``save_checkpoint``/``load_checkpoint``.
-Names: ``docs/migrating.md``, section pytorch-accelerated.
+Names: ``docs/coming_from/pytorch_accelerated.md``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """qurious' ``Trainer(model, optimizer, loss_fn)`` documentation, translated to treadle.
 
 Source: ``shared/seeds/003_*.txt``. Each test is one of its documented
-workflows, with treadle's names (``docs/migrating.md``, section qurious).
+workflows, with treadle's names (``docs/coming_from/qurious.md``).
 """
 
 from __future__ import annotations
