@@ -580,3 +580,96 @@ def test_pytorch_accelerateds_trainer_with_metrics_example_runs():
     assert len(values) == 2 and float(values[-1]) == pytest.approx(accuracy)
     assert history["accuracy"] == pytest.approx([float(v) for v in values])
     assert len(history["eval_loss"]) == 2  # the loss of calculate_eval_batch_loss, evaluated as before
+
+
+# ---------------------------------------------------------------------- what a seed's user writes inside an override
+def test_a_train_step_that_steps_the_schedule_too_is_refused_at_the_first_iteration():
+    """qurious' update steps its scheduler; treadle's hook steps it too: twice per iteration, silently."""
+
+    class Stepping(Trainer):
+        def train_step(self, batch):
+            inputs, targets = self._prepare_batch(batch)
+            self.optimizer.zero_grad()
+            loss = self._compute_loss(self._forward_pass(inputs), targets)
+            loss.backward()
+            self.optimizer.step()
+            self.scheduler.step()
+            return {"loss": loss.item()}
+
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = Stepping(model, optimizer, loader(), loss_fn=CE, max_iter=4, progress_bar=False,
+                       scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 3, 0.5))
+    with pytest.raises(RuntimeError, match=r"^The learning-rate schedule \(StepLR\) was stepped 1 more time\(s\) since "
+                                           r"the LRScheduler hook last stepped it, by something else"):
+        trainer.train()
+    assert trainer.iter == 0
+
+
+def test_metrics_see_the_targets_where_prepare_batch_finds_them():
+    class DictSamples(Trainer):
+        def _prepare_batch(self, batch):
+            return batch["x"].to(self.device), batch["y"].to(self.device)
+
+    data = [{"x": x, "y": y} for x, y in classification(64, seed=1)]
+    trainer = DictSamples(mlp(), "sgd", [{"x": x, "y": y} for x, y in classification(64)], batch_size=16, lr=0.1,
+                          loss_fn=CE, eval_loader=data, metrics=["loss", "accuracy"], max_iter=2, progress_bar=False)
+    trainer.train()
+    with torch.no_grad():
+        x = torch.stack([d["x"] for d in data])
+        y = torch.stack([d["y"] for d in data])
+        accuracy = (trainer.model(x).argmax(1) == y).float().mean().item()
+        loss = CE(trainer.model(x), y).item()
+    results = trainer.evaluate()
+    assert results["accuracy"] == pytest.approx(accuracy) and results["loss"] == pytest.approx(loss, rel=1e-5)
+
+
+def test_pytorch_accelerateds_loss_func_and_print_are_there(capsys):
+    class AcceleratedBody(Trainer):
+        def calculate_train_batch_loss(self, batch):
+            xb, yb = batch
+            model_outputs = self.model(xb)
+            self.print("batch of", yb.size(0))
+            return {"loss": self.loss_func(model_outputs, yb), "model_outputs": model_outputs,
+                    "batch_size": yb.size(0)}
+
+    AcceleratedBody(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_iter=2, progress_bar=False).train()
+    assert capsys.readouterr().out.count("batch of 16\n") == 2
+
+
+def test_a_broken_return_contract_names_the_users_class():
+    class FloatStep(Trainer):
+        def train_step(self, batch):
+            return 0.5
+
+    with pytest.raises(TypeError, match=r"^FloatStep\.train_step must return a dict with a 'loss'"):
+        FloatStep(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_iter=2, progress_bar=False).train()
+
+
+def test_an_override_that_cannot_take_the_seeds_arguments_is_refused_when_built():
+    class OneArgument(Trainer):
+        def _compute_loss(self, outputs):
+            return outputs.sum()
+
+    with pytest.raises(TypeError, match=r"^OneArgument\._compute_loss\(outputs\) cannot be called as treadle calls it, "
+                                        r"_compute_loss\(outputs, targets\) \(qurious' contract\)"):
+        OneArgument(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_iter=2)
+
+    class NoBatch:
+        def on_train_step_end(self, trainer):
+            pass
+
+    with pytest.raises(TypeError, match=r"^callbacks: NoBatch\.on_train_step_end\(trainer\) cannot be called as treadle "
+                                        r"calls it, on_train_step_end\(trainer, batch=\.\.\., batch_output=\.\.\.\)"):
+        Trainer(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_iter=2, callbacks=[NoBatch()])
+
+
+def test_quriouss_history_indexing_and_train_after_train_epoch_say_what_to_do():
+    trainer = Trainer(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_epochs=2, progress_bar=False)
+    trainer.train_epoch()
+    history = trainer.train_epoch() and trainer.history
+    with pytest.raises(KeyError, match=r"'train_loss' is a value per epoch: history.to_dict\(\)\['train_loss'\]"):
+        history["train_loss"]
+    with pytest.raises(RuntimeError, match=r"^train_epoch\(\) has trained every epoch of the run \(to iteration 7, "
+                                           r"max_iter=8\): there is nothing left for train\(\)"):
+        trainer.train()

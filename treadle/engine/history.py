@@ -51,7 +51,10 @@ class TrainingHistory:
     def __getitem__(self, name: str) -> List[float]:
         """The values of ``name`` in order, per iteration."""
         if name not in self.iterations:
-            raise KeyError(f"No scalar named '{name}' in the history; known: {sorted(self.iterations)}")
+            per_epoch = any(name in row for row in self.epochs)
+            raise KeyError(f"No scalar named '{name}' in the history's iterations; known: {sorted(self.iterations)}"
+                           + (f"; '{name}' is a value per epoch: history.to_dict()['{name}'] (qurious' train() "
+                              "returns that dict)" if per_epoch else ""))
         return [v for _, v in self.iterations[name]]
 
     def __contains__(self, name: object) -> bool:

@@ -78,10 +78,23 @@ class OverridePoint:
     on: str
     called: bool
     treadle: str
+    #: The arguments it is called with, where the table says (``("batch",)``);
+    #: a definition that cannot take them is refused when built.
+    args: Optional[Tuple[str, ...]] = None
+
+
+def possessive(seed: str) -> str:
+    """``"qurious'"``, ``"Hezar's"``: a seed's name as the owner of a method."""
+    return seed + ("'" if seed.endswith("s") else "'s")
 
 
 def _called(name: str, seed: str, when: str, on: str = "Trainer") -> OverridePoint:
-    return OverridePoint(name, seed, on, True, when)
+    # The call the description starts with ("train_step(batch) -> ...") is the call checked.
+    args = None
+    if when.startswith(name + "(") and name != "compute_loss":  # compute_loss: treadle's (batch) or Hezar's pair
+        inside = when[len(name) + 1:when.index(")")]
+        args = tuple(a.strip() for a in inside.split(",") if a.strip())
+    return OverridePoint(name, seed, on, True, when, args)
 
 
 def _refused(name: str, seed: str, instead: str, on: str = "Trainer") -> OverridePoint:
@@ -96,8 +109,9 @@ OVERRIDE_POINTS: Tuple[OverridePoint, ...] = (
     # ------------------------------------------------------------ qurious
     _called("train_step", QURIOUS, "train_step(batch) -> {'loss': float, ...}: the whole update of one batch (on "
             "the device), once per iteration of train() and train_epoch(); the floats returned are published "
-            "('loss' as total_loss). Settings that act inside treadle's update (grad_accum_steps, clip_grad_*, "
-            "precision, compile) are refused with it"),
+            "('loss' as total_loss). The schedule stays treadle's, stepped after it (a train_step that steps it too "
+            "is refused at the first iteration); settings that act inside treadle's update (grad_accum_steps, "
+            "clip_grad_*, precision, compile) are refused with it"),
     _called("eval_step", QURIOUS, "eval_step(batch) -> {name: float}: every evaluation batch (on the device, eval "
             "mode, no grad); the evaluation's results are each value's mean over the batches (metrics= is "
             "refused with it)"),
@@ -198,7 +212,7 @@ CALLBACK_EVENTS: Dict[str, str] = {
 }
 
 #: Each refused seed method, and the refusal's words (what to write instead).
-SEED_METHODS: Dict[str, str] = {p.name: f"{p.seed}'s; {p.treadle}" for p in OVERRIDE_POINTS
+SEED_METHODS: Dict[str, str] = {p.name: f"{possessive(p.seed)}; {p.treadle}" for p in OVERRIDE_POINTS
                                 if not p.called and p.on == "Trainer"}
 
 
@@ -226,11 +240,30 @@ def refuse_seed_methods(trainer: Any, base: type) -> None:
     cls = type(trainer).__name__
     for point in OVERRIDE_POINTS:
         if point.on == "Trainer" and not point.called and overridden(trainer, point.name, base):
-            raise TypeError(f"{cls}.{point.name} ({point.seed}'s) is never called by treadle: {point.treadle} "
+            raise TypeError(f"{cls}.{point.name} ({possessive(point.seed)}) is never called by treadle: {point.treadle} "
                             "(docs/migrating.md)")
     if overridden(trainer, "training_step", base) and required_positional(trainer.training_step) > 1:
         raise TypeError(f"{cls}.training_step takes (batch, batch_idx), Lightning's signature, which treadle never "
                         "calls: override compute_loss(self, batch), or Hezar's training_step(self, batch)")
+    for point in OVERRIDE_POINTS:
+        if point.on == "Trainer" and point.args is not None and overridden(trainer, point.name, base):
+            _check_call(f"{cls}.{point.name}", getattr(trainer, point.name), point.args, {},
+                        f"{possessive(point.seed)} contract")
+
+
+def _check_call(what: str, method: Callable[..., Any], args: Tuple[str, ...], kwargs: Dict[str, Any],
+                contract: str) -> None:
+    """Refuses, in one line, a method that cannot be called as treadle calls it."""
+    try:
+        signature = inspect.signature(method)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError:
+        call = ", ".join([*args, *(f"{k}=..." for k in kwargs)])
+        raise TypeError(f"{what}{signature} cannot be called as treadle calls it, {what.rpartition('.')[2]}({call}) "
+                        f"({contract}); see docs/migrating.md") from None
 
 
 def event_methods(obj: Any, where: str) -> Dict[str, Callable[..., Any]]:
@@ -244,7 +277,11 @@ def event_methods(obj: Any, where: str) -> Dict[str, Callable[..., Any]]:
         if name not in CALLBACK_EVENTS:
             raise TypeError(f"{where}: {type(obj).__name__}.{name} is not an event treadle calls (the events, "
                             f"pytorch-accelerated's: {', '.join(CALLBACK_EVENTS)}); see docs/migrating.md")
-        found[name[3:]] = getattr(obj, name)
+        method = getattr(obj, name)
+        step_end = name in ("on_train_step_end", "on_eval_step_end")
+        _check_call(f"{where}: {type(obj).__name__}.{name}", method, ("trainer",),
+                    {"batch": None, "batch_output": None} if step_end else {}, "pytorch-accelerated's callback event")
+        found[name[3:]] = method
     return found
 
 

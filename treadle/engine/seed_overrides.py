@@ -36,7 +36,8 @@ from treadle.utils import comm
 from .seed_names import event_methods, overridden
 from .steps import EagerStep
 
-__all__ = ["SeedOverrides", "TrainerStep", "TrainEvents", "RunEvents", "StepResultsEvaluator", "SeedEventCalls",
+__all__ = ["SeedOverrides", "TrainerStep", "TrainEvents", "RunEvents", "StepResultsEvaluator", "PreparedBatches",
+           "SeedEventCalls",
            "UPDATE_POINTS", "EVAL_POINTS", "TRAIN_EPOCH_EVENTS"]
 
 #: The methods whose override makes the ``Trainer`` train with :class:`TrainerStep`.
@@ -127,6 +128,16 @@ class SeedOverrides:
         return as_losses(outputs, MODEL)["total_loss"]
 
     # ------------------------------------------------------------------ pytorch-accelerated
+    @property
+    def loss_func(self) -> Optional[Callable[[Any, Any], Any]]:
+        """pytorch-accelerated's name of ``loss_fn`` (its overrides' bodies read ``self.loss_func``)."""
+        return self.loss_fn
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """pytorch-accelerated's ``print``: Python's, in the main process only."""
+        if comm.is_main_process():
+            print(*args, **kwargs)
+
     def calculate_train_batch_loss(self, batch: Any) -> Dict[str, Any]:
         """pytorch-accelerated's: ``{"loss", "model_outputs", "batch_size"}`` of a training batch."""
         return self._batch_output(batch)
@@ -286,7 +297,7 @@ class TrainerStep(EagerStep):
         data_time = time.perf_counter() - start
         results = owner.train_step(batch)
         if not isinstance(results, Mapping) or "loss" not in results:
-            raise TypeError(f"{type(owner).__name__}.train_step must return a dict with a 'loss' (qurious' "
+            raise TypeError(f"{owner.__class__.__name__}.train_step must return a dict with a 'loss' (qurious' "
                             f"contract), got {type(results).__name__}")
         for name, value in results.items():
             storage.put_scalar("total_loss" if name == "loss" else name, value, kind=ScalarKind.LOSS)
@@ -314,15 +325,15 @@ class TrainerStep(EagerStep):
         self._events.fire("train_step_start")
         if self._overrides["training_step"]:
             with self._autocast():
-                return as_losses(owner.training_step(batch), f"{type(owner).__name__}.training_step")
+                return as_losses(owner.training_step(batch), f"{owner.__class__.__name__}.training_step")
         if not self._batch_output:
             return super().forward_backward(batch)
         with self._autocast():
             output = owner.calculate_train_batch_loss(batch)
             if not isinstance(output, Mapping) or "loss" not in output:
-                raise TypeError(f"{type(owner).__name__}.calculate_train_batch_loss must return a dict with a "
+                raise TypeError(f"{owner.__class__.__name__}.calculate_train_batch_loss must return a dict with a "
                                 f"'loss' (pytorch-accelerated's contract), got {type(output).__name__}")
-            losses = as_losses(output["loss"], f"{type(owner).__name__}.calculate_train_batch_loss")
+            losses = as_losses(output["loss"], f"{owner.__class__.__name__}.calculate_train_batch_loss")
         self._events.fire("train_step_end", batch=batch, batch_output=output)
         count = self.micro_batches
         self.backward(losses["total_loss"] if count == 1 else losses["total_loss"] / count)
@@ -386,6 +397,36 @@ class RunEvents(HookBase):
     def after_train(self) -> None:
         if self.trainer.training_error is None:
             self.events.fire("training_run_end")
+
+
+class PreparedBatches(DatasetEvaluator):
+    """The metrics of a subclass that overrides qurious' ``_prepare_batch``:
+    each batch reaches them as the ``(inputs, targets)`` pair that
+    ``_prepare_batch`` makes of it, so they find the targets where the
+    subclass says they are (at index 1), whatever the batch's own layout."""
+
+    def __init__(self, evaluator: Any, prepare: Callable[[Any], Tuple[Any, Any]]) -> None:
+        self.evaluator = evaluator
+        self.prepare = prepare
+
+    def __getattr__(self, name: str) -> Any:
+        # What the wrapped evaluator tells of itself (result_names, evaluators, higher_is_better).
+        if name in ("evaluator", "prepare"):
+            raise AttributeError(name)
+        return getattr(self.evaluator, name)
+
+    @property
+    def result_names(self) -> Any:  # type: ignore[override]  # the wrapped evaluator's
+        return getattr(self.evaluator, "result_names", None)
+
+    def reset(self) -> None:
+        self.evaluator.reset()
+
+    def process(self, inputs: Any, outputs: Any) -> None:
+        self.evaluator.process(tuple(self.prepare(inputs)), outputs)
+
+    def evaluate(self) -> Any:
+        return self.evaluator.evaluate()
 
 
 class StepResultsEvaluator(DatasetEvaluator):

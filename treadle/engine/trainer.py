@@ -233,6 +233,8 @@ class Trainer(SeedOverrides, TrainerBase):
         self.run_history = RunHistory()
         self._pause_after_epoch: Optional[int] = None
         self._trained = self._paused = False
+        # Whether train_epoch() has trained (train() after it says so).
+        self._by_epochs = False
         self.evaluation = self.build_evaluation(s)
         #: What evaluation computes (the list given as ``metrics``); a subclass may
         #: use the name for its own (pytorch-accelerated's ``TrainerWithMetrics``).
@@ -313,6 +315,7 @@ class Trainer(SeedOverrides, TrainerBase):
             generate=(dict(generate) if isinstance(generate, dict) else {}) if generate else None,
             batch_fn=self._eval_batch if by_override else None,
             step_results=self.eval_step if self._overrides("eval_step") else None,
+            prepare=self._prepare_batch if self._overrides("_prepare_batch") else None,
         )
         evaluator = evaluation.build_evaluator() if self.eval_loader is not None else None
         evaluation.check_forward_loss(self.eval_loader, self.device)
@@ -466,6 +469,11 @@ class Trainer(SeedOverrides, TrainerBase):
         if self._paused and resume is False:
             return self._run(False, continuing=True)
         if self._trained and resume is False:
+            if self.last_run_iter + 1 >= self.max_iter and self._by_epochs:
+                raise RuntimeError(
+                    f"train_epoch() has trained every epoch of the run (to iteration {self.last_run_iter}, "
+                    f"max_iter={self.max_iter}): there is nothing left for train(); raise max_epochs in a new "
+                    "Trainer to train further")
             raise RuntimeError(
                 f"this Trainer has trained already (to iteration {self.last_run_iter}): a second train() would "
                 "start the run over on the trained weights. Continue a stopped run with train(resume=True), or "
@@ -493,6 +501,7 @@ class Trainer(SeedOverrides, TrainerBase):
         if start >= self.max_iter or (self._trained and not self._paused):
             raise RuntimeError(f"train_epoch(): every iteration of the run (max_iter={self.max_iter}) has been trained")
         self._pause_after_epoch = start // self.epoch_length
+        self._by_epochs = True
         try:
             self._run(False, continuing=start > 0)
         finally:

@@ -31,7 +31,7 @@ from treadle.evaluation.loss import LossEvaluator
 from treadle.utils import comm
 from treadle.utils.rng import get_rng_state, set_rng_state
 
-from .seed_overrides import StepResultsEvaluator
+from .seed_overrides import PreparedBatches, StepResultsEvaluator
 
 __all__ = ["TrainerEvaluation", "watches_training", "EVAL_PREFIXES", "TRAIN_PREFIXES"]
 
@@ -117,17 +117,21 @@ class TrainerEvaluation:
             outputs go to the metrics, the loss is the evaluation ``loss``.
         step_results: ``step_results(batch) -> {name: float}``, qurious'
             ``eval_step`` override: the results are each value's mean over the batches.
+        prepare: a subclass's qurious ``_prepare_batch``: the metrics see
+            each batch as the ``(inputs, targets)`` it makes.
     """
 
     def __init__(self, model: Any, *, metrics: Iterable[Any], loss_fn: Optional[Callable[[Any, Any], Any]],
                  compute_loss: Optional[Callable[[Any], Any]], generate: Optional[Dict[str, Any]],
                  batch_fn: Optional[Callable[[Any], Tuple[Any, Any]]] = None,
-                 step_results: Optional[Callable[[Any], Dict[str, float]]] = None) -> None:
+                 step_results: Optional[Callable[[Any], Dict[str, float]]] = None,
+                 prepare: Optional[Callable[[Any], Tuple[Any, Any]]] = None) -> None:
         self.model = model
         self.metrics: List[Any] = list(metrics) or ["loss"]
         self.loss_fn = loss_fn
         self.generate = generate
         self.step_results = step_results
+        self.prepare = prepare
         # How a batch's loss is computed: as training computes it; where the
         # forward generates, by the training forward of its own.
         if batch_fn is not None:
@@ -169,7 +173,8 @@ class TrainerEvaluation:
 
     def _metrics_evaluator(self) -> Any:
         metrics = _with_model_labels(self.metrics, self.model)
-        return build_evaluator(metrics, **(self.loss_options if "loss" in self.metric_names() else {}))
+        evaluator = build_evaluator(metrics, **(self.loss_options if "loss" in self.metric_names() else {}))
+        return PreparedBatches(evaluator, self.prepare) if self.prepare is not None else evaluator
 
     def _forward_loss(self, batch: Any) -> torch.Tensor:
         """The loss where the evaluation forward generates: the training

@@ -111,6 +111,8 @@ class LRScheduler(_StepsOptimizer, HookBase):
             )
         self.interval = interval
         self._stepper = stepper
+        # The schedule's position after the hook's last step (None before training).
+        self._stepped_to: Optional[int] = None
         if scheduler is not None and not isinstance(
             scheduler, (torch.optim.lr_scheduler.LRScheduler, ParamScheduler)
         ):
@@ -161,6 +163,7 @@ class LRScheduler(_StepsOptimizer, HookBase):
             for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
                 group["lr"] = lr
         self._param_groups, self._group_index, self._lrs = _lr_series(self.trainer, self.optimizer)
+        self._stepped_to = self.scheduler.last_epoch
         self._step_per_iter = self.interval == "iter"
         if not self._step_per_iter and not self.trainer.epoch_length:
             raise ValueError(
@@ -187,9 +190,22 @@ class LRScheduler(_StepsOptimizer, HookBase):
     def _step(self) -> None:
         if self._stepper is not None:
             self._stepper()
-        else:
-            assert self.scheduler is not None  # resolved in before_train
-            self.scheduler.step()
+            return
+        scheduler = self.scheduler
+        assert scheduler is not None  # resolved in before_train
+        # The hook is the schedule's one stepper: a step() elsewhere (a train_step
+        # override that steps it as its seed's did, a hook) would silently
+        # advance the schedule twice per iteration.
+        stepped = scheduler.last_epoch
+        if self._stepped_to is not None and stepped != self._stepped_to:
+            raise RuntimeError(
+                f"The learning-rate schedule ({type(scheduler).__name__}) was stepped {stepped - self._stepped_to} "
+                f"more time(s) since the LRScheduler hook last stepped it, by something else (a train_step "
+                f"override or a hook calling scheduler.step()): treadle steps it after every "
+                f"{'iteration' if self._step_per_iter else 'epoch'}; remove the other step() call"
+            )
+        scheduler.step()
+        self._stepped_to = scheduler.last_epoch
 
     def overrides(self, stage: str) -> bool:
         # after_epoch only when stepping per epoch: the loop then skips epoch checks.
