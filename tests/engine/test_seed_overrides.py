@@ -673,3 +673,30 @@ def test_quriouss_history_indexing_and_train_after_train_epoch_say_what_to_do():
     with pytest.raises(RuntimeError, match=r"^train_epoch\(\) has trained every epoch of the run \(to iteration 7, "
                                            r"max_iter=8\): there is nothing left for train\(\)"):
         trainer.train()
+
+
+def test_best_metric_may_name_a_result_recorded_by_run_history(tmp_path):
+    class Recording(Trainer):
+        def eval_epoch_end(self):
+            self.run_history.update_metric("my_score", 10.0 - len(self.run_history.get_metric_values("my_score")))
+
+    trainer = Recording(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, eval_loader=loader(32, seed=1), max_epochs=3,
+                        best_metric="my_score", best_mode="max", output_dir=str(tmp_path), progress_bar=False)
+    history = trainer.train().to_dict()
+    assert history["my_score"] == [10.0, 9.0, 8.0]
+    best = torch.load(tmp_path / "model_best.pth", weights_only=True)
+    assert best["iteration"] == 3  # the first evaluation's, after iteration 3
+
+
+def test_run_history_holds_the_losses_by_default_as_pytorch_accelerateds():
+    seen = []
+
+    class PrintMetrics:
+        def on_eval_epoch_end(self, trainer, **kwargs):
+            seen.append(trainer.run_history.get_latest_metric("eval_loss_epoch"))
+
+    trainer = Trainer(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, eval_loader=loader(32, seed=1), max_epochs=2,
+                      callbacks=[PrintMetrics()], progress_bar=False)
+    history = trainer.train().to_dict()
+    assert seen == pytest.approx(history["eval_loss"])
+    assert trainer.run_history.get_metric_values("train_loss_epoch") == history["train_loss"]

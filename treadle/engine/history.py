@@ -176,14 +176,30 @@ class RunHistory:
     Each value is kept here, one per call, and published to the event
     storage when training runs (``metrics.json``, TensorBoard, the epoch's
     row of :class:`TrainingHistory`), as an evaluation result.
+
+    As pytorch-accelerated's, it holds the losses by default:
+    ``eval_loss_epoch`` (each evaluation's loss, recorded before
+    ``eval_epoch_end``) and ``train_loss_epoch`` (each finished epoch's mean
+    training loss, from ``history``'s rows).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, history: Optional[TrainingHistory] = None) -> None:
         self._metrics: Dict[str, List[Any]] = {}
+        self._history = history
+
+    def record(self, metric_name: str, metric_value: Any) -> None:
+        """Keeps ``metric_value`` under ``metric_name`` without publishing it (a value the storage has already)."""
+        self._metrics.setdefault(metric_name, []).append(metric_value)
+
+    def _all(self) -> Dict[str, List[Any]]:
+        metrics = dict(self._metrics)
+        if self._history is not None and self._history.epochs:
+            metrics.setdefault("train_loss_epoch", [row.get("train_loss") for row in self._history.epochs])
+        return metrics
 
     def update_metric(self, metric_name: str, metric_value: Any) -> None:
         """Records ``metric_value`` (a number or a one-element tensor) under ``metric_name``."""
-        self._metrics.setdefault(metric_name, []).append(metric_value)
+        self.record(metric_name, metric_value)
         try:
             storage = get_event_storage()
         except RuntimeError:  # outside training: kept here only
@@ -192,15 +208,16 @@ class RunHistory:
 
     def get_metric_names(self) -> List[str]:
         """The names recorded so far."""
-        return list(self._metrics)
+        return list(self._all())
 
     def get_metric_values(self, metric_name: str) -> List[Any]:
         """Every value recorded under ``metric_name``, in order."""
-        return list(self._metrics.get(metric_name, []))
+        return list(self._all().get(metric_name, []))
 
     def get_latest_metric(self, metric_name: str) -> Any:
         """The last value recorded under ``metric_name``."""
-        values = self._metrics.get(metric_name)
+        metrics = self._all()
+        values = metrics.get(metric_name)
         if not values:
-            raise KeyError(f"run_history has no value of {metric_name!r} (recorded: {sorted(self._metrics)})")
+            raise KeyError(f"run_history has no value of {metric_name!r} (recorded: {sorted(metrics)})")
         return values[-1]

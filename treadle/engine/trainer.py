@@ -230,7 +230,7 @@ class Trainer(SeedOverrides, TrainerBase):
         super().__init__(self.build_step(s), history_length=min(max(max_iter, 10_000), _MAX_HISTORY))
         self.max_iter, self.epoch_length = max_iter, epoch_length
         self.history = TrainingHistory()
-        self.run_history = RunHistory()
+        self.run_history = RunHistory(self.history)
         self._pause_after_epoch: Optional[int] = None
         self._trained = self._paused = False
         # Whether train_epoch() has trained (train() after it says so).
@@ -328,7 +328,8 @@ class Trainer(SeedOverrides, TrainerBase):
 
     def build_hooks(self, s: types.SimpleNamespace) -> List[HookBase]:
         """The default hooks (:func:`~treadle.engine.default_hooks.default_hooks`) for these settings."""
-        watched, mode = self.evaluation.watched(self.evaluator, s.best_metric, s.best_mode, s.early_stopping_patience)
+        watched, mode = self.evaluation.watched(self.evaluator, s.best_metric, s.best_mode, s.early_stopping_patience,
+                                                recorded="eval_epoch_end" in self._events)
         # pytorch-accelerated's create_scheduler() builds it where a subclass overrides it.
         given = self.create_scheduler() if self._overrides("create_scheduler") else s.scheduler
         scheduler = resolve_scheduler(given, self.optimizer, self.max_iter, warmup_iters=s.warmup_iters)
@@ -554,6 +555,8 @@ class Trainer(SeedOverrides, TrainerBase):
             self._events.fire("evaluation_run_start")
         self._events.fire("eval_epoch_start")
         results = self.evaluation.evaluate(loader, evaluator, self.device)
+        if "loss" in results:
+            self.run_history.record("eval_loss_epoch", float(results["loss"]))
         self._events.fire("eval_epoch_end")
         if outside:
             self._events.fire("evaluation_run_end")

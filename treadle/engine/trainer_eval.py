@@ -238,9 +238,12 @@ class TrainerEvaluation:
 
     # ------------------------------------------------------------------ the watched metric
     def watched(self, evaluator: Any, best_metric: Optional[str], best_mode: Optional[str],
-                patience: Optional[int]) -> Tuple[Optional[str], Optional[str]]:
+                patience: Optional[int], *, recorded: bool = False) -> Tuple[Optional[str], Optional[str]]:
         """The storage name and direction of the metric that best checkpoints
-        and early stopping watch, checked against the evaluation's results."""
+        and early stopping watch, checked against the evaluation's results
+        (unless ``recorded``: a subclass records results of its own at the
+        evaluation's end, pytorch-accelerated's ``run_history.update_metric``
+        in ``eval_epoch_end``, whose names are known only then)."""
         if best_metric is None and not patience:
             return None, None
         # validation.py checks configs (OmegaConf), which a plain Trainer never imports otherwise.
@@ -255,7 +258,7 @@ class TrainerEvaluation:
             warn_contradicting_mode("best_mode", best_mode, *given, known_metric_mode(name))
             return name, best_mode or metric_mode(name)
         name = next((name[len(p):] for p in EVAL_PREFIXES if name.startswith(p)), name)
-        check_watched_metric("best_metric", name, getattr(evaluator, "result_names", None))
+        check_watched_metric("best_metric", name, None if recorded else getattr(evaluator, "result_names", None))
         declared = _declared_direction(evaluator, name)
         known = ("max" if declared else "min") if declared is not None else known_metric_mode(name)
         warn_contradicting_mode("best_mode", best_mode, *given, known)
