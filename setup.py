@@ -12,7 +12,8 @@ setup(
     # So do the example and common configs: get_config and the default job find them installed.
     package_data={
         "treadle.data.datasets": ["files/*.csv.gz", "files/README.md"],
-        "treadle.model_zoo": ["configs/*.py", "configs/common/*.py", "configs/common/data/*.py"],
+        "treadle.model_zoo": ["configs/*.py", "configs/common/*.py", "configs/common/data/*.py",
+                              "configs/common/models/*.py"],
     },
     install_requires=[
         # The oldest release tried (noxfile.py's oldest session: Python 3.10); torch 2.6

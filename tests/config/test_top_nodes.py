@@ -64,3 +64,15 @@ def test_a_graph_node_of_libais_other_settings_is_refused():
     own.graph = {"enabled": True}
     with pytest.raises(ConfigError, match=r"graph.enabled=True .* train.step._target_"):
         step_kind(own)
+
+
+def test_libais_shipped_graph_node_is_there_and_off():
+    """LiBai's ``graph = get_config("common/models/graph.py").graph``, then ``graph.enabled=True``."""
+    from treadle.model_zoo import get_config
+
+    cfg = digits()
+    cfg.graph = get_config("common/models/graph.py").graph
+    check_top_level_nodes(cfg)
+    assert step_kind(cfg) == "eager"
+    cfg = LazyConfig.apply_overrides(cfg, ["graph.enabled=True"])
+    assert step_kind(cfg) == "compiled"
