@@ -340,24 +340,31 @@ class TrainerStep(EagerStep):
         return losses
 
 
-class TrainEvents(HookBase):
+class _EventHook(HookBase):
+    """A hook calling pytorch-accelerated's events at the stages of ``STAGES``
+    (stage: event); a stage none of whose events is given is not called."""
+
+    STAGES: Dict[str, str] = {}
+
+    def __init__(self, events: SeedEventCalls) -> None:
+        self.events = events
+
+    def overrides(self, stage: str) -> bool:
+        return self.STAGES.get(stage, "") in self.events
+
+    def active(self) -> bool:
+        """Whether any of its events is given (otherwise it is not registered)."""
+        return any(event in self.events for event in self.STAGES.values())
+
+
+class TrainEvents(_EventHook):
     """Calls pytorch-accelerated's training events: ``training_run_start``
     before training, ``train_epoch_start`` before each epoch's first
     iteration, ``train_epoch_end`` after each epoch's last one (and the
     run's), before its evaluation. Registered before the ``EvalHook``."""
 
-    def __init__(self, events: SeedEventCalls) -> None:
-        self.events = events
-
-    _STAGES = {"before_train": "training_run_start", "before_step": "train_epoch_start",
-               "after_step": "train_epoch_end"}
-
-    def overrides(self, stage: str) -> bool:
-        return self._STAGES.get(stage, "") in self.events
-
-    def active(self) -> bool:
-        """Whether any of its events is given (otherwise it is not registered)."""
-        return any(event in self.events for event in self._STAGES.values())
+    STAGES = {"before_train": "training_run_start", "before_step": "train_epoch_start",
+              "after_step": "train_epoch_end"}
 
     def before_train(self) -> None:
         self.events.fire("training_run_start")
@@ -374,22 +381,12 @@ class TrainEvents(HookBase):
         self.events.fire("train_epoch_end")
 
 
-class RunEvents(HookBase):
+class RunEvents(_EventHook):
     """Calls pytorch-accelerated's ``training_run_epoch_end`` at each epoch's
     end (after its evaluation) and ``training_run_end`` when training ends.
     Registered after the ``EvalHook`` and the epoch's history."""
 
-    def __init__(self, events: SeedEventCalls) -> None:
-        self.events = events
-
-    _STAGES = {"after_epoch": "training_run_epoch_end", "after_train": "training_run_end"}
-
-    def overrides(self, stage: str) -> bool:
-        return self._STAGES.get(stage, "") in self.events
-
-    def active(self) -> bool:
-        """Whether any of its events is given (otherwise it is not registered)."""
-        return any(event in self.events for event in self._STAGES.values())
+    STAGES = {"after_epoch": "training_run_epoch_end", "after_train": "training_run_end"}
 
     def after_epoch(self) -> None:
         self.events.fire("training_run_epoch_end")
