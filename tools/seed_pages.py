@@ -1,5 +1,6 @@
 """Rewrites the generated tables of the documentation from the code: the
-seeds' override points and setting names (treadle/engine/seed_names.py),
+seeds' override points and setting names (treadle/engine/seed_names.py,
+through treadle/engine/seed_pages.py),
 joined with the settings' descriptions (treadle/engine/trainer_settings.py,
 treadle/config/train_keys.py), in docs/migrating.md and the pages of
 docs/coming_from/: ``python tools/seed_pages.py [PAGE ...]``.
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import List
 
-from treadle.engine.seed_names import write_markdown
+from treadle.engine.seed_pages import write_markdown
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

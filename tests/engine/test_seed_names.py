@@ -11,15 +11,8 @@ import pytest
 
 from treadle.config.train_keys import KEYS
 from treadle.engine import Trainer
-from treadle.engine.seed_names import (
-    SEED_SETTINGS,
-    TRAINER_ARGUMENTS,
-    SeedSetting,
-    render_block,
-    rewrite_page,
-    setting_rows,
-    treadle_description,
-)
+from treadle.engine.seed_names import SEED_SETTINGS, SeedSetting
+from treadle.engine.seed_pages import TRAINER_ARGUMENTS, render_block, rewrite_page, setting_rows, treadle_description
 from treadle.engine.trainer_settings import SETTINGS, setting
 
 ROOT = Path(__file__).resolve().parents[2]

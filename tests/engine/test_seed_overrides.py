@@ -22,7 +22,8 @@ from torch.utils.data import DataLoader
 from treadle.config import LazyConfig
 from treadle.engine import EagerStep, Trainer
 from treadle.engine.defaults import DefaultTrainer
-from treadle.engine.seed_names import CALLBACK_EVENTS, OVERRIDE_POINTS, SEED_METHODS, render_markdown
+from treadle.engine.seed_names import CALLBACK_EVENTS, OVERRIDE_POINTS, SEED_METHODS
+from treadle.engine.seed_pages import render_markdown
 from treadle.hooks import HookBase
 
 from tests.tiny_models import classification
