@@ -326,8 +326,14 @@ class TrainerStep(EagerStep):
         if self._overrides["training_step"]:
             with self._autocast():
                 return as_losses(owner.training_step(batch), f"{owner.__class__.__name__}.training_step")
+        return super().forward_backward(batch)  # its backward: backward_step where overridden
+
+    def _forward(self, batch: Any) -> Dict[str, torch.Tensor]:
+        """A micro-batch's losses: pytorch-accelerated's batch output where
+        ``calculate_train_batch_loss`` or ``on_train_step_end`` is given."""
         if not self._batch_output:
-            return super().forward_backward(batch)
+            return super()._forward(batch)
+        owner = self._owner
         with self._autocast():
             output = owner.calculate_train_batch_loss(batch)
             if not isinstance(output, Mapping) or "loss" not in output:
@@ -335,8 +341,6 @@ class TrainerStep(EagerStep):
                                 f"'loss' (pytorch-accelerated's contract), got {type(output).__name__}")
             losses = as_losses(output["loss"], f"{owner.__class__.__name__}.calculate_train_batch_loss")
         self._events.fire("train_step_end", batch=batch, batch_output=output)
-        count = self.micro_batches
-        self.backward(losses["total_loss"] if count == 1 else losses["total_loss"] / count)
         return losses
 
 
