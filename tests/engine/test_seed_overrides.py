@@ -26,6 +26,7 @@ from treadle.engine.seed_names import CALLBACK_EVENTS, OVERRIDE_POINTS, SEED_MET
 from treadle.engine.seed_pages import render_markdown
 from treadle.hooks import HookBase
 
+from tests.seeds.qurious_l1_job import L1Trainer  # qurious' train_step with an L1 penalty, as its user writes it
 from tests.tiny_models import classification
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -216,23 +217,6 @@ def test_epoch_events_without_epochs_are_refused():
 
 
 # ---------------------------------------------------------------------- qurious
-class L1Trainer(Trainer):
-    """qurious' train_step with an L1 penalty, as its user writes it."""
-
-    l1 = 1e-3
-
-    def train_step(self, batch):
-        self.model.train()
-        inputs, targets = self._prepare_batch(batch)
-        self.optimizer.zero_grad()
-        outputs = self._forward_pass(inputs)
-        loss = self._compute_loss(outputs, targets)
-        loss = loss + self.l1 * sum(p.abs().sum() for p in self.model.parameters())
-        loss.backward()
-        self.optimizer.step()
-        return {"loss": loss.item()}
-
-
 def test_a_qurious_train_step_with_an_l1_penalty_trains_bit_identically_to_a_hand_loop(tmp_path):
     model = mlp()
     trainer = L1Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), loss_fn=CE, max_epochs=3,
