@@ -16,7 +16,7 @@ The ``docs`` session builds the documentation site as ``.ci/run`` does
 
 Only the last session keeps ``constraints.txt``'s pins for the other
 packages: some (numpy 2.4) admit no Python 3.10. The results of the last
-run are in the README ("Quick start").
+run are in docs/development.md.
 """
 
 from __future__ import annotations

@@ -85,12 +85,16 @@ def test_after_iteration_runs_after_every_hooks_after_step_and_after_epoch_of_th
     assert "Late.after_iteration" in trainer.timings()
 
 
-def test_eval_hook_evaluates_at_its_period_and_once_after_training():
+def test_eval_hook_evaluates_at_its_period_and_once_at_the_last_iteration():
     hook_iters = []
     hook = EvalHook(3, lambda: hook_iters.append(hook.trainer.iter) or {"a": 1.0})
     train(hook)
-    # After iterations 2, 5, 8 (period 3), not after 9 (the last): after training, at iteration 10.
-    assert hook_iters == [2, 5, 8, 10]
+    # After iterations 2, 5, 8 (period 3) and 9 (the last: the final evaluation), not again after training.
+    assert hook_iters == [2, 5, 8, 9]
+    hook_iters.clear()
+    hook = EvalHook(3, lambda: hook_iters.append(hook.trainer.iter) or {"a": 1.0}, eval_after_train=False)
+    train(hook)
+    assert hook_iters == [2, 5, 8]
 
 
 def test_periodic_checkpointer_saves_at_its_period_and_model_final_at_the_end(tmp_path):
@@ -102,13 +106,13 @@ def test_periodic_checkpointer_saves_at_its_period_and_model_final_at_the_end(tm
                                                                     "model_final.pth"]
 
 
-def test_precise_bn_recomputes_at_its_period_and_after_training(monkeypatch):
+def test_precise_bn_recomputes_at_its_period_and_at_the_last_iteration(monkeypatch):
     model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
     hook = PreciseBN(4, model, [torch.randn(8, 2) for _ in range(2)], num_iter=2)
     calls = []
     monkeypatch.setattr(PreciseBN, "update_stats", lambda self: calls.append(self.trainer.iter))
     train(hook)
-    assert calls == [3, 7, 10]  # not at 9: after training recomputes for the final weights
+    assert calls == [3, 7, 9]  # 9: the final weights, for the final evaluation, once
 
 
 def test_preemption_handler_on_one_process_reads_its_flag_after_every_iteration(tmp_path):
@@ -135,6 +139,6 @@ def test_a_trainers_own_after_epoch_runs_at_every_epoch_end_with_no_hook_registe
             ends.append((self.epoch, self.iter))
 
     trainer = train(max_iter=9, epoch_length=3, trainer_class=EpochTrainer)
-    # Epochs 0 and 1 end in the loop; the last one, once training ends (iteration 9: one past the last).
-    assert ends == [(0, 2), (1, 5), (2, 9)]
+    # Every epoch ends in the loop, at its last iteration: the run's last one too.
+    assert ends == [(0, 2), (1, 5), (2, 8)]
     assert trainer.hooks == []

@@ -48,8 +48,8 @@ class Recorder(HookBase):
         self.log.append((self.name, "after_train", self.trainer.iter))
 
 
-def make_trainer(log, hooks=(), fail_at=None):
-    trainer = TrainerBase(RecordingStep(log, fail_at))
+def make_trainer(log, hooks=(), fail_at=None, cls=TrainerBase):
+    trainer = cls(RecordingStep(log, fail_at))
     trainer.register_hooks(hooks)
     return trainer
 
@@ -293,26 +293,57 @@ def test_after_epoch_runs_after_every_after_step_of_an_epochs_last_iteration():
     assert epoch_events(log) == [
         ("a", "after_epoch", 0, 2), ("b", "after_epoch", 0, 2),
         ("a", "after_epoch", 1, 5), ("b", "after_epoch", 1, 5),
-        # The epoch that ends with training: just before each hook's after_train.
-        ("a", "after_epoch", 2, 8), ("a", "after_train", 8), ("b", "after_epoch", 2, 8), ("b", "after_train", 8),
+        # The epoch that ends with training ends as the others do, at its last iteration.
+        ("a", "after_epoch", 2, 7), ("b", "after_epoch", 2, 7), ("a", "after_train", 8), ("b", "after_train", 8),
     ]
 
 
-def test_the_last_full_epoch_ends_in_after_train_once():
+class IterationEndRecorder(EpochRecorder):
+    def after_iteration(self):
+        self.log.append((self.name, "after_iteration", self.trainer.iter))
+
+
+def test_the_last_epoch_ends_in_the_loop_once_before_its_iterations_end():
+    # One mechanism for every epoch: the last one's after_epoch runs inside
+    # its last iteration (so a checkpoint taken in after_iteration holds it),
+    # with trainer.iter that iteration, and never again in after_train.
     log = []
-    trainer = make_trainer(log, [EpochRecorder("a", log)])
+    trainer = make_trainer(log, [IterationEndRecorder("a", log)])
     trainer.epoch_length = 2
     trainer.train(0, 4)
-    assert epoch_events(log) == [("a", "after_epoch", 0, 1), ("a", "after_epoch", 1, 4), ("a", "after_train", 4)]
+    assert [e for e in epoch_events(log) if e[1] != "after_iteration" or e[2] == 3] == [
+        ("a", "after_epoch", 0, 1), ("a", "after_epoch", 1, 3), ("a", "after_iteration", 3), ("a", "after_train", 4),
+    ]
 
 
-def test_a_stop_at_an_epoch_end_ends_that_epoch_once():
+def test_a_trainers_own_after_epoch_ends_the_last_epoch_as_the_others():
     log = []
-    stopper = CallbackHook(after_step=lambda t: t.request_stop("early") if t.iter == 3 else None)
-    trainer = make_trainer(log, [stopper, EpochRecorder("a", log)])
+
+    class OwnEpochEnd(TrainerBase):
+        def after_epoch(self):
+            super().after_epoch()
+            log.append(("trainer", "after_epoch", self.epoch, self.iter))
+
+    trainer = make_trainer(log, [EpochRecorder("a", log)], cls=OwnEpochEnd)
     trainer.epoch_length = 2
+    trainer.train(0, 3)
+    assert epoch_events(log) == [
+        ("a", "after_epoch", 0, 1), ("trainer", "after_epoch", 0, 1),
+        ("a", "after_epoch", 1, 2), ("trainer", "after_epoch", 1, 2), ("a", "after_train", 3),
+    ]
+
+
+@pytest.mark.parametrize("epoch_length,stop_at,ends", [
+    (2, 3, [(0, 1), (1, 3)]),  # at an epoch's end: that epoch ends once
+    (3, 4, [(0, 2), (1, 4)]),  # inside an epoch: the part of it that ran ends
+])
+def test_a_stop_request_ends_its_epoch(epoch_length, stop_at, ends):
+    log = []
+    stopper = CallbackHook(after_step=lambda t: t.request_stop("early") if t.iter == stop_at else None)
+    trainer = make_trainer(log, [stopper, EpochRecorder("a", log)])
+    trainer.epoch_length = epoch_length
     trainer.train(0, 10)
-    assert epoch_events(log) == [("a", "after_epoch", 0, 1), ("a", "after_epoch", 1, 3), ("a", "after_train", 4)]
+    assert epoch_events(log) == [("a", "after_epoch", *end) for end in ends] + [("a", "after_train", stop_at + 1)]
 
 
 def test_no_after_epoch_for_a_failed_or_interrupted_epoch():
@@ -336,7 +367,7 @@ def test_a_resumed_run_counts_epochs_from_its_start():
     trainer = make_trainer(log, [EpochRecorder("a", log)])
     trainer.epoch_length = 4
     trainer.train(6, 12)
-    assert epoch_events(log) == [("a", "after_epoch", 1, 7), ("a", "after_epoch", 2, 12), ("a", "after_train", 12)]
+    assert epoch_events(log) == [("a", "after_epoch", 1, 7), ("a", "after_epoch", 2, 11), ("a", "after_train", 12)]
 
 
 # ---------------------------------------------------------------------- periodic after_step

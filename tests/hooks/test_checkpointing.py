@@ -73,8 +73,9 @@ def best_run(out, script, calls, mode="max", extra=()):
 
 
 def test_best_checkpoint_holds_the_best_iteration_and_leaves_the_pointer(tmp_path, treadle_caplog):
-    # Evaluations after iterations 1, 3, 5, 7 and after training (put at 10).
-    script = {1: 0.5, 3: 0.7, 5: 0.6, 7: math.nan, 10: 0.65}
+    # Evaluations after iterations 1, 3, 5, 7 and the final one, in the last
+    # iteration's after_step (9), its result put at 10 (iterations run).
+    script = {1: 0.5, 3: 0.7, 5: 0.6, 7: math.nan, 9: 0.65}
     calls, pointers = [], {}
     # Read when the next iteration starts: checkpoints are taken when an iteration ends.
     record = lambda r: CallbackHook(  # noqa: E731
@@ -83,7 +84,7 @@ def test_best_checkpoint_holds_the_best_iteration_and_leaves_the_pointer(tmp_pat
     run = best_run(tmp_path, script, calls, extra=[record])
     run.trainer.train(0, 10)
 
-    assert calls == [1, 3, 5, 7, 10]
+    assert calls == [1, 3, 5, 7, 9]
     best = run.load("model_best.pth")
     assert best["iteration"] == 3
     assert same(best["model"], run.weights[3])
@@ -98,7 +99,7 @@ def test_best_checkpoint_holds_the_best_iteration_and_leaves_the_pointer(tmp_pat
 
 
 def test_best_from_the_final_evaluation_matches_model_final(tmp_path):
-    script = {1: 3.0, 3: 2.0, 5: 2.5, 7: 2.2, 10: 1.0}
+    script = {1: 3.0, 3: 2.0, 5: 2.5, 7: 2.2, 9: 1.0}
     run = best_run(tmp_path, script, [], mode="min")
     run.trainer.train(0, 10)
     best, final = run.load("model_best.pth"), run.load("model_final.pth")
@@ -109,7 +110,7 @@ def test_best_from_the_final_evaluation_matches_model_final(tmp_path):
 
 
 def test_best_metric_survives_a_resume(tmp_path):
-    script = {1: 0.5, 3: 0.7, 5: 0.6, 7: 0.8, 9: 0.75, 12: 0.1}
+    script = {1: 0.5, 3: 0.7, 5: 0.6, 7: 0.8, 9: 0.75, 11: 0.1}
     best_iteration_at = {}
     watch = lambda r: CallbackHook(  # noqa: E731
         after_step=lambda t: best_iteration_at.__setitem__(t.iter, r.load("model_best.pth")["iteration"])
@@ -151,7 +152,7 @@ def test_values_before_a_checkpoint_are_written_before_it(tmp_path):
         if trainer.iter in (4, 8):
             seen_at_save[trainer.iter - 1] = [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()]
 
-    script = {3: 0.1, 7: 0.2, 10: 0.3}
+    script = {3: 0.1, 7: 0.2, 9: 0.3}
     run = make_run(
         tmp_path,
         lambda r: EvalHook(4, scripted_eval(lambda: r.trainer, script, [])),
@@ -235,7 +236,7 @@ def test_mode_follows_the_metric(metric, expected):
 
 
 def test_best_loss_keeps_the_lowest(tmp_path):
-    script = {1: 3.0, 3: 2.0, 5: 2.5, 7: 2.2, 10: 2.9}
+    script = {1: 3.0, 3: 2.0, 5: 2.5, 7: 2.2, 9: 2.9}
     calls = []
     run = make_run(
         tmp_path,

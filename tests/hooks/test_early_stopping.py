@@ -57,3 +57,17 @@ def test_early_stopping_counters_survive_a_resume(tmp_path):
     assert start == 6 and steps == [6, 7]
     assert calls == [7]
     assert second.load("model_final.pth")["iteration"] == 7
+
+
+def test_the_final_evaluation_stops_nothing(tmp_path):
+    # The final evaluation runs in the last iteration's after_step, where
+    # EarlyStopping runs too: a worse result there ends no run, it has ended.
+    calls = []
+    run = make_run(
+        tmp_path,
+        lambda r: EvalHook(2, scripted_eval(lambda: r.trainer, {1: 0.5, 3: 0.6, 5: 0.1}, calls)),
+        lambda r: EarlyStopping("acc", patience=1),
+    )
+    run.trainer.train(0, 6)
+    assert calls == [1, 3, 5]
+    assert run.trainer.stop_reason is None and run.trainer.finished

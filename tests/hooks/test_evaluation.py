@@ -24,9 +24,10 @@ def test_every_evaluation_reaches_metrics_json_whatever_the_writer_period(tmp_pa
     trainer.train(0, 42)
     lines = read_lines(tmp_path / "metrics.json")
     evals = [(line["iteration"], line["val/acc"]) for line in lines if "val/acc" in line]
-    # Every 5 iterations (4, 9, ..., 39) and once after training (42 iterations run).
-    assert evals == [(i, pytest.approx(i / 100)) for i in range(4, 40, 5)] + [(42, pytest.approx(0.42))]
-    assert calls == list(range(4, 40, 5)) + [42]
+    # Every 5 iterations (4, 9, ..., 39) and the final one, in the last iteration (41),
+    # put at 42 (iterations run).
+    assert evals == [(i, pytest.approx(i / 100)) for i in range(4, 40, 5)] + [(42, pytest.approx(0.41))]
+    assert calls == list(range(4, 40, 5)) + [41]
     assert [line["iteration"] for line in lines if "total_loss" in line] == [19, 39, 41]
     assert trainer.storage.kind("val/n") == "metric"
 
@@ -36,7 +37,8 @@ def test_eval_at_the_last_iteration_runs_once_and_not_after_an_error():
     calls = []
     trainer.register_hooks([EvalHook(5, lambda: calls.append(trainer.iter) or {"a": 1.0})])
     trainer.train(0, 10)
-    assert calls == [4, 10]
+    assert calls == [4, 9]
+    assert trainer.storage.history("a").values()[-1] == (1.0, 10)
 
     failing, _ = make_trainer()
     calls.clear()
@@ -45,6 +47,21 @@ def test_eval_at_the_last_iteration_runs_once_and_not_after_an_error():
     with pytest.raises(RuntimeError):
         failing.train(0, 10)
     assert calls == [4]  # no final evaluation of a failed run
+
+
+def test_a_stop_at_an_iteration_not_evaluated_is_evaluated_after_its_epoch_ends():
+    # A stop request of a hook that is not early stopping, between two
+    # evaluations: the final weights are evaluated once the run ends, put at
+    # trainer.iter (iterations run); the epoch ended before, in the loop.
+    trainer, _ = make_trainer()
+    trainer.epoch_length = 4
+    calls, epochs = [], []
+    stop = CallbackHook(after_step=lambda t: t.request_stop("budget") if t.iter == 6 else None,
+                        after_epoch=lambda t: epochs.append((t.epoch, t.iter)))
+    trainer.register_hooks([EvalHook(5, lambda: calls.append(trainer.iter) or {"a": 1.0}), stop])
+    trainer.train(0, 20)
+    assert calls == [4, 7] and epochs == [(0, 3), (1, 6)]
+    assert trainer.storage.history("a").values()[-1] == (1.0, 7)
 
 
 def test_eval_results_must_be_numbers():

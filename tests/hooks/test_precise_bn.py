@@ -78,3 +78,43 @@ def test_precise_bn_runs_after_ema():
     trainer, _ = make_trainer(model)
     with pytest.raises(HookOrderError, match="PreciseBN must be registered after EMA"):
         trainer.register_hooks([PreciseBN(2, model, [], num_iter=5), EMA(0.5, model=model)])
+
+
+def test_a_run_preempted_after_its_last_iteration_keeps_its_final_statistics_when_it_finishes():
+    """The last iteration recomputes the statistics (of the final weights).
+    A preemption after it leaves the run to finish on resume, which must not
+    recompute them: PreciseBN's data is shuffled, so a second pass would
+    average other batches than the uninterrupted run's did."""
+    from treadle.engine import HookBase
+
+    def bn_loader():
+        data = torch.utils.data.TensorDataset(torch.randn(64, 3, generator=torch.Generator().manual_seed(2)) * 2 + 1)
+        return torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
+
+    def trainer_of(model, *hooks):
+        trainer, _ = make_trainer(model)
+        trainer.register_hooks([PreciseBN(0, model, bn_loader(), num_iter=2, input_fn=lambda b: b[0]), *hooks])
+        return trainer
+
+    uninterrupted = _bn_model()
+    trainer_of(uninterrupted).train(0, 4)
+
+    saved = {}
+
+    class PreemptedAtTheEnd(HookBase):
+        def after_iteration(self):
+            if self.trainer.iter == 3:  # after every hook's after_step: the statistics were recomputed
+                self.trainer.request_stop("preempted", interrupted=True)
+                saved["trainer"] = self.trainer.state_dict()
+                saved["model"] = {k: v.clone() for k, v in self.trainer.step.model.state_dict().items()}
+
+    trainer_of(_bn_model(), PreemptedAtTheEnd()).train(0, 4)
+    resumed = _bn_model()
+    resumed.load_state_dict(saved["model"])
+    finishing = trainer_of(resumed)
+    finishing.load_state_dict(saved["trainer"])
+    assert finishing.has_work(4, 4)  # the run did not finish: train() runs its end
+    finishing.train(4, 4)
+    assert finishing.finished
+    for name in ("running_mean", "running_var"):
+        assert torch.equal(getattr(resumed[1], name), getattr(uninterrupted[1], name)), name

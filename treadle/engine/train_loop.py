@@ -21,7 +21,7 @@ from treadle.utils.frame_stack import call_with_frame_room
 from treadle.utils.run_start import training_starts
 
 from .seed_names import refusal, required_positional
-from .hook_table import HookCall, HookOrderError, HookTable, note_origin
+from .hook_table import HookOrderError, HookTable, note_origin
 from .steps import StepBase
 from .time_table import log_time_table
 from .trainer_state import capture_state, hook_state_keys, restore_hook_states, restore_rng
@@ -91,7 +91,6 @@ class TrainerBase:
         self._last_run_iter = -1
         self.epoch_length: Optional[int] = None
         self.epoch: Optional[int] = None
-        self._epochs_done_through = -1
         self.training_error: Optional[BaseException] = None
         self.interrupted = False
         self.finished = False
@@ -102,8 +101,6 @@ class TrainerBase:
         self._restored_storage: Optional[Dict[str, Any]] = None
         self.iter_start_time = 0.0
         self.step_end_time = 0.0
-        # In after_train, when the hooks' after_epoch of the last epoch has run (see after_epoch).
-        self._hooks_ended_epoch = False
         self._loop_started: Optional[float] = None
         self._loop_seconds: Optional[float] = None
         self._loop_hook_seconds = 0.0
@@ -239,10 +236,9 @@ class TrainerBase:
                 self.run_step()
                 self.step_end_time = clock()
                 self.after_step()
-                if epoch_length and (it + 1) % epoch_length == 0 and it + 1 != max_iter:
+                if epoch_length and self._ends_epoch(it, epoch_length):
                     self.epoch = it // epoch_length
                     self.after_epoch()
-                    self._epochs_done_through = it
                 if own_iteration_end or iteration_hooks.calls:
                     self.after_iteration()
                 if self._stop_reason is not None:
@@ -278,7 +274,6 @@ class TrainerBase:
         self._stop_reason = None
         self.interrupted = self.finished = False
         self.training_error = None
-        self._epochs_done_through = start_iter - 1
         self._table.seconds.clear()
         self._loop_seconds = None
         self._loop_hook_seconds = 0.0
@@ -331,14 +326,22 @@ class TrainerBase:
 
     def after_epoch(self) -> None:
         """Runs every hook's ``after_epoch``; ``epoch`` is the index of the
-        epoch that ended. Called at every epoch's end (with ``epoch_length``
-        known), whatever hooks are registered, so a trainer's override runs
-        too. The epoch that ends with training ends in :meth:`after_train`:
-        each hook's ``after_epoch`` just before its own ``after_train`` (later
-        hooks see the final evaluation), then this method once they all ran,
-        with the hooks' part already done."""
-        if not self._hooks_ended_epoch:
-            self._table.run(self._table.calls["after_epoch"], self.iter)
+        epoch that ended. Called by the loop after every hook's ``after_step``
+        of an epoch's last iteration (see :meth:`_ends_epoch`), whatever
+        hooks are registered, so a trainer's override runs too."""
+        self._table.run(self._table.calls["after_epoch"], self.iter)
+
+    def _ends_epoch(self, iteration: int, epoch_length: int) -> bool:
+        """Whether ``iteration`` ends an epoch: the epoch's last one, the
+        run's last one (a run may end inside an epoch), or one after which a
+        stop was requested that ends the run rather than pausing it (early
+        stopping: the epoch ends with the part of it that ran). A preemption
+        leaves its epoch to the resumed run."""
+        return (
+            (iteration + 1) % epoch_length == 0
+            or iteration + 1 == self.max_iter
+            or (self._stop_reason is not None and not self.interrupted)
+        )
 
     def after_iteration(self) -> None:
         """Runs the ``after_iteration`` of the hooks due at this iteration (see
@@ -357,8 +360,7 @@ class TrainerBase:
         """
         self.storage.iter = self.iter
         first: Optional[BaseException] = None
-        ends_epoch = self._ends_last_epoch()
-        for call in self._after_train_calls(ends_epoch):
+        for call in self._table.calls["after_train"]:
             t0 = time.perf_counter()
             try:
                 call.method()
@@ -369,41 +371,8 @@ class TrainerBase:
                 first = e
                 note_origin(e, f"hook {call.key} at iteration {self.iter}")
             self._table.seconds[call.key] += time.perf_counter() - t0
-        if ends_epoch and type(self).after_epoch is not TrainerBase.after_epoch and first is None:
-            # A trainer's own after_epoch, for the last epoch too (its hooks' part ran above).
-            self._hooks_ended_epoch = True
-            try:
-                self.after_epoch()
-            finally:
-                self._hooks_ended_epoch = False
         if first is not None:
             raise first
-
-    def _ends_last_epoch(self) -> bool:
-        """Whether training ended (not failed, not interrupted) inside or at
-        the end of an epoch whose ``after_epoch`` has not run; if so, that
-        epoch is now :attr:`epoch`."""
-        if not (
-            self.epoch_length
-            and self.training_error is None
-            and not self.interrupted
-            and self.iter - 1 > self._epochs_done_through
-            and self.iter > self.start_iter
-        ):
-            return False
-        self.epoch = (self.iter - 1) // self.epoch_length
-        self._epochs_done_through = self.iter - 1
-        return True
-
-    def _after_train_calls(self, ends_epoch: bool) -> List[HookCall]:
-        """The ``after_train`` calls; with ``ends_epoch``, each hook's
-        ``after_epoch`` just before its own ``after_train``, so later hooks
-        see the final evaluation."""
-        calls = self._table.calls
-        if not ends_epoch:
-            return calls["after_train"]
-        order = {id(h): i for i, h in enumerate(self._table.hooks)}
-        return sorted(calls["after_epoch"] + calls["after_train"], key=lambda c: (order[id(c.hook)], c.key.endswith(".after_train")))
 
     def _after_train_after_error(self) -> None:
         """Runs every after_train while an exception propagates.

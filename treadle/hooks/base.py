@@ -87,12 +87,13 @@ class HookBase:
     ``after_epoch`` runs when the trainer knows its epoch length
     (``trainer.epoch_length``) and an epoch ends: after every hook's
     ``after_step`` of the epoch's last iteration, with ``trainer.epoch`` the
-    0-based index of that epoch. The epoch that ends with training (the last
-    one, or the part of it run before an early stop) gets its
-    ``after_epoch`` during ``after_train``: just before each hook's own
-    ``after_train``, so a hook registered after the ``EvalHook`` sees the
-    final evaluation. A preempted or failed run calls no ``after_epoch`` for
-    its unfinished epoch.
+    0-based index of that epoch. Every epoch ends so, the last one too: the
+    run's last iteration ends it (a run may end inside an epoch), and so does
+    a stop request that ends the run (early stopping: the epoch ends with
+    the part of it that ran). The :class:`~treadle.hooks.EvalHook` evaluates
+    the final weights in the last iteration's ``after_step``, so the last
+    epoch's ``after_epoch`` sees them. A preempted or failed run calls no
+    ``after_epoch`` for its unfinished epoch.
 
     ``self.trainer`` is a weak proxy to the trainer, set by ``register_hooks``.
     Inside every call, ``self.trainer.iter`` is the iteration being run.
@@ -131,7 +132,7 @@ class HookBase:
     #: Whether a periodic stage (:meth:`after_step_period`,
     #: :meth:`after_iteration_period`) also runs after the run's last
     #: iteration. False for a hook whose ``after_train`` does that
-    #: iteration's work (the final evaluation, ``model_final``). Read when
+    #: iteration's work (``model_final``). Read when
     #: training starts, after every ``before_train`` (a hook may set it there).
     runs_at_last_iteration: bool = True
     # The registered hooks of the declared classes (attach_peers).

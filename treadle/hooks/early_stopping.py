@@ -80,6 +80,8 @@ class EarlyStopping(HookBase):
                              "(or period=N to watch a training scalar such as 'total_loss' every N iterations).")
 
     def after_step(self) -> None:
+        if self.trainer.iter + 1 == self.trainer.max_iter:
+            return  # the run ends here: its final evaluation has nothing to stop
         if self._period is not None:
             if not self._period.fires_after(self.trainer.iter):
                 return

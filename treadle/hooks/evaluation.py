@@ -28,10 +28,17 @@ class EvalHook(HookBase):
     Results (a possibly nested dict of numbers) are flattened to ``name/key``
     scalars and put into storage without smoothing, at the iteration they
     were computed after, so every evaluation reaches ``metrics.json`` and
-    TensorBoard whatever the writer's period. The final evaluation, after the
-    last iteration or a stop request, is put at ``trainer.iter`` (the number of
-    iterations run); none is run when training raised or was interrupted
-    (a preemption: the resumed run will evaluate).
+    TensorBoard whatever the writer's period.
+
+    The final evaluation runs in the ``after_step`` of the run's last
+    iteration, so the hooks after this one see it there, in their
+    ``after_step`` and in the last epoch's ``after_epoch``; as detectron2's,
+    its results are put at ``max_iter`` (the number of iterations run: a row
+    of its own in ``metrics.json``). A run ended by a stop request at an
+    iteration it did not evaluate (a stop that is not early stopping's) is
+    evaluated in ``after_train``, at ``trainer.iter`` (the number of
+    iterations run) too. None is run when training raised or was
+    interrupted (a preemption: the resumed run will evaluate).
 
     Runs on every rank: ``eval_function`` is expected to evaluate its shard
     and reduce (``inference_on_dataset`` does). When an :class:`EMA` hook with
@@ -65,6 +72,8 @@ class EvalHook(HookBase):
             raise TypeError(f"EvalHook needs a callable eval_function, got {type(eval_function).__name__}")
         self._func = eval_function
         self._eval_after_train = eval_after_train
+        # The final evaluation is the last iteration's.
+        self.runs_at_last_iteration = eval_after_train
         self.last_eval_iter: Optional[int] = None
         self.last_results: Dict[str, float] = {}
 
@@ -72,19 +81,19 @@ class EvalHook(HookBase):
         self._period.resolve(self.trainer, "EvalHook")
         self.last_eval_iter = None
 
-    runs_at_last_iteration = False  # after_train evaluates the final weights
-
     def after_step_period(self) -> Optional[int]:
         return self._period.iterations
 
     def after_step(self) -> None:
-        self._do_eval(self.trainer.iter)
+        iteration = self.trainer.iter
+        # The final evaluation is put at the number of iterations run (see the class docstring).
+        self._do_eval(iteration + 1 if iteration + 1 == self.trainer.max_iter else iteration)
 
     def after_train(self) -> None:
         if not self._eval_after_train or self.trainer.training_error is not None or self.trainer.interrupted:
             return
-        # A stop request right after a periodic evaluation leaves the weights
-        # that were just evaluated: no second evaluation of the same weights.
+        # The last iteration run was evaluated (the run's last, or a stop
+        # request right after a periodic evaluation): those are the final weights.
         if self.last_eval_iter == self.trainer.iter - 1:
             return
         self._do_eval(self.trainer.iter)

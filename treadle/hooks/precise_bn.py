@@ -45,7 +45,12 @@ class PreciseBN(HookBase):
 
     Running averages with momentum lag behind the weights; evaluating with
     them understates a model's accuracy. This hook runs every ``period``
-    iterations and after training, in train mode and without gradients.
+    iterations and at the run's last iteration, in train mode and without
+    gradients; after training too when a stop request ended the run at an
+    iteration it did not run at (the :class:`EvalHook` then evaluates there).
+    The iteration of its last run (``last_update_iter``) is kept in
+    checkpoints, so a run preempted after its last iteration resumes with
+    the final statistics, not a second pass over other batches.
 
     Register it before :class:`EvalHook` (which declares so) with the same
     period, so each evaluation sees fresh statistics, and after :class:`EMA`:
@@ -64,6 +69,7 @@ class PreciseBN(HookBase):
     """
 
     runs_after = (EMA,)
+    state_attributes = ("last_update_iter",)
     order_reason = "under EMA evaluation it recomputes the statistics of this iteration's averaged weights"
 
     def __init__(
@@ -80,25 +86,30 @@ class PreciseBN(HookBase):
         self._data_loader = data_loader
         self._num_iter = num_iter
         self._input_fn = input_fn
+        # The iteration of the last recomputation, kept in checkpoints: a run preempted
+        # after its last iteration finishes on resume without recomputing its final statistics.
+        self.last_update_iter: Optional[int] = None
         # fvcore.nn is imported when a PreciseBN is made: importing it takes
         # ~5 MB and 60 modules that a run without PreciseBN never uses.
         self._disabled = len(import_fvcore_nn("fvcore.nn.precise_bn").get_bn_modules(model)) == 0
         if self._disabled:
             logger.info("PreciseBN is disabled: the model has no BatchNorm layer in training mode.")
 
-    runs_at_last_iteration = False  # after_train recomputes for the final weights
-
     def before_train(self) -> None:
         self._period.resolve(self.trainer, "PreciseBN")
+        if self.last_update_iter is not None and self.last_update_iter >= self.trainer.start_iter:
+            self.last_update_iter = None  # of another run: this one starts before it
 
     def after_step_period(self) -> Optional[int]:
         return self._period.iterations
 
     def after_step(self) -> None:
         self.update_stats()
+        self.last_update_iter = self.trainer.iter
 
     def after_train(self) -> None:
-        if self.trainer.training_error is None and not self.trainer.interrupted:
+        trainer = self.trainer
+        if trainer.training_error is None and not trainer.interrupted and self.last_update_iter != trainer.iter - 1:
             self.update_stats()
 
     def _inputs(self) -> Iterator[Any]:
