@@ -509,6 +509,37 @@ def test_train_epoch_trains_the_next_epoch_and_returns_its_row_as_one_train_woul
         by_epoch.train_epoch()
 
 
+def test_a_run_preempted_at_its_last_iteration_resumes_with_every_epochs_row(tmp_path):
+    """The last epoch ends in its last iteration, before the preemption's
+    checkpoint (taken when the iteration ends): the resumed run, which only
+    finishes, has that epoch's row, the final evaluation in it, as an
+    uninterrupted run has."""
+    import os
+    import signal
+
+    from treadle.hooks import CallbackHook, PreemptionHandler
+
+    options = dict(eval_loader=classification(64, seed=1), metrics=["accuracy"], max_epochs=3)
+    straight = make(output_dir=str(tmp_path / "straight"), **options).train()
+    signal_at_the_end = CallbackHook(after_step=lambda t: t.iter == t.max_iter - 1 and os.kill(os.getpid(), signal.SIGUSR1))
+    previous = signal.getsignal(signal.SIGUSR1)
+    try:
+        preempted = make(output_dir=str(tmp_path / "run"), hooks=[PreemptionHandler(exit_code=None), signal_at_the_end], **options)
+        preempted.train()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert preempted.interrupted and not (tmp_path / "run" / "model_final.pth").exists()
+    resumed = make(output_dir=str(tmp_path / "run"), **options)
+    history = resumed.train(resume=True)
+    assert resumed.start_iter == resumed.max_iter == 24 and resumed.finished
+
+    def values(rows):  # the timings differ from run to run
+        return [{k: v for k, v in row.items() if k not in ("time", "data_time")} for row in rows]
+
+    assert [row["epoch"] for row in history.epochs] == [0, 1, 2]
+    assert values(history.epochs) == values(straight.epochs)
+
+
 def test_train_epoch_pauses_without_the_end_of_training():
     trainer = make(max_epochs=2)
     row = trainer.train_epoch()
