@@ -134,12 +134,10 @@ class BestCheckpointer(HookBase):
         logger.info("BestCheckpointer: saving %s when %s reaches a new %s", self.file_prefix, self.metric,
                     "maximum" if self.mode == "max" else "minimum")
 
-    def _check(self, iteration: int, *, final: bool = False) -> None:
-        if self._period is not None:
-            # At the end too: a value equal to the best one checked saves nothing.
-            if not (final or self._period.fires_after(iteration)):
-                return
-        elif not any(h.last_eval_iter == self.trainer.iter for h in self._eval_hooks):
+    def _check(self, iteration: int) -> None:
+        # With a period, after_step runs at the period only, and after_train at
+        # the end: a value equal to the best one checked saves nothing.
+        if self._period is None and not any(h.last_eval_iter == self.trainer.iter for h in self._eval_hooks):
             return
         found = latest_metric(self.trainer.storage, self.metric, type(self).__name__)
         if found is None:
@@ -174,6 +172,13 @@ class BestCheckpointer(HookBase):
                 self.file_prefix, self.metric, value, metric_iter, "none" if previous is None else f"{previous:.6g}",
             )
 
+    # With a period, none at the last iteration: after_train checks the end.
+    runs_at_last_iteration = False
+
+    def after_step_period(self) -> Optional[int]:
+        # Watching evaluations: every iteration, to see where one ran.
+        return None if self._period is None else self._period.iterations
+
     def after_step(self) -> None:
         self._check(self.trainer.iter)
 
@@ -181,7 +186,7 @@ class BestCheckpointer(HookBase):
         if self.trainer.training_error is None:
             # trainer.iter is one past the last iteration run; the checkpoint
             # holds the same state as model_final, and says the same iteration.
-            self._check(self.trainer.iter - 1, final=True)
+            self._check(self.trainer.iter - 1)
 
 
 class PeriodicCheckpointer(HookBase):

@@ -79,14 +79,19 @@ class EarlyStopping(HookBase):
             raise ValueError(f"EarlyStopping('{self.metric}') needs an EvalHook registered before it "
                              "(or period=N to watch a training scalar such as 'total_loss' every N iterations).")
 
+    # With a period, none at the last iteration: the run ends there, nothing to stop.
+    runs_at_last_iteration = False
+
+    def after_step_period(self) -> Optional[int]:
+        # Watching evaluations: every iteration, to see where one ran.
+        return None if self._period is None else self._period.iterations
+
     def after_step(self) -> None:
-        if self.trainer.iter + 1 == self.trainer.max_iter:
-            return  # the run ends here: its final evaluation has nothing to stop
-        if self._period is not None:
-            if not self._period.fires_after(self.trainer.iter):
+        if self._period is None:
+            if self.trainer.iter + 1 == self.trainer.max_iter:
+                return  # the run ends here: its final evaluation has nothing to stop
+            if not any(h.last_eval_iter == self.trainer.iter for h in self._eval_hooks):
                 return
-        elif not any(h.last_eval_iter == self.trainer.iter for h in self._eval_hooks):
-            return
         value, metric_iter = latest_metric(self.trainer.storage, self.metric, "EarlyStopping")
         if not math.isnan(value) and (self.best_metric is None or is_better(value, self.best_metric, self.mode, self.min_delta)):
             self.best_metric, self.best_iter = value, metric_iter
