@@ -39,7 +39,7 @@ from treadle.solver import build_optimizer
 
 from .build import build_step, loader_epoch_length, resolve_scheduler
 from .default_hooks import default_hooks
-from .seed_names import SEED_METHODS, event_methods, overridden, refuse_seed_methods, required_positional
+from .seed_names import SEED_METHODS, overridden, refuse_seed_methods, required_positional
 from .seed_overrides import EVAL_POINTS, TRAIN_EPOCH_EVENTS, UPDATE_POINTS, SeedEventCalls, SeedOverrides, TrainerStep
 from .seed_overrides import is_event_callback
 from .history import EpochCallback, RunHistory, TrainingHistory, iteration_history
@@ -220,7 +220,6 @@ class Trainer(SeedOverrides, TrainerBase):
         self.model = self.build_model(model, s)
         self.optimizer = self.build_optimizer(optimizer, unwrap_model(self.model), s)
         self.loss_fn = s.loss_fn
-        self._events = events
         self.train_loader, self.eval_loader = self.build_loaders(train_loader, s.eval_loader, s)
         epoch_length = loader_epoch_length(self.train_loader, s.grad_accum_steps)
         _check_epoch_events(events, epoch_length)
@@ -387,8 +386,6 @@ class Trainer(SeedOverrides, TrainerBase):
         self._hezar_compute_loss = own_loss and required_positional(self.compute_loss) >= 2
         self._own_compute_loss_override = own_loss and not self._hezar_compute_loss
         self._loss_by_parts = any(self._overrides(n) for n in ("_prepare_batch", "_forward_pass", "_compute_loss"))
-        for hook in s.hooks:
-            event_methods(hook, "hooks")
         callbacks = [(c, "callbacks") for c in s.callbacks if is_event_callback(c)]
         events = SeedEventCalls(self, Trainer, callbacks + [(h, "hooks") for h in s.hooks])
         self._events = events

@@ -132,6 +132,7 @@ class TrainerEvaluation:
         self.generate = generate
         self.step_results = step_results
         self.prepare = prepare
+        self._step_metrics: Any = None  # the metrics' evaluator of one_batch under a qurious eval_step
         # How a batch's loss is computed: as training computes it; where the
         # forward generates, by the training forward of its own.
         if batch_fn is not None:
@@ -221,8 +222,11 @@ class TrainerEvaluation:
     def one_batch(self, batch: Any, evaluator: Any, device: torch.device) -> Dict[str, float]:
         """``eval_step``: the loss (where reported) and the metrics of one batch, as floats."""
         if self.step_results is not None:
-            # Called by a subclass's eval_step (super()): the metrics', not the eval_step's, evaluator.
-            evaluator = self._metrics_evaluator()
+            # Called by a subclass's eval_step (super()): the metrics', not the eval_step's, evaluator,
+            # built at the first call (it is reset for each batch below).
+            if self._step_metrics is None:
+                self._step_metrics = self._metrics_evaluator()
+            evaluator = self._step_metrics
         batch = move_to_device(batch, device)
         out: Dict[str, float] = {}
         with inference_context(self.model):
