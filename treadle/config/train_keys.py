@@ -123,7 +123,8 @@ KEYS: Tuple[TrainKey, ...] = (
        "Clamp each gradient element to [-value, value]; None: no clipping. Not with clip_grad_norm."),
     _K("step.loss_fn", None, anything,
        "loss = loss_fn(model(inputs), targets) on (inputs, targets) batches, "
-       "loss_fn(model(**batch), batch['labels']) on dict batches; None: the model returns its loss."),
+       "loss_fn(model(**rest), batch['labels']) on dict batches (the model gets the batch without its "
+       "'labels'); None: the model returns its loss."),
     _K("step.compile.mode", None, choice(_COMPILE_MODES),
        "torch.compile's mode; 'reduce-overhead' uses CUDA graphs on GPU."),
     _K("step.compile.backend", "inductor", compile_backend, "torch.compile's backend."),

@@ -102,7 +102,8 @@ class EagerStep(StepBase):
 
     1. with ``loss_fn``, the batch is ``(inputs, targets)`` and
        ``loss = loss_fn(model(inputs), targets)``, or a mapping with its
-       targets under ``"labels"``: ``loss_fn(model(**batch), batch["labels"])``;
+       targets under ``"labels"``: ``loss_fn(model(**rest), batch["labels"])``,
+       the model getting the mapping without its ``"labels"``;
     2. without it, ``out = model(batch)`` (``model(**batch)`` for a mapping,
        as Hugging Face models take it; see :mod:`treadle.evaluation.batch`)
        and ``out`` is a scalar tensor, an object with a ``.loss`` attribute

@@ -254,8 +254,8 @@ def _shared(name: str, train_key: str, *needs: Need, default: Any = dataclasses.
 #: Every argument of ``Trainer`` after ``model, optimizer, train_loader``, in
 #: the order of its signature.
 SETTINGS: Tuple[Setting, ...] = (
-    _shared("loss_fn", "step.loss_fn", doc="A dict batch goes to model(**batch) without its 'labels', which "
-            "loss_fn gets (Hugging Face's rule); a subclass may override compute_loss instead."),
+    _shared("loss_fn", "step.loss_fn", doc="Hugging Face's rule for dict batches; a subclass may override "
+            "compute_loss instead."),
     _row("eval_loader", None, None, "What evaluation reads: batches, or a dataset batched by eval_batch_size."),
     _row("metrics", (), _sequence, "What evaluation computes (default ['loss']): metric names, (name, options), "
          "torchmetrics objects or DatasetEvaluators; also what evaluate(loader) computes.",

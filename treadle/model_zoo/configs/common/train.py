@@ -87,8 +87,8 @@ train.step.clip_grad_value = None
     clip_grad_norm.
 train.step.loss_fn = None
     loss = loss_fn(model(inputs), targets) on (inputs, targets) batches,
-    loss_fn(model(**batch), batch['labels']) on dict batches; None: the model returns
-    its loss.
+    loss_fn(model(**rest), batch['labels']) on dict batches (the model gets the batch
+    without its 'labels'); None: the model returns its loss.
 
 train.step.compile: torch.compile's options, for kind='compiled'.
 train.step.compile.mode = None
