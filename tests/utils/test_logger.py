@@ -408,3 +408,26 @@ def test_a_rank_without_console_or_file_leaves_the_root_logger_alone(capfd):
     logging.getLogger("libai.myhook").info("rank 1 says")
     out, err = capfd.readouterr()
     assert "rank 1 says" not in out + err
+
+
+def test_a_users_own_log_file_on_the_root_logger_keeps_the_level_they_gave_it(tmp_path):
+    """``logging.basicConfig(filename=...)`` at the default WARNING: treadle
+    does not lower the root's level, or every library's INFO records would
+    land in the user's file."""
+    root = logging.getLogger()
+    theirs = logging.FileHandler(tmp_path / "theirs.log")
+    level = root.level
+    root.addHandler(theirs)
+    try:
+        root.setLevel(logging.WARNING)
+        setup_logger(str(tmp_path / "run"))
+        logging.getLogger("some_library").info("library chatter")
+        logging.getLogger("some_library").warning("library warning")
+        theirs.flush()
+        assert root.level == logging.WARNING
+    finally:
+        root.removeHandler(theirs)
+        theirs.close()
+        root.setLevel(level)
+    text = (tmp_path / "theirs.log").read_text()
+    assert "library warning" in text and "library chatter" not in text

@@ -491,10 +491,18 @@ def _is_console(handler: logging.Handler) -> bool:
             and getattr(handler, "stream", None) in streams)
 
 
+def _is_users_file(handler: logging.Handler) -> bool:
+    """A log file of the user's own (``logging.basicConfig(filename=...)``'s);
+    a handler writing to the null device (pytest's default) is no one's file."""
+    return (isinstance(handler, logging.FileHandler) and not getattr(handler, "_treadle_handler", False)
+            and handler.baseFilename != os.path.abspath(os.devnull))
+
+
 def _hear_user_loggers(logger: logging.Logger) -> None:
     """Replaces the root logger's :class:`_UserRecords` with one for
     ``logger``'s handlers, and lets the root pass INFO records (its default
-    is WARNING) unless the user configured a console there."""
+    is WARNING) unless the user configured a console or a file there (then
+    its level is theirs: their file must not get every library's INFO)."""
     root = logging.root
     for old in [h for h in root.handlers if isinstance(h, _UserRecords)]:
         root.removeHandler(old)
@@ -503,7 +511,7 @@ def _hear_user_loggers(logger: logging.Logger) -> None:
     handler = _UserRecords(logger)
     handler._treadle_handler = True  # type: ignore[attr-defined]
     root.addHandler(handler)
-    if root.level > logging.INFO and not any(_is_console(h) for h in root.handlers):
+    if root.level > logging.INFO and not any(_is_console(h) or _is_users_file(h) for h in root.handlers):
         root.setLevel(logging.INFO)
 
 
