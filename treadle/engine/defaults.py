@@ -8,7 +8,6 @@ object and hooks of a lazy config (``configs/``), as detectron2's does; every
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import os
 from typing import Any, Dict, List, NoReturn, Optional, Sequence
@@ -21,7 +20,8 @@ from treadle.checkpoint import Checkpointer, unwrap_model
 from treadle.config import LazyCall, LazyConfig, get_config_file, instantiate
 from treadle.config.top_nodes import step_kind
 from treadle.config.train_keys import train_section, train_setting
-from treadle.evaluation import TARGET_KEY, forward_batch, inference_on_dataset
+from treadle.evaluation import inference_on_dataset
+from treadle.evaluation.batch import training_forward
 from treadle.events import get_default_writers
 from treadle.events.tracking import flatten_params
 from treadle.hooks import HookBase
@@ -519,5 +519,4 @@ class DefaultTrainer(TrainerBase):
         # The model is fed as the training step feeds it: a model that computes
         # its own loss (no train.step.loss_fn) gets the whole batch; with one, a dict without its labels.
         loss_fn = train_setting(cfg, "step.loss_fn")
-        forward = functools.partial(forward_batch, whole=loss_fn is None, target_key=None if loss_fn is None else TARGET_KEY)
-        return inference_on_dataset(model, loader, evaluator, device=device, forward=forward)
+        return inference_on_dataset(model, loader, evaluator, device=device, forward=training_forward(loss_fn))

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequ
 import torch
 
 from treadle.evaluation import DatasetEvaluator
-from treadle.evaluation.batch import batch_size, forward_batch, move_to_device
+from treadle.evaluation.batch import TARGET_KEY, batch_size, forward_batch, move_to_device
 from treadle.evaluation.loss import LOSS_FN, MODEL, as_losses
 from treadle.events import ScalarKind
 from treadle.hooks.base import HookBase
@@ -111,8 +111,8 @@ class SeedOverrides:
         batch = move_to_device(batch, self.device)
         if isinstance(batch, abc.Mapping):
             if self.loss_fn is None:
-                return batch, batch.get("labels")
-            return {k: v for k, v in batch.items() if k != "labels"}, batch["labels"]
+                return batch, batch.get(TARGET_KEY)
+            return {k: v for k, v in batch.items() if k != TARGET_KEY}, batch[TARGET_KEY]
         if self.loss_fn is not None and isinstance(batch, (tuple, list)) and len(batch) == 2:
             return batch[0], batch[1]
         return batch, None

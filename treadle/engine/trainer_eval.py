@@ -23,9 +23,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from treadle.evaluation import TARGET_KEY, build_evaluator, forward_batch, inference_on_dataset
+from treadle.evaluation import build_evaluator, forward_batch, inference_on_dataset
 from treadle.evaluation import known_metric_mode, metric_mode, model_id2label
-from treadle.evaluation.batch import move_to_device
+from treadle.evaluation.batch import move_to_device, training_forward
 from treadle.evaluation.inference import inference_context
 from treadle.evaluation.loss import LossEvaluator
 from treadle.utils import comm
@@ -84,11 +84,6 @@ def _generate_forward(model: Any, batch: Any, *, options: Dict[str, Any]) -> Any
     if isinstance(batch, (list, tuple)) and len(batch) == 2:
         return generate(batch[0], **options)
     return generate(batch, **options)
-
-
-def _target_key(loss_fn: Any) -> Optional[str]:
-    """The key a ``loss_fn`` reads its targets from, which the model is not given (the loss contract)."""
-    return None if loss_fn is None else TARGET_KEY
 
 
 def _no_outputs(model: Any, batch: Any) -> None:
@@ -151,7 +146,7 @@ class TrainerEvaluation:
         elif generate is not None:
             self.forward = functools.partial(_generate_forward, options=generate)
         elif compute_loss is None:
-            self.forward = functools.partial(forward_batch, whole=loss_fn is None, target_key=_target_key(loss_fn))
+            self.forward = training_forward(loss_fn)
         else:
             # A compute_loss runs the model itself: only metrics other than the loss need outputs.
             self.forward = _no_outputs if self.metric_names() == ["loss"] else forward_batch
@@ -182,7 +177,7 @@ class TrainerEvaluation:
         forward's, on the same batch, explained in one line where the batch
         does not allow it (a decoder-only model's continuation labels)."""
         try:
-            outputs = forward_batch(self.model, batch, whole=self.loss_fn is None, target_key=_target_key(self.loss_fn))
+            outputs = training_forward(self.loss_fn)(self.model, batch)
             return self._training_loss.batch_loss(batch, outputs).mean()
         except (RuntimeError, ValueError, TypeError, IndexError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

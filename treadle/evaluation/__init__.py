@@ -18,6 +18,7 @@ from .batch import (
     get_targets,
     get_tensor_pair,
     move_to_device,
+    training_forward,
 )
 from .evaluator import DatasetEvaluator, DatasetEvaluators
 from .inference import inference_context, inference_on_dataset
@@ -86,6 +87,7 @@ __all__ = [
     "torchmetrics_name",
     "MetricSpec",
     "forward_batch",
+    "training_forward",
     "inference_on_dataset",
     "inference_context",
     "build_evaluator",

@@ -27,6 +27,7 @@ default, as in Hugging Face models).
 from __future__ import annotations
 
 import inspect
+import functools
 from collections import abc
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
@@ -40,6 +41,7 @@ __all__ = [
     "TARGET_KEY",
     "move_to_device",
     "forward_batch",
+    "training_forward",
     "get_targets",
     "get_predictions",
     "get_tensor_pair",
@@ -124,6 +126,14 @@ def _call(model: Callable[..., Any], batch: Any) -> Any:
     if isinstance(batch, abc.Mapping) and _spreads(model, batch):
         return model(**batch)
     return model(batch)
+
+
+def training_forward(loss_fn: Optional[Callable[..., Any]]) -> ForwardFn:
+    """The forward training uses, as a :data:`ForwardFn`: with a ``loss_fn``,
+    a mapping reaches the model without its :data:`TARGET_KEY` (which the
+    ``loss_fn`` gets); without one, the model takes the whole batch (it
+    computes its own loss)."""
+    return functools.partial(forward_batch, whole=loss_fn is None, target_key=None if loss_fn is None else TARGET_KEY)
 
 
 def forward_batch(model: Callable[..., Any], batch: Any, *, whole: bool = False,
