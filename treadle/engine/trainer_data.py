@@ -74,16 +74,14 @@ def data_kind(data: Any, name: str = "train_loader") -> str:
 def _is_empty(data: Any) -> bool:
     """Whether ``data`` has a length, and it is 0 (a dataset of no samples, no batches)."""
     try:
-        return (len(data) if _is_map_dataset(data) or _is_sequence(data) else loader_batches(data)) == 0
-    except TypeError:  # no length: a stream, or a DataLoader over an iterable dataset
+        return loader_batches(data) == 0
+    except TypeError:  # a DataLoader over an iterable dataset
         return False
 
 
 def _what(data: Any) -> str:
     if _is_map_dataset(data):
         return "a dataset"
-    if len(data) == 0:
-        return f"an empty {type(data).__name__}"
     return f"a {type(data).__name__} of samples ({describe_item(data[0])} each)"
 
 
