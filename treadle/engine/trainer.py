@@ -573,7 +573,10 @@ class Trainer(SeedOverrides, TrainerBase):
         """The loss of one batch (on the device). Override it for a custom loss
         (pytorch-accelerated's ``calculate_train_batch_loss``): a scalar, a dict
         of scalars or an object with ``.loss``. It is the loss everywhere:
-        training, :meth:`train_step`, :meth:`eval_step`, :meth:`evaluate`.
+        training, :meth:`train_step`, :meth:`eval_step`, :meth:`evaluate`;
+        ``self.model.training`` is False in evaluation (the model is in eval
+        mode), so a value logged for training only goes under
+        ``if self.model.training:`` (Lightning's ``self.log`` in ``training_step``).
         Where a subclass overrides qurious' ``_prepare_batch``, ``_forward_pass``
         or ``_compute_loss``, it is theirs, in that order."""
         if self._loss_by_parts:
