@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from treadle.engine import Trainer
+from treadle.events import get_event_storage
 
 from tests.tiny_models import CountingTokens, classification, tiny_gpt2
 
@@ -619,6 +620,53 @@ def test_compute_loss_overridden_in_a_trainer_subclass():
     history = trainer.train()
     assert {"ce", "l2", "total_loss"} <= set(history.iterations)
 
+
+
+class LoggingTrainer(Trainer):
+    """docs/coming_from/lightning.md's port of self.log in training_step: a training-only scalar."""
+
+    modes = None
+
+    def compute_loss(self, batch):
+        x, y = batch
+        logits = self.model(x)
+        self.modes.append(self.model.training)
+        if self.model.training:  # training_step's self.log: evaluation calls compute_loss too
+            get_event_storage().put_scalar("train_acc", (logits.argmax(-1) == y).float().mean())
+        return nn.functional.cross_entropy(logits, y)
+
+
+def test_compute_loss_tells_training_from_evaluation_by_the_models_mode():
+    """Evaluation calls compute_loss too (the eval_loss); self.model.training is False there, in eval_loader's
+    evaluations, evaluate() and eval_step(): the epoch's train_acc is the mean over its training batches only."""
+    train_loader = torch.utils.data.DataLoader(classification(), batch_size=32)
+    eval_loader = torch.utils.data.DataLoader(classification(64, seed=1), batch_size=32)
+    trainer = LoggingTrainer(mlp(), "sgd", train_loader, lr=0.5, max_epochs=2, eval_loader=eval_loader,
+                             progress_bar=False)
+    trainer.modes = []
+    history = trainer.train().to_dict()
+    # Each epoch: 8 training batches, then 2 evaluation batches (the evaluation after training is the last epoch's).
+    assert trainer.modes == ([True] * 8 + [False] * 2) * 2
+    trainer.modes = []
+    trainer.evaluate()
+    assert trainer.modes == [False, False]
+    trainer.modes = []
+    trainer.eval_step(next(iter(eval_loader)))
+    assert trainer.modes and not any(trainer.modes)
+
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    train_acc = []
+    for _ in range(2):
+        accuracies = []
+        for x, y in train_loader:
+            logits = model(x)
+            accuracies.append((logits.argmax(-1) == y).float().mean().item())
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(logits, y).backward()
+            optimizer.step()
+        train_acc.append(sum(accuracies) / len(accuracies))
+    assert history["train_acc"] == pytest.approx(train_acc)
 
 
 class SmoothedTrainer(Trainer):

@@ -56,6 +56,20 @@ def test_latest_with_smoothing_hint_takes_the_window_median():
         assert smoothed["acc"] == (5.0, 4)
 
 
+def test_value_over_iterations_is_the_mean_without_nan_and_the_last_of_a_value_read_as_it_is():
+    """What an epoch's row of the history holds and what a BestCheckpointer or EarlyStopping watching a
+    training scalar every N iterations reads: one rule."""
+    with EventStorage(0) as s:
+        for it, v in enumerate([1.0, 2.0, math.nan, 6.0, 10.0]):
+            s.iter = it
+            s.put_scalar("total_loss", torch.tensor(v))
+            s.put_scalar("lr", 0.1 * (it + 1), smoothing_hint=False)
+        assert s.value_over("total_loss", 0, 3) == 3.0  # (1 + 2 + 6) / 3: the NaN left out
+        assert s.value_over("total_loss", 4, 4) == 10.0
+        assert s.value_over("total_loss", 2, 2) is None
+        assert s.value_over("lr", 0, 3) == pytest.approx(0.4)  # the epoch's last rate, not a mean
+
+
 def test_smoothing_hint_cannot_change_for_a_name():
     with EventStorage(0) as s:
         s.put_scalar("x", 1.0)

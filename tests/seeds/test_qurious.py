@@ -6,6 +6,7 @@ workflows, with treadle's names (``docs/coming_from/qurious.md``).
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -61,6 +62,59 @@ def test_training_with_callbacks_best_model_and_early_stopping(tmp_path):
     assert all(eval_loss is not None for _, _, eval_loss in logged)  # each epoch's evaluation, the last included
     best = torch.load(tmp_path / "model_best.pth", weights_only=True)
     assert best["trainer"]["hooks"]["BestCheckpointer"]["best_metric"] == min(e for _, _, e in logged)
+
+
+def _epochs_by_hand(lr, data, max_epochs, patience):
+    """The same training as a plain PyTorch loop, with qurious' early stopping on the epoch's
+    ``train_loss`` (the mean over its batches): each epoch's mean and weights, until it stops."""
+    torch.manual_seed(0)
+    model = nn.Linear(10, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    train_loss, weights, best, waited = [], [], None, 0
+    for _ in range(max_epochs):
+        losses = []
+        for x, y in DataLoader(data, batch_size=16):
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        train_loss.append(sum(losses) / len(losses))
+        weights.append({k: v.clone() for k, v in model.state_dict().items()})
+        if best is None or train_loss[-1] < best:
+            best, waited = train_loss[-1], 0
+        else:
+            waited += 1
+            if waited >= patience:
+                break
+    return train_loss, weights
+
+
+@pytest.mark.parametrize("with_eval", [False, True])
+def test_best_model_and_early_stopping_on_train_loss_read_the_epochs_train_loss(tmp_path, with_eval):
+    """best_model_metric="train_loss" is the history's train_loss, the epoch's mean: it was the epoch's last
+    batch, whose lowest is epoch 1 here (the mean's is epoch 2), and which stops a run of 4 epochs after 3."""
+    data = regression_data(96)
+    torch.manual_seed(0)
+    model = nn.Linear(10, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.25)
+    trainer = Trainer(
+        model, optimizer, DataLoader(data, batch_size=16), loss_fn=nn.MSELoss(),
+        eval_loader=DataLoader(regression_data(32, seed=1), batch_size=16) if with_eval else None,
+        max_epochs=6, best_metric="train_loss", early_stopping_patience=1, output_dir=str(tmp_path),
+        progress_bar=False,
+    )
+    history = trainer.train().to_dict()
+
+    train_loss, weights = _epochs_by_hand(0.25, data, max_epochs=6, patience=1)
+    assert len(train_loss) == 4  # epoch 3 is no better than epoch 2
+    assert history["train_loss"] == pytest.approx(train_loss)
+    best = min(range(len(train_loss)), key=train_loss.__getitem__)
+    assert best == 2
+    saved = torch.load(tmp_path / "model_best.pth", weights_only=True)
+    assert saved["iteration"] == 6 * best + 5
+    for name, value in weights[best].items():
+        torch.testing.assert_close(saved["model"][name], value)
 
 
 def test_single_steps_and_load_checkpoint(tmp_path):

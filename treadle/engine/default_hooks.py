@@ -72,6 +72,7 @@ def default_hooks(
     stop_patience: Optional[int] = None,
     stop_min_delta: float = 0.0,
     stop_mode: Optional[str] = None,
+    watches_training: bool = False,
     epochs: Optional[List[Dict[str, float]]] = None,
     epoch_callbacks: Sequence[EpochCallback] = (),
     checkpoint_period: int = 0,
@@ -107,9 +108,11 @@ def default_hooks(
             (:class:`BestCheckpointer`; ``None``: off).
         stop_metric, stop_patience, stop_min_delta, stop_mode: stop after
             ``stop_patience`` evaluations without improvement of ``stop_metric``
-            (:class:`EarlyStopping`; ``stop_metric=None``: off). Without
-            ``evaluate``, both watch a training scalar (``total_loss``), read
-            every ``eval_period`` iterations.
+            (:class:`EarlyStopping`; ``stop_metric=None``: off).
+        watches_training: both watch a training scalar (``total_loss``), read
+            every ``eval_period`` iterations as its mean over them (an epoch's:
+            the history's ``train_loss``), whether or not there is an
+            evaluation; without ``evaluate``, always.
         epochs, epoch_callbacks: record each epoch's row into ``epochs`` and
             call the callbacks (:class:`EpochHistory`; ``None``: no epochs).
         checkpoint_period, max_to_keep, async_save, export_safetensors: the
@@ -124,8 +127,9 @@ def default_hooks(
             :class:`TrainEvents` (before the evaluation: ``train_epoch_end``
             precedes it) and :class:`RunEvents` (first in the user slot).
     """
-    # No evaluation: the metric watched is a training scalar, read every eval_period iterations.
-    watch_period = None if evaluate is not None else eval_period
+    # A training scalar is read every eval_period iterations, as its mean over them:
+    # an evaluation's iterations would give its last batch's value.
+    watch_period = eval_period if watches_training or evaluate is None else None
     if scheduler is None:
         lr_hook: HookBase = LRMonitor(optimizer)
     else:

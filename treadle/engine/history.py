@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from treadle.events import ScalarKind, get_event_storage
 from treadle.hooks import HookBase
@@ -72,37 +71,22 @@ class TrainingHistory:
         return {name: [row.get(name) for row in self.epochs] for name in names}
 
 
-def _values_between(points: Sequence[Tuple[float, int]], first: int, last: int) -> List[float]:
-    """Values put at iterations ``first..last``, read from the end (the epoch is the newest)."""
-    out = []
-    for value, it in reversed(points):
-        if it < first:
-            break
-        if it <= last:
-            out.append(value)
-    out.reverse()
-    return out
-
-
 def epoch_row(storage: "EventStorage", epoch: int, first: int, last: int, results_until: int) -> Dict[str, float]:
-    """The epoch's row: means of the training scalars put at ``first..last``
-    (the last of them for a scalar put with ``smoothing_hint=False``, as
-    ``lr``), and the latest evaluation results put at ``first..results_until``."""
+    """The epoch's row: each training scalar's value over ``first..last``
+    (:meth:`~treadle.events.EventStorage.value_over`: its mean, the last value
+    for a scalar put with ``smoothing_hint=False``, as ``lr``), and the latest
+    evaluation results put at ``first..results_until``."""
     row: Dict[str, float] = {"epoch": epoch, "iteration": last}
     metrics: Dict[str, float] = {}
-    hints = storage.smoothing_hints()
     for name, history in storage.histories().items():  # one read for the epoch
-        points = history.values()
         if storage.kind(name) == ScalarKind.METRIC:
-            found = _values_between(points, first, results_until)
+            found = history.values_between(first, results_until)
             if found:
                 metrics[name] = found[-1]
             continue
-        found = [v for v in _values_between(points, first, last) if not math.isnan(v)]
-        if found:
-            # A value meant to be read as it is, not averaged: the rate the
-            # epoch ended with (a mean of eight 0.1s is 0.09999999999999999).
-            row[name] = found[-1] if not hints.get(name, True) else sum(found) / len(found)
+        value = storage.value_over(name, first, last)
+        if value is not None:
+            row[name] = value
     if "total_loss" in row:
         row["train_loss"] = row["total_loss"]
     row.update(metrics)

@@ -48,7 +48,7 @@ from .session import Resume, RunSession
 from .steps import EagerStep
 from .train_loop import TrainerBase
 from .trainer_data import as_eval_loader, as_train_loader, check_batch_sizes, run_length, warn_about_leftover_batches
-from .trainer_eval import TrainerEvaluation
+from .trainer_eval import TrainerEvaluation, watches_training
 from .trainer_settings import FILE_LOGGERS, LOGGERS, SETTINGS, checked_settings, records_given_settings, wrapper_of
 
 __all__ = ["Trainer", "TrainingHistory", "LOGGERS", "SEED_METHODS"]
@@ -132,7 +132,8 @@ class Trainer(SeedOverrides, TrainerBase):
         ema_decay: keep an EMA of the weights and evaluate with it.
         best_metric: save ``model_best.pth`` when this result improves (``"eval/"``,
             ``"eval_"``... accepted; ``"train/..."`` names a training scalar, which needs no
-            ``eval_loader``: read every ``eval_period``, by default each epoch).
+            ``eval_loader``: read every ``eval_period``, by default each epoch, as its mean over
+            those iterations: an epoch's is the history's ``train_loss``).
         best_mode: ``"min"``/``"max"``, against the direction inferred.
         early_stopping_patience: stop after that many evaluations without
             improvement of ``best_metric`` (or of the evaluation ``loss``).
@@ -343,7 +344,8 @@ class Trainer(SeedOverrides, TrainerBase):
             eval_period=s.eval_period if s.eval_period is not None else self.epoch_length or 0,
             checkpointer=self.checkpointer, best_metric=watched if s.best_metric else None, best_mode=mode,
             stop_metric=watched if s.early_stopping_patience else None, stop_patience=s.early_stopping_patience,
-            stop_mode=mode, epochs=self.history.epochs if self.epoch_length else None,
+            stop_mode=mode, watches_training=watches_training(s.best_metric),
+            epochs=self.history.epochs if self.epoch_length else None,
             epoch_callbacks=[fn for fn in s.callbacks if not is_event_callback(fn)],
             checkpoint_period=s.checkpoint_period if s.checkpoint_period is not None else self.epoch_length or 0,
             max_to_keep=s.max_to_keep, writers=self.build_writers(samples_per_iter, console=not bar),
@@ -571,7 +573,10 @@ class Trainer(SeedOverrides, TrainerBase):
         """The loss of one batch (on the device). Override it for a custom loss
         (pytorch-accelerated's ``calculate_train_batch_loss``): a scalar, a dict
         of scalars or an object with ``.loss``. It is the loss everywhere:
-        training, :meth:`train_step`, :meth:`eval_step`, :meth:`evaluate`.
+        training, :meth:`train_step`, :meth:`eval_step`, :meth:`evaluate`;
+        ``self.model.training`` is False in evaluation (the model is in eval
+        mode), so a value logged for training only goes under
+        ``if self.model.training:`` (Lightning's ``self.log`` in ``training_step``).
         Where a subclass overrides qurious' ``_prepare_batch``, ``_forward_pass``
         or ``_compute_loss``, it is theirs, in that order."""
         if self._loss_by_parts:

@@ -370,7 +370,8 @@ SETTINGS: Tuple[Setting, ...] = (
             default=None, doc="None: no EMA; else evaluate with the averaged weights."),
     _row("best_metric", None, text(empty=False, none=True), "Save model_best.pth when this evaluation result "
          "improves ('eval/', 'evaluation.', 'eval_' prefixes accepted; 'train/...', 'train.', 'train_' name a "
-         "training scalar, which needs no eval_loader: read every eval_period iterations, by default each epoch).",
+         "training scalar, which needs no eval_loader: read every eval_period iterations, by default each epoch, as "
+         "its mean over them, the history's train_loss).",
          Need("an evaluation set", _watches_an_evaluation,
               "best_metric and early_stopping_patience watch an evaluation: give eval_loader"),
          Need("a period to read it", _watched_training_scalar_is_read,

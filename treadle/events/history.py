@@ -103,6 +103,18 @@ class HistoryBuffer(_FvcoreHistoryBuffer):
         newer.reverse()
         return newer
 
+    def values_between(self, first: int, last: int) -> List[float]:
+        """The values recorded at iterations ``first..last``, oldest first,
+        read from the newest end (an epoch's, the newest, without a copy of the history)."""
+        found: List[float] = []
+        for value, it in reversed(self._data):
+            if it < first:
+                break
+            if it <= last:
+                found.append(value)
+        found.reverse()
+        return found
+
     def count_after(self, iteration: int) -> int:
         """How many of the kept values were recorded after ``iteration``,
         counted from the newest end (no copy of the history)."""

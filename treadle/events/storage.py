@@ -580,6 +580,22 @@ class EventStorage:
             self._latest[name] = points[-1]
         self._generation += 1
 
+    def value_over(self, name: str, first: int, last: int) -> Optional[float]:
+        """A training scalar's value over iterations ``first..last``: the mean
+        of its values there that are not NaN, or the last of them for a
+        scalar put with ``smoothing_hint=False`` (a rate is read as it is;
+        a mean of eight 0.1s is 0.09999999999999999); ``None`` where it has none.
+
+        What an epoch's row of the plain ``Trainer``'s history holds, and what
+        :class:`~treadle.hooks.BestCheckpointer` and
+        :class:`~treadle.hooks.EarlyStopping` watching a training scalar
+        read at each check: the value that decides is the one the history shows.
+        """
+        found = [v for v in self.history(name).values_between(first, last) if not math.isnan(v)]
+        if not found:
+            return None
+        return found[-1] if not self._smoothing_hints[name] else sum(found) / len(found)
+
     def latest(self) -> Dict[str, Tuple[float, int]]:
         """``{name: (latest value, iteration it was put at)}``."""
         self.materialize()

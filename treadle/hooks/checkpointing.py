@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from treadle.evaluation.registry import metric_mode
 
 from .base import HookBase
-from .early_stopping import is_better, latest_metric
+from .early_stopping import is_better, latest_metric, period_start
 from .ema import EMA
 from .evaluation import EvalHook
 from .periods import Period
@@ -59,7 +59,9 @@ class BestCheckpointer(HookBase):
     the metric into storage, and only at iterations where that hook
     evaluated (so it never forces a device sync in between); with
     ``period``, every ``period`` iterations and at the end instead, with no
-    evaluation needed: for a training scalar (``total_loss``). NaN values are
+    evaluation needed: for a training scalar (``total_loss``), read as its
+    value over the period's iterations (its mean: an epoch's is the one the
+    plain ``Trainer``'s history shows), not its last iteration's. NaN values are
     ignored. The best value and its iteration are kept in the trainer's
     state, so they survive a resume. Saving ``model_best`` does not move the
     ``last_checkpoint`` pointer used for resuming.
@@ -85,7 +87,9 @@ class BestCheckpointer(HookBase):
         file_prefix: name of the file written.
         period: None: checked where an EvalHook evaluated (one must be
             registered); N: every N iterations and at the end of training,
-            the metric's latest value (a training scalar, put by the step).
+            a training scalar's mean over those iterations
+            (:meth:`~treadle.events.EventStorage.value_over`; an evaluation
+            result's latest value).
     """
 
     runs_after = (EvalHook,)
@@ -139,10 +143,8 @@ class BestCheckpointer(HookBase):
         # the end: a value equal to the best one checked saves nothing.
         if self._period is None and not any(h.last_eval_iter == self.trainer.iter for h in self._eval_hooks):
             return
-        found = latest_metric(self.trainer.storage, self.metric, type(self).__name__)
-        if found is None:
-            return
-        value, metric_iter = found
+        value, metric_iter = latest_metric(self.trainer.storage, self.metric, type(self).__name__,
+                                           since=period_start(self._period, iteration))
         if math.isnan(value):
             logger.warning("BestCheckpointer: %s is NaN at iteration %d; ignored.", self.metric, metric_iter)
             return

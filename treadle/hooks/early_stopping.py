@@ -6,6 +6,7 @@ import logging
 import math
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
+from treadle.events import ScalarKind
 from treadle.evaluation.registry import metric_mode
 
 from .base import HookBase
@@ -24,12 +25,30 @@ def is_better(value: float, best: float, mode: str, min_delta: float) -> bool:
     return value > best + min_delta if mode == "max" else value < best - min_delta
 
 
-def latest_metric(storage: "EventStorage", metric: str, owner: str) -> Tuple[float, int]:
+def latest_metric(storage: "EventStorage", metric: str, owner: str, *,
+                  since: Optional[int] = None) -> Tuple[float, int]:
+    """``metric``'s latest value and the iteration it was put at. With
+    ``since``, a training scalar's value is the one over the iterations from
+    ``since`` to its latest (:meth:`~treadle.events.EventStorage.value_over`,
+    NaN where none is a number): an epoch's mean, as the history's row
+    holds it, not its last batch's."""
     latest = storage.latest()
     if metric not in latest:
         known = sorted(k for k in latest if storage.kind(k) == "metric")
         raise KeyError(f"{owner}: the evaluation did not produce '{metric}'. Evaluation results: {known}")
-    return latest[metric]
+    value, iteration = latest[metric]
+    if since is not None and storage.kind(metric) != ScalarKind.METRIC:
+        over = storage.value_over(metric, since, iteration)
+        value = math.nan if over is None else over
+    return value, iteration
+
+
+def period_start(period: Optional[Period], iteration: int) -> Optional[int]:
+    """The first iteration of the period ``iteration`` ends (or falls in, at
+    the end of training); ``None`` without a period (an evaluation is read as it is)."""
+    if period is None or not period.iterations:
+        return None
+    return iteration - iteration % period.iterations
 
 
 class EarlyStopping(HookBase):
@@ -44,9 +63,10 @@ class EarlyStopping(HookBase):
 
     ``mode`` None infers the direction from the metric
     (:func:`~treadle.evaluation.metric_mode`), as :class:`BestCheckpointer` does.
-    With ``period``, the metric's latest value is read every ``period``
-    iterations instead, with no evaluation needed: a training scalar
-    (``total_loss``); ``patience`` then counts those readings.
+    With ``period``, the metric is read every ``period`` iterations instead,
+    with no evaluation needed: a training scalar (``total_loss``), read as
+    its mean over those iterations (an epoch's: the history's
+    ``train_loss``); ``patience`` then counts those readings.
     """
 
     runs_after = (EvalHook,)
@@ -92,7 +112,8 @@ class EarlyStopping(HookBase):
                 return  # the run ends here: its final evaluation has nothing to stop
             if not any(h.last_eval_iter == self.trainer.iter for h in self._eval_hooks):
                 return
-        value, metric_iter = latest_metric(self.trainer.storage, self.metric, "EarlyStopping")
+        value, metric_iter = latest_metric(self.trainer.storage, self.metric, "EarlyStopping",
+                                           since=period_start(self._period, self.trainer.iter))
         if not math.isnan(value) and (self.best_metric is None or is_better(value, self.best_metric, self.mode, self.min_delta)):
             self.best_metric, self.best_iter = value, metric_iter
             self.num_bad_evals = 0
