@@ -546,8 +546,9 @@ class Trainer(SeedOverrides, TrainerBase):
         return self.history
 
     def _after_failed_training(self, error: BaseException) -> None:
-        # The user's method it was raised in is what the report names (hooks are named by the hook table).
-        where = raised_in(error, self, Trainer)
+        # The user's method an error was raised in is what the report names (hooks are named by the hook
+        # table); not a Ctrl-C's or an exit's, which a signal raises wherever the loop happens to be.
+        where = raised_in(error, self, Trainer) if isinstance(error, Exception) else None
         if where is not None:
             note_origin(error, f"{where} at iteration {self.iter}")
         super()._after_failed_training(error)
