@@ -252,7 +252,8 @@ class SeedOverrides:
 
     def _batch_output(self, batch: Any) -> Dict[str, Any]:
         """pytorch-accelerated's batch output by the qurious parts (or a
-        subclass's ``compute_loss(batch)``, whose model outputs are not seen)."""
+        subclass's ``compute_loss(batch)``, whose model outputs are not seen;
+        or the Hugging Face Trainer's ``compute_loss``, with ``return_outputs=True``)."""
         if self._hf_compute_loss:
             loss, outputs = cast(Any, self).compute_loss(self.model, _hf_inputs(batch), return_outputs=True)
             return {"loss": loss, "model_outputs": outputs, "batch_size": batch_size(batch)}
@@ -284,7 +285,10 @@ def raised_in(error: BaseException, trainer: Any, base: type) -> Optional[str]:
         if cls is base or not issubclass(cls, base):
             continue
         for name, attr in vars(cls).items():
-            code = getattr(inspect.unwrap(attr), "__code__", None) if callable(attr) else None
+            try:
+                code = getattr(inspect.unwrap(attr), "__code__", None) if callable(attr) else None
+            except ValueError:  # a __wrapped__ cycle: no method to name, and the error being reported must not change
+                continue
             if code is not None:
                 own.setdefault(code, f"{cls.__name__}.{name}")
     found = None
