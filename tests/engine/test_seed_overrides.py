@@ -475,6 +475,132 @@ def test_hezars_compute_loss_of_outputs_and_labels_is_the_loss():
     assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), by_hand.parameters()))
 
 
+def test_hezars_training_step_with_its_own_backward_averages_the_accumulated_gradients_as_hezar():
+    class OwnBackward(Trainer):
+        def training_step(self, input_batch):
+            inputs, labels = input_batch
+            loss = nn.functional.cross_entropy(self.model(inputs), labels)
+            loss.backward()  # Hezar's self.accelerator.backward(loss)
+            return loss.detach()
+
+    trainer = OwnBackward(mlp(), "sgd", loader(), lr=0.5, loss_fn=CE, max_iter=2, grad_accum_steps=2,
+                          progress_bar=False)
+    trainer.train()
+    # Hezar's loop: accelerator.backward divides each micro-batch's loss by gradient_accumulation_steps.
+    by_hand = mlp()
+    optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.5)
+    batches = iter(loader())
+    for _ in range(2):
+        for _ in range(2):
+            x, y = next(batches)
+            (nn.functional.cross_entropy(by_hand(x), y) / 2).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), by_hand.parameters()))
+
+
+def test_hezars_training_step_through_super_keeps_treadles_accumulation():
+    class ThroughSuper(Trainer):
+        def training_step(self, input_batch):
+            return super().training_step(input_batch)
+
+    trainer = ThroughSuper(mlp(), "sgd", loader(), lr=0.5, loss_fn=CE, max_iter=2, grad_accum_steps=2,
+                           progress_bar=False)
+    trainer.train()
+    plain = Trainer(mlp(), "sgd", loader(), lr=0.5, loss_fn=CE, max_iter=2, grad_accum_steps=2, progress_bar=False)
+    plain.train()
+    assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), plain.model.parameters()))
+
+
+def dict_loader(n=64, seed=0, batch_size=16):
+    return DataLoader([{"inputs": x, "labels": y} for x, y in classification(n, seed)], batch_size=batch_size)
+
+
+class WeightedLossTrainer(Trainer):
+    """The Hugging Face Trainer's documented custom loss, as its users write it."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        labels = inputs.pop("labels")
+        outputs = model(**inputs)
+        loss_fct = nn.CrossEntropyLoss(weight=torch.tensor([1.0, 3.0]))
+        loss = loss_fct(outputs, labels)
+        return (loss, outputs) if return_outputs else loss
+
+
+class Classifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, inputs):
+        return self.net(inputs)
+
+
+def test_the_hugging_face_compute_loss_is_called_as_the_hugging_face_trainer_calls_it():
+    trainer = WeightedLossTrainer(Classifier(), "sgd", dict_loader(), lr=0.5, eval_loader=dict_loader(32, seed=1),
+                                  metrics=["loss", "accuracy"], max_iter=4, eval_period=0, progress_bar=False)
+    trainer.train()
+    by_hand = mlp()
+    optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.5)
+    weighted = nn.CrossEntropyLoss(weight=torch.tensor([1.0, 3.0]))
+    for x, y in loader():
+        optimizer.zero_grad()
+        weighted(by_hand(x), y).backward()
+        optimizer.step()
+    assert all(torch.equal(p, q) for p, q in zip(trainer.model.net.parameters(), by_hand.parameters()))
+    results = trainer.evaluate()
+    with torch.no_grad():
+        x, y = classification(32, 1).tensors
+        logits = by_hand(x)
+        losses = [weighted(logits[i:i + 16], y[i:i + 16]) for i in (0, 16)]
+    assert results["loss"] == pytest.approx(float(sum(losses) / 2), rel=1e-6)
+    assert results["accuracy"] == pytest.approx(float((logits.argmax(1) == y).float().mean()))
+
+
+def test_a_hugging_face_compute_loss_without_return_outputs_is_refused_when_built():
+    class NoOutputs(Trainer):
+        def compute_loss(self, model, inputs):
+            return model(**inputs).sum()
+
+    with pytest.raises(TypeError, match=r"^NoOutputs\.compute_loss\(model, inputs\) cannot be called as treadle calls "
+                                        r"it, compute_loss\(model, inputs, return_outputs=\.\.\.\) \(the Hugging Face "
+                                        r"Trainer's contract\)"):
+        NoOutputs(Classifier(), "sgd", dict_loader(), lr=0.5, max_iter=2)
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("optimizer_step", lambda: None),
+    ("compute_loss", lambda batch: batch["labels"].sum()),
+    ("train_step", lambda batch: {"loss": 0.0}),
+    ("calculate_train_batch_loss", lambda batch: {"loss": 0.0}),
+])
+def test_a_method_set_on_the_trainer_object_is_refused_when_training_starts(name, fn, tmp_path):
+    trainer = Trainer(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_iter=2, output_dir=str(tmp_path / "run"),
+                      progress_bar=False)
+    setattr(trainer, name, fn)
+    with pytest.raises(TypeError) as error:
+        trainer.train()
+    assert str(error.value) == (
+        f"trainer.{name} was set on the Trainer object, where treadle never calls it (the methods it calls are "
+        f"read from the Trainer's class when it is built): define {name} in a subclass, class MyTrainer(Trainer): "
+        f"def {name}(self, ...), and build MyTrainer (docs/migrating.md)")
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_error_inside_an_override_names_the_users_method():
+    class Calc(Trainer):
+        def calculate_train_batch_loss(self, batch):
+            if self.iter == 7:
+                raise RuntimeError("bad batch")
+            return super().calculate_train_batch_loss(batch)
+
+    trainer = Calc(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_iter=10, progress_bar=False)
+    with pytest.raises(RuntimeError, match="bad batch") as error:
+        trainer.train()
+    assert error.value.treadle_origin == "Calc.calculate_train_batch_loss at iteration 7"
+    assert error.value.__notes__ == ["treadle: raised by Calc.calculate_train_batch_loss at iteration 7"]
+
+
 # ---------------------------------------------------------------------- the page
 def test_docs_migrating_shows_the_table_as_generated():
     text = (ROOT / "docs" / "migrating.md").read_text()

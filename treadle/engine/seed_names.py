@@ -38,6 +38,8 @@ __all__ = [
     "CALLBACK_EVENTS",
     "overridden",
     "refuse_seed_methods",
+    "refuse_methods_set_on_instance",
+    "compute_loss_seed",
     "event_methods",
     "override_rows",
     "required_positional",
@@ -160,9 +162,11 @@ OVERRIDE_POINTS: Tuple[OverridePoint, ...] = (
     _refused("_clip_gradients", ACCELERATED, "give clip_grad_norm= or clip_grad_value="),
     # ------------------------------------------------------------ Hezar
     _called("compute_loss", HEZAR, "compute_loss(batch) -> loss (treadle's) or Hezar's compute_loss(outputs, "
-            "labels) -> loss: every batch's loss, in training and evaluation"),
+            "labels) -> loss, told apart by their parameters: every batch's loss, in training and evaluation"),
     _called("training_step", HEZAR, "training_step(batch) -> loss: every training batch's forward and backward "
-            "(Hezar's); Lightning's training_step(batch, batch_idx) is refused: override compute_loss(self, batch)"),
+            "(Hezar's); a training_step that runs its own backward of the whole loss has the micro-batches' "
+            "gradients averaged under grad_accum_steps, as Hezar's accelerator.backward does; Lightning's "
+            "training_step(batch, batch_idx) is refused: override compute_loss(self, batch)"),
     _called("evaluation_step", HEZAR, "evaluation_step(batch) -> outputs: every evaluation batch; the outputs' "
             "loss is the evaluation loss, the outputs what metrics= score"),
     _called("prepare_input_batch", HEZAR, "prepare_input_batch(batch) -> batch: every batch, on the device, "
@@ -170,6 +174,12 @@ OVERRIDE_POINTS: Tuple[OverridePoint, ...] = (
     _called("optimization_step", HEZAR, "optimization_step(): once per update: the optimizer step and zeroing "
             "the gradients"),
     _refused("inner_training_loop", HEZAR, _LOOP + "override training_step or use hooks"),
+    # ------------------------------------------------------------ the Hugging Face Trainer
+    _called("compute_loss", HUGGING_FACE, "compute_loss(model, inputs, return_outputs=False) -> loss, told from "
+            "treadle's and Hezar's by its parameter model: every training batch's loss (inputs: the batch, a "
+            "dict copied, so that popping its labels leaves the batch whole; num_items_in_batch is not given, "
+            "the loss is divided by grad_accum_steps); with return_outputs=True -> (loss, outputs) for every "
+            "evaluation batch: the evaluation loss, and the outputs metrics= score"),
     # ------------------------------------------------------------ LiBai (DefaultTrainer, tools/train_net.py)
     *(_called(name, LIBAI, f"{name}: as LiBai's DefaultTrainer calls it", on="DefaultTrainer") for name in (
         "run_step", "build_hooks", "build_writers", "build_model", "build_optimizer", "build_lr_scheduler",
@@ -241,6 +251,41 @@ def refuse_seed_methods(trainer: Any, base: type) -> None:
         if point.on == "Trainer" and point.args is not None and overridden(trainer, point.name, base):
             _check_call(f"{cls}.{point.name}", getattr(trainer, point.name), point.args, {},
                         f"{possessive(point.seed)} contract")
+
+
+def compute_loss_seed(trainer: Any, base: type) -> Optional[str]:
+    """Whose ``compute_loss`` a ``Trainer`` subclass defines, told by its
+    parameters when the ``Trainer`` is built: ``"treadle"`` (``compute_loss(batch)``),
+    Hezar's (``compute_loss(outputs, labels)``) or the Hugging Face Trainer's
+    (``compute_loss(model, inputs, return_outputs=False)``, whose first
+    parameter is ``model``); None where it is not overridden. A Hugging Face
+    one that cannot take ``return_outputs=True`` is refused in one line."""
+    if not overridden(trainer, "compute_loss", base):
+        return None
+    method = trainer.compute_loss
+    try:
+        names = list(inspect.signature(method).parameters)
+    except (TypeError, ValueError):
+        names = []
+    if names[:1] == ["model"]:
+        _check_call(f"{type(trainer).__name__}.compute_loss", method, ("model", "inputs"), {"return_outputs": True},
+                    "the Hugging Face Trainer's contract")
+        return HUGGING_FACE
+    return HEZAR if required_positional(method) >= 2 else "treadle"
+
+
+def refuse_methods_set_on_instance(trainer: Any) -> None:
+    """Refuses, in one line when training starts, a seed's method set on the
+    ``Trainer`` object (``trainer.optimizer_step = fn``): which methods are
+    called is read from the class when the ``Trainer`` is built, so one set
+    on the object after would never be called."""
+    names = {p.name for p in OVERRIDE_POINTS if p.on == "Trainer"}
+    for name in vars(trainer):
+        if name in names:
+            raise TypeError(f"trainer.{name} was set on the Trainer object, where treadle never calls it (the "
+                            f"methods it calls are read from the Trainer's class when it is built): define "
+                            f"{name} in a subclass, class MyTrainer(Trainer): def {name}(self, ...), and build "
+                            "MyTrainer (docs/migrating.md)")
 
 
 def _check_call(what: str, method: Callable[..., Any], args: Tuple[str, ...], kwargs: Dict[str, Any],

@@ -20,7 +20,9 @@
 from __future__ import annotations
 
 import collections
+import inspect
 import time
+import traceback
 from collections import abc
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, cast
 
@@ -32,12 +34,13 @@ from treadle.evaluation.loss import LOSS_FN, MODEL, as_losses
 from treadle.events import ScalarKind
 from treadle.hooks.base import HookBase
 from treadle.utils import comm
+from treadle.utils.torch_internals import foreach_div_
 
 from .seed_names import event_methods, overridden
 from .steps import EagerStep
 
 __all__ = ["SeedOverrides", "TrainerStep", "TrainEvents", "RunEvents", "StepResultsEvaluator", "PreparedBatches",
-           "SeedEventCalls",
+           "SeedEventCalls", "raised_in",
            "UPDATE_POINTS", "EVAL_POINTS", "TRAIN_EPOCH_EVENTS"]
 
 #: The methods whose override makes the ``Trainer`` train with :class:`TrainerStep`.
@@ -215,8 +218,11 @@ class SeedOverrides:
         self.optimizer_zero_grad()
 
     # ------------------------------------------------------------------ shared
-    #: Whether compute_loss is a subclass's, as Hezar's compute_loss(outputs, labels) or as treadle's compute_loss(batch).
+    #: Whether compute_loss is a subclass's, as Hezar's compute_loss(outputs, labels), as the Hugging Face
+    #: Trainer's compute_loss(model, inputs, return_outputs=False) or as treadle's compute_loss(batch) (either of
+    #: the last two: _own_compute_loss_override).
     _hezar_compute_loss = False
+    _hf_compute_loss = False
     _own_compute_loss_override = False
     #: Whether a subclass overrides one of qurious' parts of the loss (_prepare_batch...).
     _loss_by_parts = False
@@ -230,6 +236,8 @@ class SeedOverrides:
         ``compute_loss(batch)`` (which runs the parts where a subclass overrides one)."""
         if self._hezar_compute_loss:
             return self._batch_loss_by_parts(batch)
+        if self._hf_compute_loss:
+            return cast(Any, self).compute_loss(self.model, _hf_inputs(batch))
         return cast(Any, self).compute_loss(batch)
 
     def _overrides(self, name: str) -> bool:
@@ -244,7 +252,11 @@ class SeedOverrides:
 
     def _batch_output(self, batch: Any) -> Dict[str, Any]:
         """pytorch-accelerated's batch output by the qurious parts (or a
-        subclass's ``compute_loss(batch)``, whose model outputs are not seen)."""
+        subclass's ``compute_loss(batch)``, whose model outputs are not seen;
+        or the Hugging Face Trainer's ``compute_loss``, with ``return_outputs=True``)."""
+        if self._hf_compute_loss:
+            loss, outputs = cast(Any, self).compute_loss(self.model, _hf_inputs(batch), return_outputs=True)
+            return {"loss": loss, "model_outputs": outputs, "batch_size": batch_size(batch)}
         if self._own_compute_loss_override:
             return {"loss": cast(Any, self).compute_loss(batch), "model_outputs": None, "batch_size": batch_size(batch)}
         inputs, targets = self._prepare_batch(batch)
@@ -255,6 +267,34 @@ class SeedOverrides:
         """``compute_loss``'s default where a qurious part is overridden: the parts, in qurious' order."""
         inputs, targets = self._prepare_batch(batch)
         return self._loss_of(self._forward_pass(inputs), targets)
+
+
+def _hf_inputs(batch: Any) -> Any:
+    """The ``inputs`` of the Hugging Face Trainer's ``compute_loss``: a dict
+    batch copied (its documented override pops the labels, which the metrics
+    still read), any other batch as it is."""
+    return dict(batch) if isinstance(batch, abc.Mapping) else batch
+
+
+def raised_in(error: BaseException, trainer: Any, base: type) -> Optional[str]:
+    """``"Cls.method"``: the innermost method of ``trainer``'s own subclass
+    (a class below ``base``) that ``error``'s traceback passes through, or
+    None. Read once, after training failed: what the one-line report names."""
+    own: Dict[Any, str] = {}
+    for cls in type(trainer).__mro__:
+        if cls is base or not issubclass(cls, base):
+            continue
+        for name, attr in vars(cls).items():
+            try:
+                code = getattr(inspect.unwrap(attr), "__code__", None) if callable(attr) else None
+            except ValueError:  # a __wrapped__ cycle: no method to name, and the error being reported must not change
+                continue
+            if code is not None:
+                own.setdefault(code, f"{cls.__name__}.{name}")
+    found = None
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        found = own.get(frame.f_code, found)
+    return found
 
 
 class TrainerStep(EagerStep):
@@ -272,7 +312,11 @@ class TrainerStep(EagerStep):
     - or the whole update, qurious' ``train_step(batch)``, which returns floats.
 
     Gradient unscaling, ``after_backward`` hooks, clipping, accumulation,
-    the data position and the published losses stay the step's.
+    the data position and the published losses stay the step's. A
+    ``training_step`` that runs its own backward (not treadle's, through
+    ``super()``) backpropagates each micro-batch's whole loss; its update's
+    gradients are divided by ``grad_accum_steps`` before the step, so that
+    they are the micro-batches' mean, as with Hezar's ``accelerator.backward``.
     """
 
     def __init__(self, *args: Any, owner: Any, overridden: FrozenSet[str], events: SeedEventCalls,
@@ -286,6 +330,8 @@ class TrainerStep(EagerStep):
         # What a batch's loss needs: the batch output when pytorch-accelerated's
         # calculate_train_batch_loss or on_train_step_end is there.
         self._batch_output = self._overrides["calculate_train_batch_loss"] or "train_step_end" in events
+        # Whether treadle's backward ran in the last training_step, and whether that step ran its own instead.
+        self._treadle_backward = self._own_backward = False
 
     def run_step(self) -> None:
         if not self._overrides["train_step"] or not self.model.training:
@@ -307,7 +353,16 @@ class TrainerStep(EagerStep):
         self._owner.optimizer_zero_grad()
 
     def backward(self, loss: torch.Tensor) -> None:
+        self._treadle_backward = True
         self._owner.backward_step(loss)
+
+    def step_optimizer(self, *, hooks: bool = True) -> Optional[torch.Tensor]:
+        grads = [p.grad for p in self._parameters()] if self._own_backward and self.micro_batches > 1 else []
+        if grads:
+            # The sum of the micro-batches' whole-loss gradients, made their mean
+            # before hooks, clipping and the step see them (Hezar's accumulation).
+            foreach_div_(grads, self.micro_batches)
+        return super().step_optimizer(hooks=hooks)
 
     def optimizer_step(self) -> None:
         if self._overrides["optimization_step"]:
@@ -324,8 +379,11 @@ class TrainerStep(EagerStep):
             batch = owner.prepare_input_batch(batch)
         self._events.fire("train_step_start")
         if self._overrides["training_step"]:
+            self._treadle_backward = False
             with self._autocast():
-                return as_losses(owner.training_step(batch), f"{owner.__class__.__name__}.training_step")
+                losses = as_losses(owner.training_step(batch), f"{owner.__class__.__name__}.training_step")
+            self._own_backward = not self._treadle_backward
+            return losses
         return super().forward_backward(batch)  # its backward: backward_step where overridden
 
     def _forward(self, batch: Any) -> Dict[str, torch.Tensor]:

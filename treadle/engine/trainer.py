@@ -39,9 +39,11 @@ from treadle.solver import build_optimizer
 
 from .build import build_step, loader_epoch_length, resolve_scheduler
 from .default_hooks import default_hooks
-from .seed_names import SEED_METHODS, overridden, refuse_seed_methods, required_positional
+from .hook_table import note_origin
+from .seed_names import HEZAR, HUGGING_FACE, SEED_METHODS, compute_loss_seed, overridden, refuse_methods_set_on_instance
+from .seed_names import refuse_seed_methods
 from .seed_overrides import EVAL_POINTS, TRAIN_EPOCH_EVENTS, UPDATE_POINTS, SeedEventCalls, SeedOverrides, TrainerStep
-from .seed_overrides import is_event_callback
+from .seed_overrides import is_event_callback, raised_in
 from .history import EpochCallback, RunHistory, TrainingHistory, iteration_history
 from .launch import DEFAULT_TIMEOUT, check_optimizer_holds, join_env_process_group, wrap_model
 from .session import Resume, RunSession
@@ -308,7 +310,7 @@ class Trainer(SeedOverrides, TrainerBase):
         evaluator of ``eval_loader``, built now so that a bad metric fails now."""
         generate = s.evaluate_with_generate
         by_override = (any(self._overrides(name) for name in EVAL_POINTS if name != "eval_step")
-                       or self._hezar_compute_loss or "eval_step_start" in self._events
+                       or self._hezar_compute_loss or self._hf_compute_loss or "eval_step_start" in self._events
                        or "eval_step_end" in self._events)
         evaluation = TrainerEvaluation(
             self.model, metrics=s.metrics, loss_fn=s.loss_fn, compute_loss=self._own_compute_loss(),
@@ -366,8 +368,11 @@ class Trainer(SeedOverrides, TrainerBase):
         )
 
     def _own_compute_loss(self) -> Optional[Callable[[Any], Any]]:
-        """A subclass's :meth:`compute_loss` (treadle's, of a batch): the loss of training and evaluation alike."""
-        return self.compute_loss if self._own_compute_loss_override else None
+        """A subclass's :meth:`compute_loss` (treadle's, of a batch; the Hugging Face Trainer's through
+        :meth:`batch_loss`): the loss of training and evaluation alike."""
+        if not self._own_compute_loss_override:
+            return None
+        return self.batch_loss if self._hf_compute_loss else self.compute_loss
 
     # ------------------------------------------------------------------ the seeds' override points
     def _overrides(self, name: str) -> bool:
@@ -384,9 +389,9 @@ class Trainer(SeedOverrides, TrainerBase):
         (:mod:`treadle.engine.seed_names`); returns who is called at each event."""
         refuse_seed_methods(self, Trainer)
         cls = type(self).__name__
-        own_loss = self._overrides("compute_loss")
-        self._hezar_compute_loss = own_loss and required_positional(self.compute_loss) >= 2
-        self._own_compute_loss_override = own_loss and not self._hezar_compute_loss
+        loss_seed = compute_loss_seed(self, Trainer)
+        self._hezar_compute_loss, self._hf_compute_loss = loss_seed == HEZAR, loss_seed == HUGGING_FACE
+        self._own_compute_loss_override = loss_seed in ("treadle", HUGGING_FACE)
         self._loss_by_parts = any(self._overrides(n) for n in ("_prepare_batch", "_forward_pass", "_compute_loss"))
         callbacks = [(c, "callbacks") for c in s.callbacks if is_event_callback(c)]
         events = SeedEventCalls(self, Trainer, callbacks + [(h, "hooks") for h in s.hooks])
@@ -520,6 +525,7 @@ class Trainer(SeedOverrides, TrainerBase):
     def _run(self, resume: Resume, *, move_aside: bool = False, continuing: bool = False) -> TrainingHistory:
         """``train()``'s body; ``continuing``: go on from where this process's
         last training stopped (``train_epoch()``), with its recent values."""
+        refuse_methods_set_on_instance(self)
         self._in_training = True
         try:
             return self._run_in_session(resume, move_aside=move_aside, continuing=continuing)
@@ -540,6 +546,14 @@ class Trainer(SeedOverrides, TrainerBase):
         if hasattr(self, "storage"):
             self.history.iterations = iteration_history(self.storage)
         return self.history
+
+    def _after_failed_training(self, error: BaseException) -> None:
+        # The user's method an error was raised in is what the report names (hooks are named by the hook
+        # table); not a Ctrl-C's or an exit's, which a signal raises wherever the loop happens to be.
+        where = raised_in(error, self, Trainer) if isinstance(error, Exception) else None
+        if where is not None:
+            note_origin(error, f"{where} at iteration {self.iter}")
+        super()._after_failed_training(error)
 
     def evaluate(self, loader: Optional[Iterable[Any]] = None) -> Dict[str, Any]:
         """Evaluates the model on ``loader`` (batches, or a dataset batched as

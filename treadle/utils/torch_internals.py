@@ -16,6 +16,7 @@ import torch
 __all__ = [
     "foreach_norm",
     "foreach_mul",
+    "foreach_div_",
     "foreach_add_",
     "foreach_sub_",
     "foreach_lerp_",
@@ -32,10 +33,12 @@ __all__ = [
 ]
 
 # The multi-tensor kernels of torch's own optimizers: one launch for a list
-# of tensors instead of one per tensor (SAM's perturbation, the EMA's update).
+# of tensors instead of one per tensor (SAM's perturbation, the EMA's update,
+# the mean of a Hezar training_step's accumulated gradients).
 # torch keeps them private and uses them publicly in torch.optim.
 foreach_norm: Callable[..., Any] = torch._foreach_norm
 foreach_mul: Callable[..., Any] = torch._foreach_mul
+foreach_div_: Callable[..., None] = torch._foreach_div_
 foreach_add_: Callable[..., None] = torch._foreach_add_
 foreach_sub_: Callable[..., None] = torch._foreach_sub_
 foreach_lerp_: Callable[..., None] = torch._foreach_lerp_
