@@ -4,6 +4,7 @@ or file, before anything is written; paths are taken as ``str`` or
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,27 @@ def test_a_run_subfolder_outside_output_dir_or_equal_to_it_is_refused(setting, v
     with pytest.raises(ValueError, match=rf"^{setting}='{value}' {where}: give a folder inside output_dir"):
         trainer(output_dir=str(out), **{setting: value})
     assert not out.exists() and not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize(
+    "setting, value, blocker",
+    [
+        ("checkpoints_dir", "checkpoints", "checkpoints"),
+        ("logs_dir", "logs", "logs"),
+        ("logs_dir", "logs/tensorboard", "logs"),
+    ],
+)
+def test_a_run_subfolder_that_is_a_file_is_refused_before_anything_is_written(setting, value, blocker, tmp_path):
+    # Hezar's layout, where output_dir already holds a file of the subfolder's name.
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / blocker).write_text("notes\n")
+    before = snapshot(out)
+    what = "it is" if value == blocker else f"'{out / blocker}' is"
+    message = f"{setting} '{out / value}' cannot be written: {what} a file, not a directory; give another {setting}"
+    with pytest.raises(PermissionError, match=f"^{re.escape(message)}$"):
+        trainer(output_dir=str(out), **{setting: value})
+    assert snapshot(out) == before
 
 
 # ---------------------------------------------------------------------- options torch refuses
