@@ -120,6 +120,23 @@ def test_a_run_subfolder_that_is_a_file_is_refused_before_anything_is_written(se
     assert snapshot(out) == before
 
 
+def test_init_weights_from_a_run_folder_is_refused_naming_its_last_checkpoint_as_load_checkpoint_does(tmp_path):
+    # Hezar's init_weights_from, "a model from disk", given the folder of an earlier run.
+    first = tmp_path / "first"
+    trainer(output_dir=str(first)).train()
+    before = snapshot(first)
+    message = (f"'{first}' is a run folder, not a checkpoint file: give the checkpoint file inside it "
+               f"('{first / 'model_final.pth'}' is its last), or resume the run from its folder (resume=True with it "
+               "as the output folder)")
+    with pytest.raises(CheckpointError) as refused:
+        trainer(output_dir=str(tmp_path / "second"), init_weights_from=str(first))
+    assert str(refused.value) == message
+    with pytest.raises(CheckpointError) as by_load_checkpoint:
+        trainer().load_checkpoint(str(first))
+    assert str(by_load_checkpoint.value) == message
+    assert snapshot(first) == before and not (tmp_path / "second").exists()
+
+
 # ---------------------------------------------------------------------- options torch refuses
 @pytest.mark.parametrize(
     "optimizer, culprit",
