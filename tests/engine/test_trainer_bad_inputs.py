@@ -4,6 +4,7 @@ or file, before anything is written; paths are taken as ``str`` or
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -80,6 +81,21 @@ def test_a_path_setting_of_another_type_is_refused_naming_its_type(tmp_path):
     with pytest.raises(ValueError, match=r"^output_dir must be a non-empty path \(a str or os.PathLike\) or None, "
                                          r"got int 5$"):
         trainer(output_dir=5)
+
+
+@pytest.mark.parametrize("method", ["save_checkpoint", "load_checkpoint"])
+def test_a_checkpoint_path_given_as_bytes_is_refused_naming_its_type_and_touches_nothing(method, tmp_path):
+    # pytorch-accelerated's trainer.save_checkpoint(save_path) / qurious' trainer.load_checkpoint(path), the path
+    # as bytes (os.fsencode, a bytes glob): refused as every path setting is, before any file is touched.
+    first = trainer()
+    first.save_checkpoint(str(tmp_path / "saved.pth"))
+    before, weights = snapshot(tmp_path), {k: v.clone() for k, v in first.model.state_dict().items()}
+    name = b"saved.pth" if method == "load_checkpoint" else b"new.pth"
+    path = os.fsencode(tmp_path) + b"/" + name
+    message = f"{method}'s path must be a non-empty path (a str or os.PathLike), got bytes {path!r}"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        getattr(first, method)(path)
+    assert snapshot(tmp_path) == before and same_weights(first.model.state_dict(), weights)
 
 
 @pytest.mark.parametrize(
