@@ -98,6 +98,27 @@ def test_a_checkpoint_path_given_as_bytes_is_refused_naming_its_type_and_touches
     assert snapshot(tmp_path) == before and same_weights(first.model.state_dict(), weights)
 
 
+def test_a_raw_pickle_checkpoint_is_refused_in_one_line_without_torchs_warning(tmp_path):
+    # qurious' trainer.load_checkpoint(path) on weights saved with pickle.dump, not torch.save.
+    import pickle
+    import warnings
+
+    t = trainer()
+    weights = {k: v.clone() for k, v in t.model.state_dict().items()}
+    raw = tmp_path / "weights.pkl"
+    with open(raw, "wb") as f:
+        pickle.dump({"model": mlp(1).state_dict()}, f, protocol=4)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        with pytest.raises(CheckpointError) as refused:
+            t.load_checkpoint(str(raw))
+    assert [str(w.message) for w in warned] == []
+    message = str(refused.value)
+    assert message.startswith(f"Cannot load checkpoint '{raw}': it is corrupt or not a plain-data torch checkpoint "
+                              "(weights-only unpickling stopped at: Unsupported operand ") and "\n" not in message
+    assert same_weights(t.model.state_dict(), weights)
+
+
 @pytest.mark.parametrize(
     "setting, value, where",
     [
