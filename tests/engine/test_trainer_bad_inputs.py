@@ -4,6 +4,8 @@ or file, before anything is written; paths are taken as ``str`` or
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -81,6 +83,42 @@ def test_a_path_setting_of_another_type_is_refused_naming_its_type(tmp_path):
         trainer(output_dir=5)
 
 
+@pytest.mark.parametrize("method", ["save_checkpoint", "load_checkpoint"])
+def test_a_checkpoint_path_given_as_bytes_is_refused_naming_its_type_and_touches_nothing(method, tmp_path):
+    # pytorch-accelerated's trainer.save_checkpoint(save_path) / qurious' trainer.load_checkpoint(path), the path
+    # as bytes (os.fsencode, a bytes glob): refused as every path setting is, before any file is touched.
+    first = trainer()
+    first.save_checkpoint(str(tmp_path / "saved.pth"))
+    before, weights = snapshot(tmp_path), {k: v.clone() for k, v in first.model.state_dict().items()}
+    name = b"saved.pth" if method == "load_checkpoint" else b"new.pth"
+    path = os.fsencode(tmp_path) + b"/" + name
+    message = f"{method}'s path must be a non-empty path (a str or os.PathLike), got bytes {path!r}"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        getattr(first, method)(path)
+    assert snapshot(tmp_path) == before and same_weights(first.model.state_dict(), weights)
+
+
+def test_a_raw_pickle_checkpoint_is_refused_in_one_line_without_torchs_warning(tmp_path):
+    # qurious' trainer.load_checkpoint(path) on weights saved with pickle.dump, not torch.save.
+    import pickle
+    import warnings
+
+    t = trainer()
+    weights = {k: v.clone() for k, v in t.model.state_dict().items()}
+    raw = tmp_path / "weights.pkl"
+    with open(raw, "wb") as f:
+        pickle.dump({"model": mlp(1).state_dict()}, f, protocol=4)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        with pytest.raises(CheckpointError) as refused:
+            t.load_checkpoint(str(raw))
+    assert [str(w.message) for w in warned] == []
+    message = str(refused.value)
+    assert message.startswith(f"Cannot load checkpoint '{raw}': it is corrupt or not a plain-data torch checkpoint "
+                              "(weights-only unpickling stopped at: Unsupported operand ") and "\n" not in message
+    assert same_weights(t.model.state_dict(), weights)
+
+
 @pytest.mark.parametrize(
     "setting, value, where",
     [
@@ -96,6 +134,44 @@ def test_a_run_subfolder_outside_output_dir_or_equal_to_it_is_refused(setting, v
     with pytest.raises(ValueError, match=rf"^{setting}='{value}' {where}: give a folder inside output_dir"):
         trainer(output_dir=str(out), **{setting: value})
     assert not out.exists() and not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize(
+    "setting, value, blocker",
+    [
+        ("checkpoints_dir", "checkpoints", "checkpoints"),
+        ("logs_dir", "logs", "logs"),
+        ("logs_dir", "logs/tensorboard", "logs"),
+    ],
+)
+def test_a_run_subfolder_that_is_a_file_is_refused_before_anything_is_written(setting, value, blocker, tmp_path):
+    # Hezar's layout, where output_dir already holds a file of the subfolder's name.
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / blocker).write_text("notes\n")
+    before = snapshot(out)
+    what = "it is" if value == blocker else f"'{out / blocker}' is"
+    message = f"{setting} '{out / value}' cannot be written: {what} a file, not a directory; give another {setting}"
+    with pytest.raises(PermissionError, match=f"^{re.escape(message)}$"):
+        trainer(output_dir=str(out), **{setting: value})
+    assert snapshot(out) == before
+
+
+def test_init_weights_from_a_run_folder_is_refused_naming_its_last_checkpoint_as_load_checkpoint_does(tmp_path):
+    # Hezar's init_weights_from, "a model from disk", given the folder of an earlier run.
+    first = tmp_path / "first"
+    trainer(output_dir=str(first)).train()
+    before = snapshot(first)
+    message = (f"'{first}' is a run folder, not a checkpoint file: give the checkpoint file inside it "
+               f"('{first / 'model_final.pth'}' is its last), or resume the run from its folder (resume=True with it "
+               "as the output folder)")
+    with pytest.raises(CheckpointError) as refused:
+        trainer(output_dir=str(tmp_path / "second"), init_weights_from=str(first))
+    assert str(refused.value) == message
+    with pytest.raises(CheckpointError) as by_load_checkpoint:
+        trainer().load_checkpoint(str(first))
+    assert str(by_load_checkpoint.value) == message
+    assert snapshot(first) == before and not (tmp_path / "second").exists()
 
 
 # ---------------------------------------------------------------------- options torch refuses

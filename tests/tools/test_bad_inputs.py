@@ -273,6 +273,30 @@ def test_bad_input_through_the_script(argv, culprit, finished_run):
     assert snapshot(finished_run) == before
 
 
+def test_a_raw_pickle_init_checkpoint_is_refused_in_one_line_through_the_script(tmp_path):
+    """Weights saved with pickle.dump (not torch.save): torch's warning about
+    the pickle protocol is not printed before the refusal, which is the only line."""
+    import pickle
+
+    import torch
+
+    raw = tmp_path / "backbone.pkl"
+    with open(raw, "wb") as f:
+        pickle.dump({"model": {"weight": torch.ones(2, 2)}}, f, protocol=4)
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, str(TRAIN_NET), f"train.output_dir={out}", *FAST, "train.max_iter=2",
+         f"train.init_checkpoint={raw}"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr[-2000:]
+    assert lines[0].startswith(f"train_net.py: error: Cannot load checkpoint '{raw}': it is corrupt or not a "
+                               "plain-data torch checkpoint (weights-only unpickling stopped at: "), lines[0]
+    assert not out.exists()
+
+
 def test_every_checkpoint_corrupt_on_resume_is_one_line_and_changes_nothing(finished_run, tmp_path, capfd, monkeypatch):
     monkeypatch.chdir(ROOT)
     run = tmp_path / "run"

@@ -160,6 +160,24 @@ def test_resume_with_a_broken_init_checkpoint_says_so_in_one_line_and_resumes(tm
     assert torch.load(tmp_path / "model_final.pth", weights_only=True)["iteration"] == 7
 
 
+def test_resume_with_an_init_checkpoint_that_is_no_checkpoint_says_so_in_one_line_and_resumes(tmp_path, capfd):
+    # As a missing one is: a requeued job's train.init_checkpoint that is there, but a download's error page.
+    short = [f"train.output_dir={tmp_path}", "train.max_iter=5", "train.eval_period=0", "lr_multiplier.warmup_iters=0"]
+    assert cli(short) == 0
+    capfd.readouterr()
+    page = tmp_path / "R-50.pth"
+    page.write_text("<html>404 Not Found</html>\n")
+    assert cli([*short, "--resume", "train.max_iter=8", f"train.init_checkpoint={page}"]) == 0
+    out, err = capfd.readouterr()
+    said = [line for line in (out + err).splitlines() if "train.init_checkpoint is" in line]
+    assert len(said) == 1 and said[0].split(" WARNING: ", 1)[1].startswith(
+        "train.init_checkpoint is not loaded (--resume continues the run's checkpoint), and it could not be: "
+        f"Cannot load checkpoint '{page}': it is corrupt or not a plain-data torch checkpoint (weights-only "
+        "unpickling stopped at: "
+    ), said
+    assert torch.load(tmp_path / "model_final.pth", weights_only=True)["iteration"] == 7
+
+
 def test_a_config_may_give_its_paths_as_pathlib_paths(tmp_path, monkeypatch):
     config = tmp_path / "paths.py"
     config.write_text(

@@ -22,7 +22,15 @@ from treadle.utils.file_io import PathManager
 from . import sharded as dcp_format
 from .background import BackgroundWriter
 from .file_writer import make_dir, write_checkpoint_file
-from .folder import DCP_SUFFIX, POINTER_FILE, RESUME_PATTERN, CheckpointFolder, is_newer, partial_name
+from .folder import (
+    DCP_SUFFIX,
+    POINTER_FILE,
+    RESUME_PATTERN,
+    CheckpointFolder,
+    folder_given_for_a_file,
+    is_newer,
+    partial_name,
+)
 from .fsdp import full_optimizer_state_dict, is_fsdp_model, load_full_optimizer_state_dict
 from .key_matching import align_by_suffix, extract_model_state, load_model_state, model_state_for_saving, unwrap_model
 from .safetensors_io import is_safetensors_source, load_safetensors_weights, save_safetensors_weights
@@ -523,7 +531,7 @@ class Checkpointer:
         # torch would say "IsADirectoryError", read as a truncated file. (A remote
         # path's handler may not answer isdir: the load then says what it says.)
         if is_local_path(path, self.path_manager) and os.path.isdir(path):
-            raise CheckpointError(_folder_given_for_a_file(path, self.path_manager))
+            raise CheckpointError(folder_given_for_a_file(path, self.path_manager))
 
     def _is_dcp(self, path: str) -> bool:
         if is_safetensors_source(path):
@@ -813,20 +821,3 @@ def _split_query(path: str, matching_heuristics: bool) -> Tuple[str, bool]:
     if value not in ("true", "false", "1", "0"):
         raise ValueError(f"matching_heuristics must be True or False in {path!r}, got {value!r}")
     return base, matching_heuristics or value in ("true", "1")
-
-
-def _folder_given_for_a_file(path: str, path_manager: Any) -> str:
-    """Why the folder ``path`` (neither DCP nor safetensors) does not load,
-    and the file to give instead: a run folder's last checkpoint where its
-    ``last_checkpoint`` names one."""
-    last = CheckpointFolder(path, path_manager).pointer_target()
-    if last:
-        return (
-            f"'{path}' is a run folder, not a checkpoint file: give the checkpoint file inside it "
-            f"('{os.path.join(path, last)}' is its last), or resume the run from its folder (resume=True with it "
-            "as the output folder)"
-        )
-    return (
-        f"'{path}' is a folder, not a checkpoint file (nor a torch.distributed.checkpoint directory with a .metadata, "
-        "nor a Hugging Face model folder with model.safetensors): give a checkpoint file (.pth)"
-    )

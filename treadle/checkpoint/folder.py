@@ -26,6 +26,7 @@ __all__ = [
     "DCP_SUFFIX",
     "partial_name",
     "is_newer",
+    "folder_given_for_a_file",
 ]
 
 logger = logging.getLogger(__name__)
@@ -238,6 +239,23 @@ def is_newer(a: str, b: str, order: Sequence[str]) -> bool:
     if na and nb:
         return int(na.group(1)) > int(nb.group(1))
     return order.index(a) < order.index(b)
+
+
+def folder_given_for_a_file(path: str, path_manager: Any) -> str:
+    """Why the folder ``path`` (neither DCP nor safetensors), given where a
+    checkpoint file is read, does not load, and the file to give instead: a
+    run folder's last checkpoint where its ``last_checkpoint`` names one."""
+    last = CheckpointFolder(path, path_manager).pointer_target()
+    if last:
+        return (
+            f"'{path}' is a run folder, not a checkpoint file: give the checkpoint file inside it "
+            f"('{os.path.join(path, last)}' is its last), or resume the run from its folder (resume=True with it "
+            "as the output folder)"
+        )
+    return (
+        f"'{path}' is a folder, not a checkpoint file (nor a torch.distributed.checkpoint directory with a .metadata, "
+        "nor a Hugging Face model folder with model.safetensors): give a checkpoint file (.pth)"
+    )
 
 
 def _numbered(prefix: str) -> Pattern[str]:

@@ -36,6 +36,7 @@ import os
 import pickle
 import re
 import struct
+import warnings
 import zipfile
 import zlib
 from typing import Any, BinaryIO, Dict, FrozenSet, Iterator, List, Tuple
@@ -212,7 +213,7 @@ def _weights_only_detail(error: BaseException) -> str:
     marker = "WeightsUnpickler error:"
     if marker in text:
         text = text.split(marker, 1)[1]
-    return " ".join(text.split("\n\n")[0].split()) or type(error).__name__
+    return " ".join(text.strip().split("\n\n")[0].split()) or type(error).__name__
 
 
 def save_with_checksums(obj: Any, f: BinaryIO) -> None:
@@ -332,6 +333,10 @@ def _inflates_cleanly(archive: zipfile.ZipFile, record: zipfile.ZipInfo) -> bool
     return True
 
 
+#: torch's warning, before its weights-only unpickler reads a pickle protocol torch.save does not write.
+_PICKLE_PROTOCOL_WARNING = r"Detected pickle protocol \d+ in the checkpoint"
+
+
 def load_checkpoint_file(path: str, path_manager: Any = PathManager) -> Dict[str, Any]:
     """Reads a checkpoint with ``torch.load(map_location="cpu", weights_only=True)``.
 
@@ -352,7 +357,11 @@ def load_checkpoint_file(path: str, path_manager: Any = PathManager) -> Dict[str
         with path_manager.open(path, "rb") as f:
             verified = _verify_checksums(f, path)
             f.seek(0)
-            obj = torch.load(f, map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():
+                # Said of a file pickle.dump wrote (not torch.save), which the weights-only
+                # unpickler then refuses: the refusal below names the file, in its one line.
+                warnings.filterwarnings("ignore", message=_PICKLE_PROTOCOL_WARNING, category=UserWarning)
+                obj = torch.load(f, map_location="cpu", weights_only=True)
     except CheckpointError:
         raise
     except pickle.UnpicklingError as e:

@@ -14,10 +14,13 @@ from typing import Any, Dict, Mapping, Optional, Union
 
 from torch import nn
 
+from treadle.utils.file_io import PathManager
+
+from .folder import folder_given_for_a_file
 from .key_matching import LoadReport, extract_model_state, load_model_state
 from .safetensors_io import is_safetensors_source, load_safetensors_weights
-from .serialization import load_checkpoint_file
-from .sharded import dcp_to_file_state, read_dcp
+from .serialization import CheckpointError, load_checkpoint_file
+from .sharded import dcp_to_file_state, is_dcp_checkpoint, read_dcp
 
 __all__ = ["init_weights_from", "read_weights_file"]
 
@@ -27,16 +30,21 @@ logger = logging.getLogger(__name__)
 def read_weights_file(source: str) -> Optional[Dict[str, Any]]:
     """What a weights file holds, read without a model: a checkpoint file's
     contents (``weights_only``, checksums verified), or ``{"model": ...}`` of a
-    ``.safetensors`` file or Hugging Face folder; ``None`` for another
-    directory (a DCP checkpoint, which its reader takes shard by shard).
+    ``.safetensors`` file or Hugging Face folder; ``None`` for a DCP
+    checkpoint directory, which its reader takes shard by shard.
 
     Raises:
-        UnsafeCheckpointError, CheckpointError: the file cannot be read safely.
+        UnsafeCheckpointError, CheckpointError: the file cannot be read safely,
+            or ``source`` is another folder (a run folder: the message names
+            its last checkpoint, as ``Checkpointer.load`` does).
     """
     if is_safetensors_source(source):
         return {"model": load_safetensors_weights(source)}
     if os.path.isdir(source):
-        return None
+        if is_dcp_checkpoint(source):
+            return None
+        # Not DCP's FileNotFoundError about a .metadata the user never named.
+        raise CheckpointError(folder_given_for_a_file(source, PathManager))
     return load_checkpoint_file(source)
 
 

@@ -25,6 +25,7 @@ from torch import nn
 
 from treadle.checkpoint import Checkpointer, unwrap_model
 from treadle.checkpoint import init_weights_from as load_matching_weights
+from treadle.config.rules import path as path_rule
 from treadle.events import EventWriter, get_default_writers
 from treadle.evaluation.batch import batch_size
 from treadle.evaluation.inference import inference_context
@@ -628,6 +629,7 @@ class Trainer(SeedOverrides, TrainerBase):
         """Writes a full checkpoint (model, optimizer, schedule, hooks, random
         states, data position) to ``path``, atomically, with ``extra`` values;
         ``output_dir`` is not needed. Returns the path."""
+        _check_path("save_checkpoint", path)
         return self.session.checkpointer.save_file(os.fspath(path), iteration=self.last_run_iter, **extra)
 
     def load_checkpoint(self, path: str, load_optimizer: bool = True, load_scheduler: bool = True) -> Dict[str, Any]:
@@ -636,6 +638,7 @@ class Trainer(SeedOverrides, TrainerBase):
         the schedule's states unless told not to; training then starts at
         iteration 0 (``train(resume=path)`` continues the checkpoint's run).
         Returns what else the file holds (``iteration``...)."""
+        _check_path("load_checkpoint", path)
         return self.session.load_file(self, path, optimizer=load_optimizer, scheduler=load_scheduler)
 
 
@@ -646,6 +649,11 @@ def _check_epoch_events(events: SeedEventCalls, epoch_length: Optional[int]) -> 
             raise ValueError(f"{event} is called at each epoch's end (pytorch-accelerated's event), and this "
                              "train_loader has no length (no epochs): give data with a length, or use a hook's "
                              "after_step with a period")
+
+
+def _check_path(method: str, path: Any) -> None:
+    # Before any file is touched: bytes would reach os.path and torch as Python's own TypeErrors.
+    path_rule(empty=False)(f"{method}'s path", path)
 
 
 def _logs_dir(values: Dict[str, Any]) -> Optional[str]:

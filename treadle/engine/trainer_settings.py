@@ -528,7 +528,7 @@ def checked_settings(model: Any, optimizer: Any, train_loader: Any, values: Mapp
     """The settings of ``Trainer(model, optimizer, train_loader, **values)``,
     ``given`` by its caller, checked before anything is built or written:
     by the table (:func:`check_settings`), the batch size a dataset needs,
-    and the output folder's being writable. Attributes by setting name."""
+    and the output folder's (and its subfolders') being writable. Attributes by setting name."""
     from treadle.utils.run_folder import check_output_dir
 
     from .trainer_data import check_batch_sizes
@@ -537,6 +537,9 @@ def checked_settings(model: Any, optimizer: Any, train_loader: Any, values: Mapp
     check_batch_sizes(train_loader, s.eval_loader, s.batch_size, s.total_batch_size, s.eval_batch_size)
     if s.output_dir is not None:
         check_output_dir(s.output_dir)
+        for name in ("checkpoints_dir", "logs_dir"):
+            if getattr(s, name):
+                check_output_dir(os.path.join(s.output_dir, getattr(s, name)), name=name)
     return s
 
 

@@ -151,8 +151,11 @@ def check_job(cfg: DictConfig, args: argparse.Namespace) -> Optional[str]:
     if init and args.resume and Checkpointer(nn.Module(), output_dir).has_checkpoint():
         # A resume loads the run's own checkpoint; a broken init is said, not
         # refused: a requeued job must not fail on a file it does not read.
+        # Read as a fresh start reads it, so that a file that is there but
+        # is no checkpoint is said too (once, before anything is built).
         try:
             check_checkpoint_file(init)
+            read_weights_file(init.partition("?")[0])
         except CheckpointError as e:
             logger.warning("train.init_checkpoint is not loaded (--resume continues the run's checkpoint), and it "
                            "could not be: %s", e)

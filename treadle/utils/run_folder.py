@@ -400,9 +400,12 @@ class RunFolder:
         return target
 
 
-def check_output_dir(path: str) -> None:
+def check_output_dir(path: str, *, name: str = "") -> None:
     """Checks, without writing anything, that ``path`` can be a run's folder:
     it is a directory or can be created, and this process may write there.
+    The job calls it before it writes anything, for its folder and for each
+    folder inside it where it writes (``name``: the setting that names such a
+    folder, ``checkpoints_dir``..., which the message then names as the culprit).
 
     Raises:
         PermissionError: naming the path and the reason (as writing there would).
@@ -411,24 +414,23 @@ def check_output_dir(path: str) -> None:
         raise PermissionError("The output directory is empty: set train.output_dir=PATH")
     if not is_local_path(path):
         return  # other backends say what they allow when written to
+    who = f"{name} '{path}'" if name else f"The output directory '{path}'"
+    instead = f"; give another {name}" if name else ""
     target = os.path.abspath(path)
     if os.path.exists(target):
         if not os.path.isdir(target):
-            raise PermissionError(f"The output directory '{path}' cannot be written: it is a file, not a directory")
+            raise PermissionError(f"{who} cannot be written: it is a file, not a directory{instead}")
         if not os.access(target, os.W_OK | os.X_OK):
-            raise PermissionError(f"The output directory '{path}' cannot be written: {_why_not_writable(target)}")
+            raise PermissionError(f"{who} cannot be written: {_why_not_writable(target)}{instead}")
         return
     parent = target
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
-        raise PermissionError(
-            f"The output directory '{path}' cannot be written: '{parent}' is a file, not a directory"
-        )
+        raise PermissionError(f"{who} cannot be written: '{parent}' is a file, not a directory{instead}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise PermissionError(
-            f"The output directory '{path}' cannot be written: it cannot be created in '{parent}' "
-            f"({_why_not_writable(parent)})"
+            f"{who} cannot be written: it cannot be created in '{parent}' ({_why_not_writable(parent)}){instead}"
         )
 
 
