@@ -241,7 +241,7 @@ def refuse_seed_methods(trainer: Any, base: type) -> None:
     for point in OVERRIDE_POINTS:
         if point.on == "Trainer" and point.args is not None and overridden(trainer, point.name, base):
             check_call(f"{cls}.{point.name}", getattr(trainer, point.name), point.args, {},
-                        f"{possessive(point.seed)} contract")
+                       f"{possessive(point.seed)} contract")
 
 
 def check_call(what: str, method: Callable[..., Any], args: Tuple[str, ...], kwargs: Dict[str, Any],

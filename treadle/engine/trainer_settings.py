@@ -44,6 +44,10 @@ from treadle.config.rules import (
 )
 from treadle.config.train_keys import KEYS as TRAIN_KEYS
 from treadle.config.train_keys import check_options
+from treadle.hooks import HookBase
+
+from .history import check_epoch_callback
+from .seed_overrides import is_event_callback
 
 __all__ = [
     "records_given_settings",
@@ -154,10 +158,6 @@ def _hooks(key: str, value: Any) -> None:
     """Each entry a hook instance; a callback (a function, an object with
     on_* events) is pointed to ``callbacks=``."""
     _sequence(key, value)
-    from treadle.hooks import HookBase
-
-    from .seed_overrides import is_event_callback
-
     for hook in value:
         if isinstance(hook, HookBase):
             continue
@@ -177,9 +177,6 @@ def _callbacks(key: str, value: Any) -> None:
     """Each entry callable as the ``Trainer`` calls it (see :func:`~treadle.engine.history.check_epoch_callback`;
     an object's on_* events are checked with the subclass's overrides)."""
     _sequence(key, value)
-    from .history import check_epoch_callback
-    from .seed_overrides import is_event_callback
-
     for fn in value:
         if not is_event_callback(fn):
             check_epoch_callback(fn, key)

@@ -68,7 +68,8 @@ class PreemptionHandler(HookBase):
     in ``after_iteration``, after every hook's ``after_step`` of that
     iteration; at an iteration where the :class:`PeriodicCheckpointer`
     registered after this hook saves, its save (and the flush before it,
-    which writes that iteration's row of ``metrics.json``) runs first. Handlers are installed in ``before_train`` (main thread only) and the
+    which writes that iteration's row of ``metrics.json``) runs first.
+    Handlers are installed in ``before_train`` (main thread only) and the
     previous ones restored in ``after_train`` (``tools/train_net.py``'s own
     handler then exits with status 75 on a further signal).
     """
