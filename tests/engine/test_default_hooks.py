@@ -34,7 +34,7 @@ def test_plain_trainer_and_default_trainer_register_the_same_hooks_from_the_same
         f"train.eval_period={settings['eval_period']}", f"train.checkpointer.period={settings['checkpoint_period']}",
         f"train.log_period={settings['log_period']}", "train.checkpointer.max_to_keep=3",
         "train.ema.enabled=true", "train.ema.decay=0.99", "train.best_checkpointer.metric=accuracy",
-        "train.early_stopping.metric=accuracy", "train.early_stopping.patience=4", "train.handle_preemption=false",
+        "train.early_stopping.metric=accuracy", "train.early_stopping.patience=4",
     ])
     from_config = DefaultTrainer(cfg)
     plain = Trainer(
@@ -45,7 +45,7 @@ def test_plain_trainer_and_default_trainer_register_the_same_hooks_from_the_same
     )
     assert [type(h).__name__ for h in plain.hooks] == [type(h).__name__ for h in from_config.hooks] == [
         "IterationTimer", "LRScheduler", "EMA", "EvalHook", "BestCheckpointer", "EarlyStopping",
-        "PeriodicCheckpointer", "PeriodicWriter", "RunSummary",
+        "PeriodicCheckpointer", "PreemptionHandler", "PeriodicWriter", "RunSummary",
     ]
     assert described(plain.hooks) == described(from_config.hooks)
     periods = {name: period for name, period, _ in described(plain.hooks)}
@@ -95,9 +95,24 @@ def test_user_hooks_go_after_evaluation_and_epoch_history_before_checkpoints_and
         "PreciseBN",  # EvalHook runs after it: moved before the evaluation
         "EvalHook", "EpochHistory",
         "Probe",  # the slot
-        "PeriodicCheckpointer", "PeriodicWriter", "ProgressBar", "RunSummary",
+        "PeriodicCheckpointer", "PreemptionHandler", "PeriodicWriter", "ProgressBar", "RunSummary",
     ]
     assert trainer.hooks[3] is precise_bn and trainer.hooks[6] is probe
+
+
+def test_a_users_preemption_handler_is_the_one_in_the_default_ones_place(tmp_path):
+    """One handler (a second would take the signal from the first), after the
+    periodic checkpointer: at a checkpoint's iteration it finds it written."""
+    from treadle.hooks import PreemptionHandler
+
+    mine = PreemptionHandler(exit_code=None)
+    trainer = Trainer(nn.Linear(6, 2), "sgd", classification(), batch_size=32, lr=0.1,
+                      loss_fn=nn.functional.cross_entropy, max_iter=2, output_dir=str(tmp_path), hooks=[Probe(), mine],
+                      progress_bar=False)
+    assert [type(h).__name__ for h in trainer.hooks][-5:] == [
+        "Probe", "PeriodicCheckpointer", "PreemptionHandler", "PeriodicWriter", "RunSummary",
+    ]
+    assert trainer.hooks[-3] is mine
 
 
 def test_a_user_hook_that_another_user_hook_follows_goes_before_it():

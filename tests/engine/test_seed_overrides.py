@@ -775,6 +775,55 @@ def test_an_override_that_cannot_take_the_seeds_arguments_is_refused_when_built(
         Trainer(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_iter=2, callbacks=[NoBatch()])
 
 
+class PrintEpochEnd:
+    """A callback as pytorch-accelerated's users write one: an on_* event taking the trainer."""
+
+    def on_train_epoch_end(self, trainer):
+        print(f"epoch {trainer.epoch} ended")
+
+
+def test_a_callback_that_cannot_be_called_is_refused_when_built_before_anything_is_written(tmp_path):
+    """Before: built, the first epoch trained and wrote its files, then Python's TypeError."""
+    def log_metrics_callback(trainer):  # qurious' callback is (trainer, epoch, metrics)
+        pass
+
+    out = tmp_path / "run"
+    for callback, message in [
+        (log_metrics_callback, "callbacks: log_metrics_callback(trainer) cannot be called as treadle calls it, "
+                               "log_metrics_callback(trainer, epoch, metrics) (qurious' callback at each epoch's end; "
+                               "or an object with pytorch-accelerated's on_* events); see docs/migrating.md"),
+        (lambda trainer: None, "callbacks: <lambda>(trainer) cannot be called as treadle calls it, "
+                               "<lambda>(trainer, epoch, metrics) (qurious' callback at each epoch's end; "
+                               "or an object with pytorch-accelerated's on_* events); see docs/migrating.md"),
+        (PrintEpochEnd, "callbacks: PrintEpochEnd is a class: give an instance, callbacks=[PrintEpochEnd()] "
+                        "(a callback object's on_* events are called with the trainer)"),
+    ]:
+        with pytest.raises(TypeError) as error:
+            Trainer(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_epochs=2, output_dir=str(out),
+                    callbacks=[callback])
+        assert str(error.value) == message
+        assert not out.exists()
+
+
+def test_a_callback_given_as_a_hook_is_pointed_to_callbacks(tmp_path):
+    def log_metrics_callback(trainer, epoch, metrics):
+        pass
+
+    out = tmp_path / "run"
+    for hook, message in [
+        (log_metrics_callback, "hooks: log_metrics_callback is a callback, not a hook (HookBase): give it as "
+                               "callbacks=[log_metrics_callback] (fn(trainer, epoch, metrics) at each epoch's end, or "
+                               "an object with pytorch-accelerated's on_* events)"),
+        (PrintEpochEnd(), "hooks: PrintEpochEnd is a callback, not a hook (HookBase): give it as "
+                          "callbacks=[PrintEpochEnd()] (fn(trainer, epoch, metrics) at each epoch's end, or "
+                          "an object with pytorch-accelerated's on_* events)"),
+    ]:
+        with pytest.raises(ValueError) as error:
+            Trainer(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_epochs=2, output_dir=str(out), hooks=[hook])
+        assert str(error.value) == message
+        assert not out.exists()
+
+
 def test_quriouss_history_indexing_and_train_after_train_epoch_say_what_to_do():
     trainer = Trainer(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_epochs=2, progress_bar=False)
     trainer.train_epoch()

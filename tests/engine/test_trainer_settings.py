@@ -409,6 +409,7 @@ CASES = {
     ("checkpoint_period", "output_dir"): dict(checkpoint_period=5),
     ("max_to_keep", "output_dir"): dict(max_to_keep=2),
     ("max_to_keep", "periodic checkpoints"): dict(_output_dir=True, checkpoint_period=0, max_to_keep=2),
+    ("preemption", "output_dir"): dict(preemption=True),
     ("ema_decay", "not FSDP"): dict(ddp="fsdp", ema_decay=0.9),
     ("best_metric", "an evaluation set"): dict(best_metric="accuracy"),
     ("best_metric", "a period to read it"): dict(_data=_generator, best_metric="train/loss", _output_dir=True),

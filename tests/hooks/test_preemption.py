@@ -50,3 +50,40 @@ def test_preemption_handler_reads_the_world_size_once_per_run_not_per_step(tmp_p
         return len(calls)
 
     assert count(2) == count(12)
+
+
+@pytest.mark.parametrize("order", [("preemption", "checkpointer"), ("checkpointer", "preemption")])
+def test_a_preemption_at_a_periodic_checkpoint_keeps_its_row_in_any_registration_order(tmp_path, order):
+    """The periodic checkpointer's flush before its save writes the row of its
+    iteration; registered before it, the handler used to save first with the
+    stop's flush, which leaves that row to a resumed run that starts after it."""
+    from treadle.events import JSONWriter
+    from treadle.hooks import PeriodicCheckpointer, PeriodicWriter
+
+    from tests.hooks.helpers import read_lines, same
+
+    def make(out, *extra):
+        factories = {
+            "checkpointer": lambda r: PeriodicCheckpointer(r.checkpointer, 4),
+            "preemption": lambda r: PreemptionHandler(r.checkpointer, exit_code=None),
+        }
+        writer = lambda r: PeriodicWriter([JSONWriter(str(out / "metrics.json"))], 3)  # noqa: E731
+        return make_run(out, *extra, *[factories[name] for name in order], writer)
+
+    def rows(out):
+        return [(row["iteration"], row["total_loss"]) for row in read_lines(out / "metrics.json")]
+
+    straight = make(tmp_path / "straight")
+    straight.trainer.train(0, 12)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        sigterm_at_7 = CallbackHook(after_step=lambda t: t.iter == 7 and os.kill(os.getpid(), signal.SIGTERM))
+        preempted = make(tmp_path / "run", lambda r: sigterm_at_7)
+        preempted.trainer.train(0, 12)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert preempted.trainer.interrupted and preempted.pointer() == "model_0000007.pth"
+    resumed = make(tmp_path / "run")
+    resumed.trainer.train(resumed.resume(), 12)
+    assert rows(tmp_path / "run") == rows(tmp_path / "straight")
+    assert same(resumed.model.state_dict(), straight.model.state_dict())

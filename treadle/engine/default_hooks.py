@@ -2,8 +2,8 @@
 
 Both trainers call :func:`default_hooks` with their settings; what one has
 and the other has not (the plain ``Trainer``'s epoch history and progress
-bar, ``DefaultTrainer``'s preemption handler) is a setting here, not a
-second list. The order, and why (``docs/defaults.md``)::
+bar) is a setting here, not a second list. The order, and why
+(``docs/defaults.md``)::
 
     IterationTimer, LRScheduler | LRMonitor, TrainEvents*, EMA*, EvalHook*, BestCheckpointer*,
     EarlyStopping*, EpochHistory*, RunEvents*, <user hooks>, PeriodicCheckpointer*,
@@ -14,7 +14,9 @@ history (so they see both), before the checkpoints and writers (so a
 checkpoint holds their state of the iteration, and the writers write what
 they put). A user hook that an earlier hook must follow (it names the user
 hook's class in its ``runs_after``, as ``EvalHook`` names ``PreciseBN``) goes
-right before the first such hook instead.
+right before the first such hook instead. A user's ``PreemptionHandler`` is
+the run's one (a second would take the signal from the first): it goes
+where the default one goes, instead of it.
 """
 
 from __future__ import annotations
@@ -118,7 +120,8 @@ def default_hooks(
         checkpoint_period, max_to_keep, async_save, export_safetensors: the
             :class:`PeriodicCheckpointer`'s.
         handle_preemption: checkpoint and exit on SIGTERM/SIGUSR1
-            (:class:`PreemptionHandler`).
+            (:class:`PreemptionHandler`; one among ``user_hooks`` is used
+            instead, also without this setting).
         writers, log_period: what :class:`PeriodicWriter` flushes, and how often.
         progress_bar: a :class:`ProgressBar`, refreshed every ``log_period``.
         output_dir, samples_per_iter: the :class:`RunSummary`'s.
@@ -134,6 +137,11 @@ def default_hooks(
         lr_hook: HookBase = LRMonitor(optimizer)
     else:
         lr_hook = LRScheduler(optimizer, scheduler, interval=scheduler_interval, stepper=scheduler_step)
+    preemption = next((h for h in user_hooks if isinstance(h, PreemptionHandler)), None)
+    if preemption is not None:
+        user_hooks = [h for h in user_hooks if h is not preemption]
+    elif handle_preemption:
+        preemption = PreemptionHandler(checkpointer)
     train_events, run_events = TrainEvents(seed_events or SeedEventCalls()), RunEvents(seed_events or SeedEventCalls())
     # The reasons for this order are in docs/defaults.md; the hooks declare
     # the constraints among them (runs_after) and register_hooks checks them.
@@ -165,7 +173,8 @@ def default_hooks(
         )
         if checkpointer is not None
         else None,
-        PreemptionHandler(checkpointer) if handle_preemption else None,
+        # After the periodic checkpointer: a preemption at its iteration finds its checkpoint written.
+        preemption,
         # After every hook that puts a value at the iteration.
         PeriodicWriter(writers, log_period),
         ProgressBar(log_period, disable=False) if progress_bar else None,

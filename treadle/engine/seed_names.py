@@ -43,6 +43,7 @@ __all__ = [
     "event_methods",
     "override_rows",
     "required_positional",
+    "check_call",
     "refusal",
     "SeedSetting",
     "SEED_SETTINGS",
@@ -249,8 +250,8 @@ def refuse_seed_methods(trainer: Any, base: type) -> None:
                         "calls: override compute_loss(self, batch), or Hezar's training_step(self, batch)")
     for point in OVERRIDE_POINTS:
         if point.on == "Trainer" and point.args is not None and overridden(trainer, point.name, base):
-            _check_call(f"{cls}.{point.name}", getattr(trainer, point.name), point.args, {},
-                        f"{possessive(point.seed)} contract")
+            check_call(f"{cls}.{point.name}", getattr(trainer, point.name), point.args, {},
+                       f"{possessive(point.seed)} contract")
 
 
 def compute_loss_seed(trainer: Any, base: type) -> Optional[str]:
@@ -268,8 +269,8 @@ def compute_loss_seed(trainer: Any, base: type) -> Optional[str]:
     except (TypeError, ValueError):
         names = []
     if names[:1] == ["model"]:
-        _check_call(f"{type(trainer).__name__}.compute_loss", method, ("model", "inputs"), {"return_outputs": True},
-                    "the Hugging Face Trainer's contract")
+        check_call(f"{type(trainer).__name__}.compute_loss", method, ("model", "inputs"), {"return_outputs": True},
+                   "the Hugging Face Trainer's contract")
         return HUGGING_FACE
     return HEZAR if required_positional(method) >= 2 else "treadle"
 
@@ -288,9 +289,11 @@ def refuse_methods_set_on_instance(trainer: Any) -> None:
                             "MyTrainer (docs/migrating.md)")
 
 
-def _check_call(what: str, method: Callable[..., Any], args: Tuple[str, ...], kwargs: Dict[str, Any],
-                contract: str) -> None:
-    """Refuses, in one line, a method that cannot be called as treadle calls it."""
+def check_call(what: str, method: Callable[..., Any], args: Tuple[str, ...], kwargs: Dict[str, Any],
+               contract: str) -> None:
+    """Refuses, in one line, a method (or function) that cannot be called as
+    treadle calls it, ``method(*args, **kwargs)``: ``what`` names it
+    (``"Cls.method"``, ``"callbacks: fn"``), ``contract`` says whose call it is."""
     try:
         signature = inspect.signature(method)
     except (TypeError, ValueError):
@@ -299,7 +302,8 @@ def _check_call(what: str, method: Callable[..., Any], args: Tuple[str, ...], kw
         signature.bind(*args, **kwargs)
     except TypeError:
         call = ", ".join([*args, *(f"{k}=..." for k in kwargs)])
-        raise TypeError(f"{what}{signature} cannot be called as treadle calls it, {what.rpartition('.')[2]}({call}) "
+        called = what.rpartition(" ")[2].rpartition(".")[2]
+        raise TypeError(f"{what}{signature} cannot be called as treadle calls it, {called}({call}) "
                         f"({contract}); see docs/migrating.md") from None
 
 
@@ -316,8 +320,8 @@ def event_methods(obj: Any, where: str) -> Dict[str, Callable[..., Any]]:
                             f"pytorch-accelerated's: {', '.join(CALLBACK_EVENTS)}); see docs/migrating.md")
         method = getattr(obj, name)
         step_end = name in ("on_train_step_end", "on_eval_step_end")
-        _check_call(f"{where}: {type(obj).__name__}.{name}", method, ("trainer",),
-                    {"batch": None, "batch_output": None} if step_end else {}, "pytorch-accelerated's callback event")
+        check_call(f"{where}: {type(obj).__name__}.{name}", method, ("trainer",),
+                   {"batch": None, "batch_output": None} if step_end else {}, "pytorch-accelerated's callback event")
         found[name[3:]] = method
     return found
 

@@ -132,6 +132,9 @@ class Trainer(SeedOverrides, TrainerBase):
         log_period, eval_period, checkpoint_period: in iterations
             (``eval_period`` and ``checkpoint_period`` default to an epoch).
         max_to_keep: periodic checkpoints kept.
+        preemption: with ``output_dir``, on SIGTERM/SIGUSR1 save a checkpoint when the iteration ends and
+            exit with status 75 (:class:`~treadle.hooks.PreemptionHandler`, as ``tools/train_net.py``);
+            ``train(resume=True)`` then resumes exactly. False: the signal ends the process.
         ema_decay: keep an EMA of the weights and evaluate with it.
         best_metric: save ``model_best.pth`` when this result improves (``"eval/"``,
             ``"eval_"``... accepted; ``"train/..."`` names a training scalar, which needs no
@@ -193,6 +196,7 @@ class Trainer(SeedOverrides, TrainerBase):
         eval_period: Optional[int] = None,
         checkpoint_period: Optional[int] = None,
         max_to_keep: Optional[int] = 3,
+        preemption: bool = True,
         ema_decay: Optional[float] = None,
         best_metric: Optional[str] = None,
         best_mode: Optional[str] = None,
@@ -351,7 +355,8 @@ class Trainer(SeedOverrides, TrainerBase):
             epochs=self.history.epochs if self.epoch_length else None,
             epoch_callbacks=[fn for fn in s.callbacks if not is_event_callback(fn)],
             checkpoint_period=s.checkpoint_period if s.checkpoint_period is not None else self.epoch_length or 0,
-            max_to_keep=s.max_to_keep, writers=self.build_writers(samples_per_iter, console=not bar),
+            max_to_keep=s.max_to_keep, handle_preemption=s.preemption and self.checkpointer is not None,
+            writers=self.build_writers(samples_per_iter, console=not bar),
             log_period=s.log_period, progress_bar=bar,
             output_dir=self.output_dir, samples_per_iter=samples_per_iter, user_hooks=list(s.hooks),
             seed_events=self._events,

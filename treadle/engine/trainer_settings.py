@@ -44,6 +44,10 @@ from treadle.config.rules import (
 )
 from treadle.config.train_keys import KEYS as TRAIN_KEYS
 from treadle.config.train_keys import check_options
+from treadle.hooks import HookBase
+
+from .history import check_epoch_callback
+from .seed_overrides import is_event_callback
 
 __all__ = [
     "records_given_settings",
@@ -148,6 +152,34 @@ def _callable(key: str, value: Any) -> None:
 def _sequence(key: str, value: Any) -> None:
     if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
         raise ConfigError(f"{key} must be a list, got {shown(value)}")
+
+
+def _hooks(key: str, value: Any) -> None:
+    """Each entry a hook instance; a callback (a function, an object with
+    on_* events) is pointed to ``callbacks=``."""
+    _sequence(key, value)
+    for hook in value:
+        if isinstance(hook, HookBase):
+            continue
+        name = getattr(hook, "__name__", type(hook).__name__)
+        if isinstance(hook, type) and issubclass(hook, HookBase):
+            raise ConfigError(f"{key}: {name} is a class: give an instance, {key}=[{name}(...)]")
+        if callable(hook) or is_event_callback(hook):
+            given = f"{name}()" if isinstance(hook, type) or is_event_callback(hook) else name
+            given = "..." if given.startswith("<") else given  # a lambda
+            raise ConfigError(f"{key}: {name} is a callback, not a hook (HookBase): give it as callbacks=[{given}] "
+                              "(fn(trainer, epoch, metrics) at each epoch's end, or an object with "
+                              "pytorch-accelerated's on_* events)")
+        raise ConfigError(f"{key} must be hooks (HookBase instances), got {type(hook).__name__}: {hook!r}")
+
+
+def _callbacks(key: str, value: Any) -> None:
+    """Each entry callable as the ``Trainer`` calls it (see :func:`~treadle.engine.history.check_epoch_callback`;
+    an object's on_* events are checked with the subclass's overrides)."""
+    _sequence(key, value)
+    for fn in value:
+        if not is_event_callback(fn):
+            check_epoch_callback(fn, key)
 
 
 def _bool_or_dict(key: str, value: Any) -> None:
@@ -319,8 +351,8 @@ SETTINGS: Tuple[Setting, ...] = (
     _row("num_workers", 0, integer(0), "Data-loading processes for a dataset the Trainer batches.",
          Need("a dataset", _ANY_DATASET, "num_workers is for a dataset the Trainer batches; " + _MAKES_ITS_OWN +
               " (DataLoader(..., num_workers=...))")),
-    _row("hooks", (), _sequence, "More hooks (HookBase), placed by docs/defaults.md's rule."),
-    _row("callbacks", (), _sequence, "fn(trainer, epoch, metrics) at each epoch's end, with that epoch's row.",
+    _row("hooks", (), _hooks, "More hooks (HookBase), placed by docs/defaults.md's rule."),
+    _row("callbacks", (), _callbacks, "fn(trainer, epoch, metrics) at each epoch's end, with that epoch's row.",
          Need("epochs", _EPOCHS,
               "callbacks are called at each epoch's end, and this train_loader has no length (no epochs)")),
     _row("output_dir", None, path(empty=False, none=True), "The run's folder: checkpoints, metrics, log.txt; "
@@ -364,6 +396,11 @@ SETTINGS: Tuple[Setting, ...] = (
             Need("periodic checkpoints", lambda s, v: s["checkpoint_period"] != 0,
                  "max_to_keep={value} keeps periodic checkpoints, and checkpoint_period=0 writes none",
                  refuse=False)),
+    _shared("preemption", "handle_preemption",
+            Need("output_dir", lambda s, v: not v or s["output_dir"] is not None,
+                 "preemption={value} saves a checkpoint on SIGTERM/SIGUSR1, and " + _NOT_WRITTEN, refuse=False),
+            doc="With output_dir (where checkpoints are written): a preempted run is resumed exactly by "
+            "train(resume=True). False: the signal ends the process as Python's default does."),
     _shared("ema_decay", "ema.decay",
             Need("not FSDP", lambda s, v: wrapper_of(s["ddp"])[0] != "fsdp",
                  "ema_decay is not supported with ddp='fsdp': the EMA keeps an unsharded copy of the weights"),

@@ -325,6 +325,12 @@ class PeriodicCheckpointer(HookBase):
 
     runs_at_last_iteration = False  # after_train writes model_final
 
+    def saves_at(self, iteration: int) -> bool:
+        """Whether this hook saves the periodic checkpoint of ``iteration`` in
+        its ``after_iteration`` (its period ends there, and it is not the run's
+        last: ``model_final`` is written then). Read during training."""
+        return self._period.fires_after(iteration) and iteration != self.trainer.max_iter - 1
+
     def after_step_period(self) -> Optional[int]:
         # An asynchronous save's failure is looked for at every iteration.
         asynchronous = self.async_save if self.async_save is not None else getattr(self._checkpointer, "async_save", True)

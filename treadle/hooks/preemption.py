@@ -66,7 +66,10 @@ class PreemptionHandler(HookBase):
 
     Any registration order works: the flag is read and the checkpoint taken
     in ``after_iteration``, after every hook's ``after_step`` of that
-    iteration. Handlers are installed in ``before_train`` (main thread only) and the
+    iteration; at an iteration where the :class:`PeriodicCheckpointer`
+    registered after this hook saves, its save (and the flush before it,
+    which writes that iteration's row of ``metrics.json``) runs first.
+    Handlers are installed in ``before_train`` (main thread only) and the
     previous ones restored in ``after_train`` (``tools/train_net.py``'s own
     handler then exits with status 75 on a further signal).
     """
@@ -141,6 +144,11 @@ class PreemptionHandler(HookBase):
         name = signal.Signals(self._received).name if self._received else "a signal on another rank"
         logger.warning("Received %s: saving a checkpoint at iteration %d and stopping.", name, it)
         periodic = self._periodic_checkpointer()
+        if periodic is not None and periodic.last_saved_iter != it and periodic.saves_at(it):
+            # Registered after this hook, the periodic checkpointer has not saved this iteration yet: its save,
+            # now, with the flush before it that writes this iteration's row (an uninterrupted run has it; the
+            # resumed run, which starts after the checkpoint, would never write it).
+            periodic.after_iteration()
         # What an uninterrupted run would have written by now (the resumed run writes the rest).
         flush_writers(self, stop=True)
         if periodic is not None and periodic.last_saved_iter == it:
