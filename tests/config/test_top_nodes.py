@@ -51,6 +51,20 @@ def test_libai_graph_enabled_selects_the_compiled_step():
     assert step_kind(cfg) == "eager"
 
 
+def test_graph_enabled_true_with_train_step_kind_eager_given_is_refused_naming_both_keys():
+    """``graph.enabled=True train.step.kind=eager``: the mirror of ``graph.enabled=False train.step.kind=compiled``."""
+    cfg = digits("+graph.enabled=true", "train.step.kind=eager")
+    assert step_kind(cfg) == "compiled"  # 'eager' is also the default, which graph.enabled overrides
+    with pytest.raises(ConfigError) as e:
+        step_kind(cfg, kind_given=True)
+    assert str(e.value) == (
+        "graph.enabled=True asks for the compiled step and train.step.kind='eager' for the eager one: "
+        "give train.step.kind only (treadle's key)"
+    )
+    assert step_kind(digits("+graph.enabled=true", "train.step.kind=compiled"), kind_given=True) == "compiled"
+    assert step_kind(digits("+graph.enabled=false", "train.step.kind=eager"), kind_given=True) == "eager"
+
+
 def test_a_graph_node_of_libais_other_settings_is_refused():
     cfg = digits()
     cfg.graph = {"enabled": True, "debug": -1}

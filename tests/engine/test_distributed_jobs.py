@@ -144,7 +144,7 @@ def test_only_the_main_process_writes(runs, two_processes):
     # checks the job again, does not show it a second time.
     assert len(printed) == 1 and "WARNING" in printed[0], printed
     # Both ranks evaluated (every rank runs its shard, the results are reduced).
-    assert rank1_log.count("Evaluation after iteration 40") == 1
+    assert rank1_log.count("Evaluation after 40 iterations") == 1
 
 
 @pytest.mark.slow

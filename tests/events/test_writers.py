@@ -497,8 +497,8 @@ def test_printer_prints_evaluation_metrics_once_on_their_own_line(treadle_caplog
         printer.write()
     assert printed(treadle_caplog) == [
         "iter: 9  total_loss: 1",
-        "metrics @ iter 9:  eval/acc: 0.25  eval/top5: 0.875",
-        "metrics @ iter 10:  eval/acc: 0.5",
+        "metrics after 10 iterations:  eval/acc: 0.25  eval/top5: 0.875",
+        "metrics after 10 iterations:  eval/acc: 0.5",  # put at 10 (detectron2: max_iter), after 10 too
     ]
 
 
@@ -521,8 +521,8 @@ def test_printer_does_not_print_a_resumed_runs_earlier_evaluation_again(treadle_
         printer.write()  # and a NaN is not news twice
     assert printed(treadle_caplog) == [
         "iter: 79  total_loss: 1",
-        "metrics @ iter 79:  accuracy: 0.75",
-        "metrics @ iter 79:  accuracy: nan",
+        "metrics after 80 iterations:  accuracy: 0.75",
+        "metrics after 80 iterations:  accuracy: nan",
     ]
 
 

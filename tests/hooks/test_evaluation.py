@@ -1,9 +1,11 @@
 
 import pytest
+import torch
+from torch import nn
 
 from tests.hooks.helpers import make_trainer, read_lines
 from treadle.engine import HookOrderError
-from treadle.events import JSONWriter
+from treadle.events import CommonMetricPrinter, JSONWriter
 from treadle.hooks import (
     EMA,
     CallbackHook,
@@ -90,3 +92,83 @@ def test_no_final_evaluation_after_an_interrupted_stop_but_one_after_early_stop(
         assert trainer.interrupted is interrupted
 
 
+
+
+def _model_and_batches():
+    """make_trainer's model and its 4 batches, made again the same way."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    return model, [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(4)]
+
+
+def _mse(model, batches):
+    with torch.no_grad():
+        return sum(nn.functional.mse_loss(model(x), y).item() for x, y in batches) / len(batches)
+
+
+def _hand_written_losses(steps):
+    """The mean squared error over make_trainer's 4 batches after each of ``steps`` SGD steps, in plain PyTorch."""
+    model, batches = _model_and_batches()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    after = {}
+    for step in range(max(steps)):
+        x, y = batches[step % 4]
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        after[step + 1] = _mse(model, batches)
+    return [after[n] for n in steps]
+
+
+def _evaluate_mse(model):
+    batches = _model_and_batches()[1]
+    return lambda: {"mse": _mse(model, batches)}
+
+
+def _evaluation_lines(caplog):
+    records = {id(r): r for r in caplog.records}  # one record can arrive twice (see tests/events/test_writers.py)
+    return [r.getMessage() for r in records.values() if r.name in ("treadle.hooks.evaluation", "treadle.events.printer")
+            and ("Evaluation" in r.getMessage() or r.getMessage().startswith("metrics"))]
+
+
+def test_the_log_counts_iterations_one_way_for_the_periodic_and_the_final_evaluation(tmp_path, treadle_caplog):
+    """detectron2's job: eval_period=3, max_iter=6. metrics.json keeps detectron2's rows (2, then max_iter 6);
+    the log says 'after 3 iterations' and 'after 6 iterations', each the weights of a hand-written loop's 3rd and 6th step."""
+    trainer, model = make_trainer()
+    evaluate = _evaluate_mse(model)
+    printer = CommonMetricPrinter(6, window_size=1, color=False)
+    trainer.register_hooks([EvalHook(3, evaluate), PeriodicWriter([printer, JSONWriter(str(tmp_path / "metrics.json"))], period=1)])
+    trainer.train(0, 6)
+    at_3, at_6 = _hand_written_losses([3, 6])
+    assert [(row["iteration"], row["mse"]) for row in read_lines(tmp_path / "metrics.json") if "mse" in row] == [
+        (2, pytest.approx(at_3, rel=1e-6)), (6, pytest.approx(at_6, rel=1e-6))
+    ]
+    assert _evaluation_lines(treadle_caplog) == [
+        f"Evaluation after 3 iterations: mse={at_3:.6g}",
+        f"metrics after 3 iterations:  mse: {at_3:.6g}",
+        f"Evaluation after 6 iterations: mse={at_6:.6g}",
+        f"metrics after 6 iterations:  mse: {at_6:.6g}",
+    ]
+
+
+def test_a_run_stopped_between_evaluations_says_the_iterations_it_ran(tmp_path, treadle_caplog):
+    """A stop request after iteration 4 of 20 (the 5th): evaluated once the loop ends, put at 5 in metrics.json
+    and logged 'after 5 iterations' by both lines, the weights of a hand-written loop's 5th step."""
+    trainer, model = make_trainer()
+    evaluate = _evaluate_mse(model)
+    stop = CallbackHook(after_step=lambda t: t.request_stop("budget") if t.iter == 4 else None)
+    writer = PeriodicWriter([CommonMetricPrinter(20, window_size=1, color=False), JSONWriter(str(tmp_path / "metrics.json"))],
+                            period=1)
+    trainer.register_hooks([EvalHook(3, evaluate), stop, writer])
+    trainer.train(0, 20)
+    at_3, at_5 = _hand_written_losses([3, 5])
+    assert [(row["iteration"], row["mse"]) for row in read_lines(tmp_path / "metrics.json") if "mse" in row] == [
+        (2, pytest.approx(at_3, rel=1e-6)), (5, pytest.approx(at_5, rel=1e-6))
+    ]
+    assert _evaluation_lines(treadle_caplog) == [
+        f"Evaluation after 3 iterations: mse={at_3:.6g}",
+        f"metrics after 3 iterations:  mse: {at_3:.6g}",
+        f"Evaluation after 5 iterations: mse={at_5:.6g}",
+        f"metrics after 5 iterations:  mse: {at_5:.6g}",
+    ]

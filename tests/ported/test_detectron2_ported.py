@@ -137,7 +137,7 @@ def test_writer_hooks_write_at_periods_the_last_iteration_and_the_final_evaluati
     assert [x["iteration"] for x in data] == [19, 39, 49, 50]
     assert "metric" in data[-1], "the evaluation's metric is in the last line, at max_iter"
     # treadle's printer also prints the evaluation's results on a line of their own.
-    assert records[-1] == "metrics @ iter 50:  metric: 100"
+    assert records[-1] == "metrics after 50 iterations:  metric: 100"
     training_lines = records[:-1]
     assert len(training_lines) == 3
     for log, iteration in zip(training_lines, [19, 39, 49]):

@@ -62,6 +62,23 @@ CASES: List[Case] = [
     case("+optim.lr=0.1", culprit="top-level node 'optim' is read by nothing: did you mean 'optimizer'?"),
     case("+graph.enabled=false", "train.step.kind=compiled",
          culprit="graph.enabled=False asks for the eager step and train.step.kind='compiled'"),
+    case("+graph.enabled=true", "train.step.kind=eager",
+         culprit="graph.enabled=True asks for the compiled step and train.step.kind='eager' for the eager one: "
+                 "give train.step.kind only (treadle's key)"),
+    # LiBai's config.py turns graph mode on; the command line asks for the eager step
+    case(
+        "--config-file",
+        _config_file(
+            "graph.py",
+            "from treadle.config import LazyConfig\n"
+            f"_all = LazyConfig.load({str(ROOT / 'configs' / 'digits_mlp.py')!r})\n"
+            "model, optimizer, dataloader, train, lr_multiplier = "
+            "_all.model, _all.optimizer, _all.dataloader, _all.train, _all.lr_multiplier\n"
+            "graph = dict(enabled=True)\n",
+        ),
+        "train.step.kind=eager",
+        culprit="graph.enabled=True asks for the compiled step and train.step.kind='eager'",
+    ),
     case("+graph.debug=-1", culprit="graph.debug is a setting of LiBai's OneFlow graph"),
     case("+graph.enabled=1", culprit="graph.enabled must be True or False, got 1"),
     case("train.max_iter=0", culprit="train.max_iter must be an integer >= 1, got 0"),

@@ -478,3 +478,22 @@ def test_the_deferred_flush_writes_whole_rows_through_train_net_after_kill_9_and
     resumed = _faulty_job(DEFERRED, stopped, "--resume")
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read()[-2000:]
     _assert_same_rows(stopped, reference)
+
+
+def test_the_jobs_log_counts_iterations_one_way_and_metrics_json_keeps_detectron2s_rows(tmp_path):
+    """eval_period=3, max_iter=6: log.txt says 'after 3 iterations' and 'after 6 iterations' (both lines);
+    metrics.json keeps the rows at 2 and 6 (max_iter), and summary.json's last_iter is 5."""
+    out = tmp_path / "run"
+    assert cli([f"train.output_dir={out}", "train.max_iter=6", "train.eval_period=3", "train.log_period=1",
+                "train.checkpointer.period=0", "lr_multiplier.warmup_iters=1"]) == 0
+    rows = [(line["iteration"], line["accuracy"]) for line in metrics(out) if "accuracy" in line]
+    assert [it for it, _ in rows] == [2, 6]
+    log = (out / "log.txt").read_text()
+    said = [line.split(" INFO: ", 1)[1] for line in log.splitlines() if " INFO: Evaluation after" in line
+            or " INFO: metrics after" in line]
+    assert [text.split(":")[0] for text in said] == [
+        "Evaluation after 3 iterations", "metrics after 3 iterations", "Evaluation after 6 iterations", "metrics after 6 iterations",
+    ]
+    assert f"accuracy={rows[-1][1]:.6g}" in said[2] and f"accuracy: {rows[-1][1]:.6g}" in said[3]
+    assert json.loads((out / "summary.json").read_text())["last_iter"] == 5
+    assert "after iteration" not in log and "@ iter" not in log

@@ -79,7 +79,7 @@ def check_top_level_nodes(cfg: DictConfig) -> None:
     step_kind(cfg)
 
 
-def step_kind(cfg: Any) -> str:
+def step_kind(cfg: Any, *, kind_given: bool = False) -> str:
     """The step a config trains with: ``"eager"`` or ``"compiled"``.
 
     ``train.step.kind``, unless LiBai's ``graph.enabled`` is given:
@@ -89,9 +89,14 @@ def step_kind(cfg: Any) -> str:
     eager step. ``graph`` takes no other key (LiBai's ``debug``,
     ``train_graph``... configure OneFlow's ``nn.Graph``).
 
+    ``kind_given``: the user gave ``train.step.kind`` (on the command line,
+    ``tools/train_net.py``'s :func:`~treadle.tools.train_net.load_config`),
+    so that ``'eager'`` is a choice of theirs, not the default.
+
     Raises:
         ConfigError: ``graph.enabled`` is not a bool, ``graph`` holds another
-            key, ``graph.enabled=False`` with ``train.step.kind='compiled'``,
+            key, ``graph.enabled`` asks for another step than a ``train.step.kind``
+            the user gave (``'compiled'``, or ``'eager'`` with ``kind_given``),
             or ``graph.enabled=True`` with a step of the user's own (``train.step._target_``).
     """
     kind = train_setting(cfg, "step.kind")
@@ -117,9 +122,12 @@ def step_kind(cfg: Any) -> str:
             "graph.enabled=True compiles treadle's step, and train.step is a step of your own (train.step._target_): "
             "remove graph.enabled, or train.step._target_"
         )
-    if not enabled and kind == "compiled":
+    wanted = "compiled" if enabled else "eager"
+    # 'compiled' is never the default: it is the user's choice, as 'eager' is when given.
+    chosen = kind == "compiled" or (kind_given and kind == "eager")
+    if chosen and kind != wanted:
         raise ConfigError(
-            "graph.enabled=False asks for the eager step and train.step.kind='compiled' for the compiled one: "
+            f"graph.enabled={enabled} asks for the {wanted} step and train.step.kind={kind!r} for the {kind} one: "
             "give train.step.kind only (treadle's key)"
         )
-    return "compiled" if enabled else kind
+    return wanted

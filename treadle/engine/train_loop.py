@@ -359,6 +359,7 @@ class TrainerBase:
         ``SystemExit``): the hooks after it must still flush and close files.
         """
         self.storage.iter = self.iter
+        self.storage.loop_ended = True
         first: Optional[BaseException] = None
         for call in self._table.calls["after_train"]:
             t0 = time.perf_counter()

@@ -17,13 +17,33 @@ from treadle.utils.logger import write_info_line
 from .storage import EventStorage, ScalarKind, get_event_storage, has_event_storage
 from .writer import EventWriter, check_start_iter, check_window_size
 
-__all__ = ["CommonMetricPrinter"]
+__all__ = ["CommonMetricPrinter", "after_iterations", "iterations_run"]
 
 logger = logging.getLogger(__name__)
 
 
 # Read through this name so that tests can control the clock.
 _now = time.perf_counter
+
+def after_iterations(count: int) -> str:
+    """``"after 1200 iterations"``: how the log says when a result was computed,
+    one way for a periodic evaluation and the final one (whose rows in
+    ``metrics.json`` are at ``1199`` and ``max_iter``, detectron2's convention)."""
+    return f"after {count} iteration{'' if count == 1 else 's'}"
+
+
+def iterations_run(storage: EventStorage, iteration: int) -> int:
+    """The iterations run when the result put at ``iteration`` was computed.
+
+    detectron2 puts a result computed after iteration ``i`` (counted from 0)
+    at ``i``, and the final evaluation's at the number of iterations run
+    (``max_iter``): an iteration past every one run when it is written, that
+    is past ``storage.iter`` during the loop, or at it once the loop has
+    ended (``storage.loop_ended``, set by the trainer in ``after_train``).
+    """
+    past = iteration > storage.iter or (storage.loop_ended and iteration == storage.iter)
+    return iteration if past else iteration + 1
+
 
 def _duration(seconds: int) -> str:
     """``str(datetime.timedelta(seconds=seconds))``: ``H:MM:SS``, with days past 24 hours."""
@@ -62,7 +82,8 @@ class CommonMetricPrinter(EventWriter):
     A field appears only if its scalar was put since the previous line, so a
     missing producer (no LR hook, no timer) just drops its field, and a
     second write at the same iteration prints nothing new. Evaluation
-    results (scalars of kind ``"metric"``) are printed on their own line, ``metrics @ iter 99:  eval/acc: 0.91``, latest value per name,
+    results (scalars of kind ``"metric"``) are printed on their own line, ``metrics after 100 iterations:  eval/acc: 0.91``
+    (counted as :class:`~treadle.hooks.EvalHook`'s line counts, :func:`iterations_run`), latest value per name,
     once each (after a resume, those restored with the checkpoint count as
     printed); every value is in ``metrics.json``. While the logger is not
     enabled for INFO (logging not set up: Python's default level is
@@ -152,10 +173,11 @@ class CommonMetricPrinter(EventWriter):
                 self._clock_anchor = (_now(), iteration)
             self._last_iter = iteration
         if metrics:
-            self._write_metrics(latest, kinds, shown)
+            self._write_metrics(storage, latest, kinds, shown)
 
     def _write_metrics(
-        self, latest: Dict[str, Tuple[float, int]], kinds: Dict[str, Optional[str]], shown: bool = True
+        self, storage: EventStorage, latest: Dict[str, Tuple[float, int]], kinds: Dict[str, Optional[str]],
+        shown: bool = True,
     ) -> None:
         by_iter: Dict[int, Dict[str, float]] = defaultdict(dict)
         for name, (value, it) in latest.items():
@@ -166,7 +188,7 @@ class CommonMetricPrinter(EventWriter):
             return
         for it in sorted(by_iter):
             fields = [self._field(name, by_iter[it][name], ".6g") for name in sorted(by_iter[it])]
-            self._log("  ".join([f"metrics @ iter {it}:"] + fields))
+            self._log("  ".join([f"metrics {after_iterations(iterations_run(storage, it))}:"] + fields))
 
     def _is_new_metric(self, name: str, value: float, it: int) -> bool:
         """Not printed yet: from this run, and later than the last printed, or

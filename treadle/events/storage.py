@@ -133,6 +133,11 @@ class EventStorage:
                 f"nonfinite_check must be 'flush', 'step' or 'off', got {nonfinite_check!r}"
             )
         self.iter: int = start_iter
+        #: Set by the trainer when its loop has ended (``after_train``): ``iter``
+        #: is then the number of iterations run, one past the last, where the
+        #: run's final results are put (detectron2's convention), not an
+        #: iteration that ran. See :func:`~treadle.events.printer.iterations_run`.
+        self.loop_ended = False
         self.nonfinite_check = nonfinite_check
         self._history_length = history_length
         self._max_pending = max_pending

@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, Optional
 
 from treadle.evaluation.results import flatten_results
 from treadle.events import ScalarKind
+from treadle.events.printer import after_iterations
 from treadle.utils import comm
 
 from .base import HookBase
@@ -38,7 +39,9 @@ class EvalHook(HookBase):
     iteration it did not evaluate (a stop that is not early stopping's) is
     evaluated in ``after_train``, at ``trainer.iter`` (the number of
     iterations run) too. None is run when training raised or was
-    interrupted (a preemption: the resumed run will evaluate).
+    interrupted (a preemption: the resumed run will evaluate). The log
+    counts both one way, the iterations run: ``Evaluation after 1200
+    iterations`` (row 1199), ``Evaluation after 1500 iterations`` (row 1500).
 
     Runs on every rank: ``eval_function`` is expected to evaluate its shard
     and reduce (``inference_on_dataset`` does). When an :class:`EMA` hook with
@@ -87,7 +90,7 @@ class EvalHook(HookBase):
     def after_step(self) -> None:
         iteration = self.trainer.iter
         # The final evaluation is put at the number of iterations run (see the class docstring).
-        self._do_eval(iteration + 1 if iteration + 1 == self.trainer.max_iter else iteration)
+        self._do_eval(iteration + 1 if iteration + 1 == self.trainer.max_iter else iteration, iteration + 1)
 
     def after_train(self) -> None:
         if not self._eval_after_train or self.trainer.training_error is not None or self.trainer.interrupted:
@@ -96,7 +99,7 @@ class EvalHook(HookBase):
         # request right after a periodic evaluation): those are the final weights.
         if self.last_eval_iter == self.trainer.iter - 1:
             return
-        self._do_eval(self.trainer.iter)
+        self._do_eval(self.trainer.iter, self.trainer.iter)
 
     def _ema_context(self) -> contextlib.AbstractContextManager:
         for h in self.hooks_of(EMA):
@@ -104,7 +107,9 @@ class EvalHook(HookBase):
                 return h.averaged_weights()
         return contextlib.nullcontext()
 
-    def _do_eval(self, iteration: int) -> None:
+    def _do_eval(self, iteration: int, run: int) -> None:
+        """Evaluates; the results go to the storage at ``iteration`` (their
+        row) and to the log as computed after ``run`` iterations."""
         with self._ema_context():
             results = self._func()
         self.last_eval_iter = self.trainer.iter
@@ -116,13 +121,13 @@ class EvalHook(HookBase):
             flat = flatten_results(results)
             for name, value in flat.items():
                 if not math.isfinite(value):
-                    logger.warning("Evaluation result %s is %s at iteration %d", name, value, iteration)
+                    logger.warning("Evaluation result %s is %s %s", name, value, after_iterations(run))
             self.trainer.storage.put_scalars(
                 smoothing_hint=False, cur_iter=iteration, kind=ScalarKind.METRIC, **flat
             )
             self.last_results = flat
             logger.info(
-                "Evaluation after iteration %d: %s", iteration, ", ".join(f"{k}={v:.6g}" for k, v in flat.items())
+                "Evaluation %s: %s", after_iterations(run), ", ".join(f"{k}={v:.6g}" for k, v in flat.items())
             )
         # Ranks leave together: a fast rank must not start the next step's
         # collectives while another still evaluates.

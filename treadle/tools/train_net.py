@@ -43,6 +43,8 @@ from treadle.checkpoint import CheckpointError, Checkpointer, check_checkpoint_f
 from treadle.checkpoint.weights import read_weights_file
 from treadle.config import ConfigError, LazyConfig, get_config_file
 from treadle.config.nodes import child_node, raw_value
+from treadle.config.override_parser import parse_override
+from treadle.config.top_nodes import step_kind
 from treadle.config.train_keys import train_setting
 from treadle.engine.defaults import DefaultTrainer, default_argument_parser, default_setup, save_run_config
 from treadle.engine.launch import launch
@@ -141,6 +143,8 @@ def check_job(cfg: DictConfig, args: argparse.Namespace) -> Optional[str]:
         raise JobError("--move-aside starts a new training run; --eval-only trains nothing and writes into OUTPUT_DIR/eval/")
     world_size = check_world_size(args.num_gpus, args.num_machines, args.machine_rank)
     check_run_config(cfg, world_size=world_size, eval_only=args.eval_only)
+    if any(parse_override(text).key == "train.step.kind" for text in args.opts):
+        step_kind(cfg, kind_given=True)  # its 'eager' is then a choice that graph.enabled=True contradicts
     output_dir = train_setting(cfg, "output_dir")
     check_output_dir(output_dir)
     if args.eval_only:
