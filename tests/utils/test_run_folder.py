@@ -410,7 +410,7 @@ def test_disk_full_at_a_checkpoint_is_one_line_and_the_last_checkpoint_loads(tmp
 def test_exception_in_a_hook_is_one_line_naming_the_hook(tmp_path, capfd, monkeypatch):
     from treadle.hooks import EvalHook
 
-    def broken(self, iteration):
+    def broken(self, *where):
         raise ZeroDivisionError("division by zero in my metric")
 
     monkeypatch.setattr(EvalHook, "_do_eval", broken)
@@ -496,7 +496,7 @@ def test_sigterm_while_the_job_starts_exits_75(tmp_path, delay):
 def test_ctrl_c_is_one_line_and_the_writers_close(tmp_path, capfd, monkeypatch):
     from treadle.hooks import EvalHook
 
-    def interrupted(self, iteration):
+    def interrupted(self, *where):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(EvalHook, "_do_eval", interrupted)
