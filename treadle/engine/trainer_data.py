@@ -63,6 +63,9 @@ def data_kind(data: Any, name: str = "train_loader") -> str:
     docstring); ``name`` is the argument a ``TypeError`` names."""
     if data is None:
         return "none"
+    if isinstance(data, (str, bytes)):  # iterable, so it would pass as samples and fail at the first batch
+        raise TypeError(f"{name}={data!r} is a {type(data).__name__}, not data: give a dataset (a torch Dataset, a "
+                        "list of samples) or batches (a DataLoader); a file is read into a Dataset first")
     # An object with __getitem__ alone is iterable too (Python's sequence protocol).
     if not (hasattr(data, "__iter__") or hasattr(type(data), "__getitem__")):
         raise TypeError(f"{name} must be an iterable of batches or a dataset, got {type(data).__name__}")
@@ -107,7 +110,7 @@ def check_batch_sizes(train: Any, evaluation: Any, batch_size: Optional[int], to
             f"train_loader is {_what(train)}: give batch_size=... (per process) or total_batch_size=... (over all "
             "processes) to batch it" + _READY_BATCHES
         )
-    if data_kind(evaluation) == "dataset" and not (eval_batch_size or batch_size or total_batch_size):
+    if data_kind(evaluation, "eval_loader") == "dataset" and not (eval_batch_size or batch_size or total_batch_size):
         raise ValueError(f"eval_loader is {_what(evaluation)}: give eval_batch_size=... (or batch_size) to batch it"
                          + _READY_BATCHES)
 
