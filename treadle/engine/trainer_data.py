@@ -184,7 +184,9 @@ def per_process(loader: Any, *, train: bool, seed: Optional[int] = None) -> Any:
 
 
 def run_length(max_iter: Optional[int], max_epochs: Optional[int], epoch_length: Optional[int]) -> int:
-    """The iterations to train: ``max_iter``, ``max_epochs`` epochs, or the fewer of both."""
+    """The iterations to train: ``max_iter``, ``max_epochs`` epochs, or the fewer of both.
+    Warns when ``max_epochs`` stops a run before ``max_iter``: the Hugging Face
+    Trainer's ``max_steps`` overrides its epochs."""
     if max_iter is None and max_epochs is None:
         raise ValueError("Give max_iter or max_epochs (or both: training stops at whichever comes first)")
     lengths = [max_iter] if max_iter is not None else []
@@ -192,6 +194,12 @@ def run_length(max_iter: Optional[int], max_epochs: Optional[int], epoch_length:
         if epoch_length is None:
             raise ValueError("max_epochs needs data with a length; this train_loader has none, so give max_iter")
         lengths.append(max_epochs * epoch_length)
+    if max_iter is not None and min(lengths) < max_iter:
+        logger.warning(
+            "max_iter=%d is not reached: max_epochs=%d stops training after %d iterations (whichever comes first); "
+            "leave max_epochs out to train max_iter iterations (Hugging Face's max_steps)",
+            max_iter, max_epochs, min(lengths),
+        )
     return min(lengths)
 
 

@@ -418,7 +418,7 @@ SETTINGS: Tuple[Setting, ...] = (
     _shared("checkpoint_period", "checkpointer.period",
             Need("output_dir", _OUTPUT_DIR, "checkpoint_period={value} saves checkpoints, and " + _NOT_WRITTEN,
                  refuse=False),
-            default=None, doc="None: every epoch (Hezar's save_steps)."),
+            default=None, doc="None: every epoch (Hezar's default)."),
     _shared("max_to_keep", "checkpointer.max_to_keep",
             Need("output_dir", _OUTPUT_DIR, "max_to_keep={value} keeps periodic checkpoints, and " + _NOT_WRITTEN,
                  refuse=False),
