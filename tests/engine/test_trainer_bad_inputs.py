@@ -235,7 +235,7 @@ def test_resuming_an_optimizer_with_other_parameter_groups_is_one_line_naming_th
 
 # ---------------------------------------------------------------------- what a seed's user writes by mistake
 @pytest.mark.parametrize("name", ["train_loader", "eval_loader"])
-@pytest.mark.parametrize("path", ["data/test.csv", b"data/test.csv"])
+@pytest.mark.parametrize("path", ["data/test.csv", b"data/test.csv"], ids=["str", "bytes"])
 def test_a_path_given_as_data_is_refused_naming_the_setting_before_anything_is_written(name, path, tmp_path):
     out = tmp_path / "run"
     with pytest.raises(TypeError) as raised:

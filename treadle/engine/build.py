@@ -75,8 +75,10 @@ def resolve_scheduler(
     gives the configs' (see ``build_lr_multiplier``).
 
     Raises:
-        ValueError: an unknown name or option, or a torch scheduler built on
-            another optimizer than ``optimizer`` (its rates would never reach training).
+        ValueError: an unknown name or option, a torch scheduler built on
+            another optimizer than ``optimizer`` (its rates would never reach training),
+            or a torch scheduler's class that needs more than the optimizer
+            (``StepLR``: ``max_iter`` would be its ``step_size``).
     """
     # The warning about a warm-up longer than the run names this argument
     # (also Trainer's), not the config key build_lr_multiplier names by default.

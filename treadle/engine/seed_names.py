@@ -163,7 +163,8 @@ OVERRIDE_POINTS: Tuple[OverridePoint, ...] = (
     _refused("_clip_gradients", ACCELERATED, "give clip_grad_norm= or clip_grad_value="),
     # ------------------------------------------------------------ Hezar
     _called("compute_loss", HEZAR, "compute_loss(batch) -> loss (treadle's) or Hezar's compute_loss(outputs, "
-            "labels) -> loss, told apart by their parameters: every batch's loss, in training and evaluation"),
+            "labels) -> loss, told apart by their parameters: every batch's loss, in training and evaluation; Hezar's "
+            "gets a dict batch's labels, and the model the other keys (model(**inputs)), as Hezar calls them"),
     _called("training_step", HEZAR, "training_step(batch) -> loss: every training batch's forward and backward "
             "(Hezar's); a training_step that runs its own backward of the whole loss has the micro-batches' "
             "gradients averaged under grad_accum_steps, as Hezar's accelerator.backward does; Lightning's "
