@@ -475,6 +475,38 @@ def test_hezars_compute_loss_of_outputs_and_labels_is_the_loss():
     assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), by_hand.parameters()))
 
 
+def test_hezars_compute_loss_gets_the_labels_and_the_model_the_other_keys_of_a_dict_batch():
+    # Hezar's loop: outputs = model(**inputs); loss = compute_loss(logits, labels); no loss_fn.
+    class HezarLoss(Trainer):
+        def compute_loss(self, logits, labels):
+            return nn.functional.cross_entropy(logits, labels)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = mlp()
+
+        def forward(self, pixel_values):  # takes no labels
+            return self.body(pixel_values)
+
+    def dicts():
+        return DataLoader([{"pixel_values": x, "labels": y} for x, y in loader()], batch_size=None)
+
+    torch.manual_seed(0)
+    trainer = HezarLoss(Net(), "sgd", dicts(), lr=0.1, eval_loader=dicts(), max_iter=4, progress_bar=False)
+    trainer.train()
+    by_hand = mlp()
+    optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.1)
+    for x, y in loader():
+        optimizer.zero_grad()
+        CE(by_hand(x), y).backward()
+        optimizer.step()
+    assert all(torch.equal(p, q) for p, q in zip(trainer.model.body.parameters(), by_hand.parameters()))
+    with torch.no_grad():
+        expected = sum(CE(by_hand(x), y, reduction="sum") for x, y in loader()) / 64
+    assert trainer.evaluate()["loss"] == pytest.approx(expected.item(), rel=1e-6)
+
+
 def test_hezars_training_step_with_its_own_backward_averages_the_accumulated_gradients_as_hezar():
     class OwnBackward(Trainer):
         def training_step(self, input_batch):

@@ -167,7 +167,7 @@ def test_init_weights_from_a_run_folder_is_refused_naming_its_last_checkpoint_as
                "as the output folder)")
     with pytest.raises(CheckpointError) as refused:
         trainer(output_dir=str(tmp_path / "second"), init_weights_from=str(first))
-    assert str(refused.value) == message
+    assert str(refused.value) == f"init_weights_from='{first}': " + message
     with pytest.raises(CheckpointError) as by_load_checkpoint:
         trainer().load_checkpoint(str(first))
     assert str(by_load_checkpoint.value) == message
@@ -231,3 +231,89 @@ def test_resuming_an_optimizer_with_other_parameter_groups_is_one_line_naming_th
     assert same_weights(other.model.state_dict(), untouched)  # refused before the weights were loaded
     with pytest.raises(CheckpointError, match=r"^The optimizer state \('optimizer'\) in '.*model_final.pth' has 2"):
         other.load_checkpoint(out / "model_final.pth")
+
+
+# ---------------------------------------------------------------------- what a seed's user writes by mistake
+@pytest.mark.parametrize("name", ["train_loader", "eval_loader"])
+@pytest.mark.parametrize("path", ["data/test.csv", b"data/test.csv"], ids=["str", "bytes"])
+def test_a_path_given_as_data_is_refused_naming_the_setting_before_anything_is_written(name, path, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(TypeError) as raised:
+        trainer(output_dir=str(out), batch_size=4, **{name: path})
+    assert str(raised.value) == (
+        f"{name}={path!r} is a {type(path).__name__}, not data: give a dataset (a torch Dataset, a list of samples) "
+        "or batches (a DataLoader); a file is read into a Dataset first")
+    assert not out.exists()
+
+
+def test_a_loss_class_is_refused_with_the_instance_to_give(tmp_path):
+    # qurious' Trainer(model, optimizer, loss_fn): the class where an instance goes.
+    out = tmp_path / "run"
+    with pytest.raises(ValueError) as raised:
+        Trainer(mlp(), "sgd", batches(), lr=0.1, loss_fn=nn.CrossEntropyLoss, max_iter=4, output_dir=str(out))
+    assert str(raised.value) == "loss_fn=nn.CrossEntropyLoss is a class: give an instance, loss_fn=nn.CrossEntropyLoss()"
+    assert not out.exists()
+
+
+def test_a_class_given_for_an_instance_is_refused_for_the_optimizer_and_a_metric():
+    with pytest.raises(TypeError) as raised:
+        trainer(optimizer=torch.optim.Adam)
+    assert str(raised.value) == ("optimizer=Adam is a class: give an instance, torch.optim.Adam(model.parameters(), "
+                                 "lr=...), or a name with lr= ('sgd', 'adam', 'adamw')")
+
+    class Accuracy(nn.Module):  # a torchmetrics-like class
+        pass
+
+    with pytest.raises(ValueError) as raised:
+        trainer(metrics=[Accuracy], eval_loader=batches(1))
+    assert str(raised.value) == "metrics: Accuracy is a class: give an instance, metrics=[Accuracy(...)]"
+
+
+def test_a_torch_scheduler_class_is_refused_rather_than_given_the_run_length_as_its_step_size(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(ValueError) as raised:
+        trainer(scheduler=torch.optim.lr_scheduler.StepLR, output_dir=str(out))
+    assert str(raised.value) == (
+        "scheduler=StepLR is a class, which would be called as StepLR(optimizer, max_iter) and make step_size the "
+        "run's length: give functools.partial(StepLR, step_size=...) or StepLR(optimizer, step_size=...)")
+    assert not out.exists()
+
+
+def test_the_scheduler_factories_documented_still_build_their_schedules():
+    import functools
+
+    partial = trainer(scheduler=functools.partial(torch.optim.lr_scheduler.StepLR, step_size=2, gamma=0.5))
+    lrs = []
+    partial.register_hooks([_LrRecorder(lrs)])
+    partial.train()
+    assert lrs == [0.1, 0.1, 0.05, 0.05]  # StepLR(step_size=2, gamma=0.5), stepped each iteration
+    # A class needing only the optimizer is a factory of it, with torch's defaults.
+    assert trainer(scheduler=torch.optim.lr_scheduler.ConstantLR).train() is not None
+
+
+class _LrRecorder(__import__("treadle.hooks", fromlist=["HookBase"]).HookBase):
+    def __init__(self, lrs):
+        self.lrs = lrs
+
+    def before_step(self):
+        self.lrs.append(self.trainer.optimizer.param_groups[0]["lr"])
+
+
+def test_a_hugging_face_compute_metrics_function_is_refused_saying_what_metrics_takes():
+    def compute_metrics(eval_pred):  # the Hugging Face Trainer's
+        return {"accuracy": 1.0}
+
+    with pytest.raises(ValueError) as raised:
+        trainer(metrics=compute_metrics, eval_loader=batches(1))
+    assert str(raised.value) == (
+        "metrics=compute_metrics is a function, which treadle does not call (Hugging Face's "
+        "compute_metrics(eval_pred)): give metric names (metrics=['accuracy', 'f1']), torchmetrics objects or "
+        "DatasetEvaluators; a function of your own is registered as a metric (register_metric, docs/evaluation.md)")
+
+
+def test_a_missing_init_weights_from_file_is_named_as_the_setting(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(CheckpointError) as raised:
+        trainer(init_weights_from="nope.pth", output_dir=str(out))
+    assert str(raised.value) == "init_weights_from='nope.pth': Checkpoint file 'nope.pth' does not exist."
+    assert not out.exists()

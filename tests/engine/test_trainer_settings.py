@@ -549,3 +549,19 @@ def test_a_warning_of_the_checks_reaches_log_txt(tmp_path):
     trainer.train()
     log = (tmp_path / "log.txt").read_text()
     assert "WARNING: dist_timeout=60 bounds what several processes wait for each other; this is one process" in log
+
+
+def test_max_epochs_stopping_before_max_iter_is_warned_about_as_hugging_faces_max_steps_overrides_epochs(
+        treadle_caplog):
+    # TrainingArguments(max_steps=40, num_train_epochs=3): 40 updates there, 3 epochs of 5 here.
+    data = torch.utils.data.TensorDataset(torch.randn(10, 3), torch.randn(10, 1))
+    trainer = Trainer(nn.Linear(3, 1), "adamw", data, lr=0.01, batch_size=2, max_iter=40, max_epochs=3,
+                      loss_fn=nn.MSELoss(), device="cpu", progress_bar=False)
+    assert trainer.max_iter == 15
+    assert warnings_of(treadle_caplog) == [
+        "max_iter=40 is not reached: max_epochs=3 stops training after 15 iterations (whichever comes first); leave "
+        "max_epochs out to train max_iter iterations (Hugging Face's max_steps)"]
+    treadle_caplog.clear()
+    Trainer(nn.Linear(3, 1), "adamw", data, lr=0.01, batch_size=2, max_iter=10, max_epochs=3, loss_fn=nn.MSELoss(),
+            device="cpu", progress_bar=False)
+    assert warnings_of(treadle_caplog) == []  # max_iter stops first, as Hugging Face's max_steps

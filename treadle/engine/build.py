@@ -6,6 +6,7 @@ Shared by the plain :class:`~treadle.engine.Trainer` and the config-driven
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Mapping, Sized
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
@@ -74,8 +75,10 @@ def resolve_scheduler(
     gives the configs' (see ``build_lr_multiplier``).
 
     Raises:
-        ValueError: an unknown name or option, or a torch scheduler built on
-            another optimizer than ``optimizer`` (its rates would never reach training).
+        ValueError: an unknown name or option, a torch scheduler built on
+            another optimizer than ``optimizer`` (its rates would never reach training),
+            or a torch scheduler's class whose second parameter is not a run
+            length (``StepLR``: ``max_iter`` would be its ``step_size``).
     """
     # The warning about a warm-up longer than the run names this argument
     # (also Trainer's), not the config key build_lr_multiplier names by default.
@@ -106,6 +109,8 @@ def resolve_scheduler(
                 "(scheduler=lambda optimizer: ...) or a name"
             )
         return scheduler
+    if isinstance(scheduler, type) and issubclass(scheduler, torch.optim.lr_scheduler.LRScheduler):
+        _check_scheduler_class(scheduler)
     if callable(scheduler):
         built = scheduler(optimizer, max_iter) if required_positional(scheduler) >= 2 else scheduler(optimizer)
         if not isinstance(built, (ParamScheduler, torch.optim.lr_scheduler.LRScheduler)):
@@ -114,6 +119,26 @@ def resolve_scheduler(
             )
         return built
     raise TypeError(f"scheduler must be a name, a scheduler or a factory, got {type(scheduler).__name__}")
+
+
+# The parameters of torch's schedulers that are a run's length: max_iter is theirs (CosineAnnealingLR's T_max).
+_RUN_LENGTHS = ("T_max", "total_iters", "total_steps")
+
+
+def _check_scheduler_class(cls: type) -> None:
+    """Refuses a torch scheduler's class whose second required parameter (StepLR's ``step_size``) a factory's
+    call would fill with the run's length: ``scheduler=StepLR`` is not ``StepLR(optimizer, max_iter)``;
+    ``scheduler=CosineAnnealingLR`` is ``CosineAnnealingLR(optimizer, T_max=max_iter)``."""
+    if required_positional(cls) < 2:
+        return  # called with the optimizer alone, its options at torch's defaults
+    second = [p.name for p in inspect.signature(cls).parameters.values()][1]
+    if second in _RUN_LENGTHS:
+        return
+    raise ValueError(
+        f"scheduler={cls.__name__} is a class, which would be called as {cls.__name__}(optimizer, max_iter) and "
+        f"make {second} the run's length: give functools.partial({cls.__name__}, {second}=...) or "
+        f"{cls.__name__}(optimizer, {second}=...)"
+    )
 
 
 def _check_schedule_options(name: str, options: Dict[str, Any]) -> None:

@@ -163,7 +163,8 @@ OVERRIDE_POINTS: Tuple[OverridePoint, ...] = (
     _refused("_clip_gradients", ACCELERATED, "give clip_grad_norm= or clip_grad_value="),
     # ------------------------------------------------------------ Hezar
     _called("compute_loss", HEZAR, "compute_loss(batch) -> loss (treadle's) or Hezar's compute_loss(outputs, "
-            "labels) -> loss, told apart by their parameters: every batch's loss, in training and evaluation"),
+            "labels) -> loss, told apart by their parameters: every batch's loss, in training and evaluation; Hezar's "
+            "gets a dict batch's labels, and the model the other keys (model(**inputs)), as Hezar calls them"),
     _called("training_step", HEZAR, "training_step(batch) -> loss: every training batch's forward and backward "
             "(Hezar's); a training_step that runs its own backward of the whole loss has the micro-batches' "
             "gradients averaged under grad_accum_steps, as Hezar's accelerator.backward does; Lightning's "
@@ -402,7 +403,9 @@ SEED_SETTINGS: Tuple[SeedSetting, ...] = (
     _S(HEZAR, "metrics", "metrics", "('cer', {'decode': ..., 'decode_targets': ...}): the decoder is Hezar's "
        "preprocessor's job there; 'seqeval' reads the model's config.id2label"),
     _S(HEZAR, "metric_for_best_model", "best_metric", "'evaluation.cer' and 'eval/cer' are accepted for 'cer'"),
-    _S(HEZAR, "save_steps", "checkpoint_period"),
+    _S(HEZAR, "save_steps", "checkpoint_period", "every checkpoint_period iterations only, where Hezar saves at "
+       "each epoch's end too: leave it out to save each epoch (Hezar's save_steps=None or 0; 0 here saves none), or "
+       "give a divisor of an epoch's iterations (its batches // grad_accum_steps) to have both"),
     _S(HEZAR, "log_steps", "log_period"),
     _S(HEZAR, "checkpoints_dir", "checkpoints_dir"),
     _S(HEZAR, "logs_dir", "logs_dir"),
@@ -431,7 +434,8 @@ SEED_SETTINGS: Tuple[SeedSetting, ...] = (
     _S(QURIOUS, "eval_dataloader", "eval_loader"),
     _S(QURIOUS, "save_dir", "output_dir"),
     _S(QURIOUS, "save_freq", "checkpoint_period", "counted in iterations; by default one epoch"),
-    _S(QURIOUS, "best_model_metric", "best_metric", "model_best.pth in output_dir"),
+    _S(QURIOUS, "best_model_metric", "best_metric", "model_best.pth in output_dir, written only when best_metric "
+       "is given: qurious saves the best model by 'eval_loss' without it; best_metric='eval_loss' does so"),
     _S(QURIOUS, "early_stopping_patience", "early_stopping_patience"),
     _S(QURIOUS, "callbacks", "callbacks", "fn(trainer, epoch, metrics), as qurious calls them"),
     _S(QURIOUS, "config.training.max_grad_norm", "clip_grad_norm"),
@@ -446,7 +450,9 @@ SEED_SETTINGS: Tuple[SeedSetting, ...] = (
     _S(HUGGING_FACE, "output_dir", "output_dir"),
     _S(HUGGING_FACE, "seed", "seed"),
     _S(HUGGING_FACE, "num_train_epochs", "max_epochs"),
-    _S(HUGGING_FACE, "max_steps", "max_iter"),
+    _S(HUGGING_FACE, "max_steps", "max_iter", "with max_epochs, training stops at whichever comes first (a "
+       "warning says when max_epochs does), where Hugging Face's max_steps overrides num_train_epochs: leave "
+       "max_epochs out"),
     _S(HUGGING_FACE, "per_device_train_batch_size", "batch_size", "total_batch_size= is the batch over all "
        "processes"),
     _S(HUGGING_FACE, "per_device_eval_batch_size", "eval_batch_size"),

@@ -108,15 +108,18 @@ class SeedOverrides:
     # ------------------------------------------------------------------ qurious
     def _prepare_batch(self, batch: Any) -> Tuple[Any, Any]:
         """qurious': ``batch`` on the device, as ``(inputs, targets)``. With a
-        ``loss_fn``: the pair's items, or a dict's other keys and its
-        ``"labels"``; without one the model takes the whole batch, and the
-        targets are a dict's ``"labels"`` (or None)."""
+        ``loss_fn`` or Hezar's ``compute_loss(logits, labels)`` (a loss of the
+        outputs and the targets): the pair's items, or a dict's other keys and
+        its ``"labels"``, as Hezar calls the model (``model(**inputs)``);
+        without either the model takes the whole batch, and the targets are a
+        dict's ``"labels"`` (or None)."""
         batch = move_to_device(batch, self.device)
+        separate = self.loss_fn is not None or self._hezar_compute_loss
         if isinstance(batch, abc.Mapping):
-            if self.loss_fn is None:
+            if not separate:
                 return batch, batch.get(TARGET_KEY)
             return {k: v for k, v in batch.items() if k != TARGET_KEY}, batch[TARGET_KEY]
-        if self.loss_fn is not None and isinstance(batch, (tuple, list)) and len(batch) == 2:
+        if separate and isinstance(batch, (tuple, list)) and len(batch) == 2:
             return batch[0], batch[1]
         return batch, None
 

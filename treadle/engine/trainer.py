@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Seq
 import torch
 from torch import nn
 
-from treadle.checkpoint import Checkpointer, unwrap_model
+from treadle.checkpoint import CheckpointError, Checkpointer, unwrap_model
 from treadle.checkpoint import init_weights_from as load_matching_weights
 from treadle.config.rules import path as path_rule
 from treadle.events import EventWriter, get_default_writers
@@ -260,7 +260,10 @@ class Trainer(SeedOverrides, TrainerBase):
         """``model`` on the device, with ``init_weights_from``'s weights, wrapped on several processes."""
         model.to(self.device)
         if s.init_weights_from:
-            load_matching_weights(model, s.init_weights_from)
+            try:
+                load_matching_weights(model, s.init_weights_from)
+            except CheckpointError as e:  # the checkpoint's words name the file; the setting is said too
+                raise type(e)(f"init_weights_from={s.init_weights_from!r}: {e}") from None
         kind, options = wrapper_of(s.ddp)
         return wrap_model(model, kind, setting="ddp", **options)
 

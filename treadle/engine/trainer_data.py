@@ -63,6 +63,9 @@ def data_kind(data: Any, name: str = "train_loader") -> str:
     docstring); ``name`` is the argument a ``TypeError`` names."""
     if data is None:
         return "none"
+    if isinstance(data, (str, bytes)):  # iterable, so it would pass as samples and fail at the first batch
+        raise TypeError(f"{name}={data!r} is a {type(data).__name__}, not data: give a dataset (a torch Dataset, a "
+                        "list of samples) or batches (a DataLoader); a file is read into a Dataset first")
     # An object with __getitem__ alone is iterable too (Python's sequence protocol).
     if not (hasattr(data, "__iter__") or hasattr(type(data), "__getitem__")):
         raise TypeError(f"{name} must be an iterable of batches or a dataset, got {type(data).__name__}")
@@ -107,7 +110,7 @@ def check_batch_sizes(train: Any, evaluation: Any, batch_size: Optional[int], to
             f"train_loader is {_what(train)}: give batch_size=... (per process) or total_batch_size=... (over all "
             "processes) to batch it" + _READY_BATCHES
         )
-    if data_kind(evaluation) == "dataset" and not (eval_batch_size or batch_size or total_batch_size):
+    if data_kind(evaluation, "eval_loader") == "dataset" and not (eval_batch_size or batch_size or total_batch_size):
         raise ValueError(f"eval_loader is {_what(evaluation)}: give eval_batch_size=... (or batch_size) to batch it"
                          + _READY_BATCHES)
 
@@ -181,7 +184,9 @@ def per_process(loader: Any, *, train: bool, seed: Optional[int] = None) -> Any:
 
 
 def run_length(max_iter: Optional[int], max_epochs: Optional[int], epoch_length: Optional[int]) -> int:
-    """The iterations to train: ``max_iter``, ``max_epochs`` epochs, or the fewer of both."""
+    """The iterations to train: ``max_iter``, ``max_epochs`` epochs, or the fewer of both.
+    Warns when ``max_epochs`` stops a run before ``max_iter``: the Hugging Face
+    Trainer's ``max_steps`` overrides its epochs."""
     if max_iter is None and max_epochs is None:
         raise ValueError("Give max_iter or max_epochs (or both: training stops at whichever comes first)")
     lengths = [max_iter] if max_iter is not None else []
@@ -189,6 +194,12 @@ def run_length(max_iter: Optional[int], max_epochs: Optional[int], epoch_length:
         if epoch_length is None:
             raise ValueError("max_epochs needs data with a length; this train_loader has none, so give max_iter")
         lengths.append(max_epochs * epoch_length)
+    if max_iter is not None and min(lengths) < max_iter:
+        logger.warning(
+            "max_iter=%d is not reached: max_epochs=%d stops training after %d iterations (whichever comes first); "
+            "leave max_epochs out to train max_iter iterations (Hugging Face's max_steps)",
+            max_iter, max_epochs, min(lengths),
+        )
     return min(lengths)
 
 

@@ -154,6 +154,35 @@ def _sequence(key: str, value: Any) -> None:
         raise ConfigError(f"{key} must be a list, got {shown(value)}")
 
 
+def _as_code(cls: type) -> str:
+    """How a user's code names ``cls``: ``nn.CrossEntropyLoss`` for torch's modules."""
+    return f"nn.{cls.__name__}" if cls.__module__.startswith("torch.nn.") else cls.__name__
+
+
+def _loss_fn(key: str, value: Any) -> None:
+    """A loss module's class, which would be called as ``CrossEntropyLoss(outputs, targets)``
+    (its constructor) and fail at the first iteration, is refused."""
+    from torch import nn
+
+    if isinstance(value, type) and issubclass(value, nn.Module):
+        raise ConfigError(f"{key}={_as_code(value)} is a class: give an instance, {key}={_as_code(value)}()")
+
+
+def _metrics(key: str, value: Any) -> None:
+    """A list; a function (the Hugging Face ``compute_metrics``) and a metric's class are pointed to what
+    evaluation takes."""
+    if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
+        raise ConfigError(
+            f"{key}={getattr(value, '__name__', 'partial')} is a function, which treadle does not call (Hugging Face's "
+            "compute_metrics(eval_pred)): give metric names (metrics=['accuracy', 'f1']), torchmetrics objects or "
+            "DatasetEvaluators; a function of your own is registered as a metric (register_metric, docs/evaluation.md)"
+        )
+    _sequence(key, value)
+    for metric in value:
+        if isinstance(metric, type):
+            raise ConfigError(f"{key}: {metric.__name__} is a class: give an instance, {key}=[{metric.__name__}(...)]")
+
+
 def _hooks(key: str, value: Any) -> None:
     """Each entry a hook instance; a callback (a function, an object with
     on_* events) is pointed to ``callbacks=``."""
@@ -286,10 +315,10 @@ def _shared(name: str, train_key: str, *needs: Need, default: Any = dataclasses.
 #: Every argument of ``Trainer`` after ``model, optimizer, train_loader``, in
 #: the order of its signature.
 SETTINGS: Tuple[Setting, ...] = (
-    _shared("loss_fn", "step.loss_fn", doc="Hugging Face's rule for dict batches; a subclass may override "
+    _shared("loss_fn", "step.loss_fn", rule=_loss_fn, doc="Hugging Face's rule for dict batches; a subclass may override "
             "compute_loss instead."),
     _row("eval_loader", None, None, "What evaluation reads: batches, or a dataset batched by eval_batch_size."),
-    _row("metrics", (), _sequence, "What evaluation computes (default ['loss']): metric names, (name, options), "
+    _row("metrics", (), _metrics, "What evaluation computes (default ['loss']): metric names, (name, options), "
          "torchmetrics objects or DatasetEvaluators; also what evaluate(loader) computes.",
          Need("an evaluation set", lambda s, v: s.eval != "none",
               "metrics={value} are computed by evaluation, and no eval_loader is given: they act only in "
@@ -389,7 +418,7 @@ SETTINGS: Tuple[Setting, ...] = (
     _shared("checkpoint_period", "checkpointer.period",
             Need("output_dir", _OUTPUT_DIR, "checkpoint_period={value} saves checkpoints, and " + _NOT_WRITTEN,
                  refuse=False),
-            default=None, doc="None: every epoch (Hezar's save_steps)."),
+            default=None, doc="None: every epoch (Hezar's default)."),
     _shared("max_to_keep", "checkpointer.max_to_keep",
             Need("output_dir", _OUTPUT_DIR, "max_to_keep={value} keeps periodic checkpoints, and " + _NOT_WRITTEN,
                  refuse=False),
@@ -538,6 +567,11 @@ def situation_of(model: Any, optimizer: Any, train_loader: Any, values: Mapping[
         isinstance(optimizer, tuple) and len(optimizer) == 2 and isinstance(optimizer[0], str)
         and isinstance(optimizer[1], Mapping)
     )
+    if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
+        name = optimizer.__name__
+        where = "torch.optim." if optimizer.__module__.startswith("torch.optim") else ""
+        raise TypeError(f"optimizer={name} is a class: give an instance, {where}{name}(model.parameters(), "
+                        f"lr=...), or a name with lr= ('sgd', 'adam', 'adamw')")
     if not named and not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch optimizer, a name or (name, options), got {optimizer!r}")
     scheduler = values["scheduler"]
