@@ -156,6 +156,18 @@ class TrainerBase:
             self._stop_reason = reason
             self.interrupted = interrupted
 
+    def plan_periods_again(self) -> None:
+        """Asks every hook's periods again, from the iteration being run on.
+
+        For a hook whose period changes during training: a
+        :class:`~treadle.hooks.PreemptionHandler` on one process is due at
+        no iteration until its signal comes, then at every one (its signal
+        handler calls this), so that reading its flag costs the loop nothing
+        per iteration. Outside the loop it does nothing: the loop asks the
+        periods when it starts."""
+        if self._loop_started is not None:
+            self._table.plan_periods(self.iter, self.max_iter)
+
     @property
     def last_run_iter(self) -> int:
         """The last iteration whose step ran (what a checkpoint records); -1 before any."""

@@ -47,7 +47,10 @@ class PreemptionHandler(HookBase):
     With several processes, the ranks agree on the stop every
     ``sync_period`` iterations with one small collective, so that they all
     stop at the same iteration even when the signal reaches them at
-    different times. In a single process the flag is read every iteration.
+    different times. In a single process the hook is due at no iteration
+    until the signal comes, then the loop is asked to plan its periods again
+    (:meth:`~treadle.engine.TrainerBase.plan_periods_again`): nothing is read
+    per iteration.
 
     When torchrun ends a group because one of its processes died, the
     survivors get SIGTERM too, but no checkpoint can be agreed with a dead
@@ -105,6 +108,11 @@ class PreemptionHandler(HookBase):
             # runs; the trainer still runs the other hooks' after_train.
             raise SystemExit(self.exit_code)
         self._received = signum
+        if self._world_size == 1:
+            # Due at every iteration from now on (after_iteration_period): the
+            # loop is asked for its plan again, here rather than by a flag read
+            # at each iteration.
+            self.trainer.plan_periods_again()
 
     def before_train(self) -> None:
         self._checkpointer = trainer_checkpointer(self, self._checkpointer)
@@ -119,11 +127,14 @@ class PreemptionHandler(HookBase):
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def after_iteration_period(self) -> Optional[int]:
-        # One process reads its flag every iteration; several agree every
+        # One process: at no iteration until its signal came, then at every
+        # one (_handle asks the loop to plan again). Several agree every
         # sync_period, and at the last iteration (runs_at_last_iteration): a
         # signal in the last partial period must stop the run before its
         # (long) end, not be lost.
-        return None if self._world_size == 1 else self._sync_period
+        if self._world_size == 1:
+            return None if self._received is not None else 0
+        return self._sync_period
 
     def _should_stop(self) -> bool:
         if self._world_size == 1:
