@@ -34,6 +34,8 @@ LOADERS = {
     "shuffled, seeded generator": lambda: DataLoader(dataset(), batch_size=2, shuffle=True,
                                                      generator=torch.Generator().manual_seed(0)),
     "shuffled, global generator": lambda: DataLoader(dataset(), batch_size=2, shuffle=True),
+    "shuffled, 2 workers": lambda: DataLoader(dataset(), batch_size=2, shuffle=True, num_workers=2,
+                                              generator=torch.Generator().manual_seed(0)),
 }
 
 
@@ -98,7 +100,7 @@ class Stream(IterableDataset):
 
 
 @pytest.mark.parametrize("make_loader, why", [
-    (lambda: DataLoader(dataset(), batch_size=2, sampler=EveryOtherFirst(10)), "its sampler, EveryOtherFirst, is not one of torch's"),
+    (lambda: DataLoader(dataset(), batch_size=2, sampler=EveryOtherFirst(10)), "treadle cannot restore the order of its sampler, EveryOtherFirst"),
     (lambda: DataLoader(Stream(), batch_size=2), "its dataset is an IterableDataset"),
 ])
 def test_a_dataloader_whose_order_cannot_be_restored_is_named_in_one_line_at_resume(make_loader, why, tmp_path,

@@ -52,12 +52,12 @@ def why_not_restorable(loader: Any) -> Optional[str]:
     if isinstance(loader.dataset, IterableDataset):
         return "its dataset is an IterableDataset"
     if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
-        return f"its batch_sampler, {type(loader.batch_sampler).__name__}, is not torch's BatchSampler"
+        return f"treadle cannot restore the order of its batch_sampler, {type(loader.batch_sampler).__name__}"
     sampler = _sampler(loader)
     if type(sampler) is SequentialSampler:
         return None
     if type(sampler) not in _RANDOM_SAMPLERS:
-        return f"its sampler, {type(sampler).__name__}, is not one of torch's"
+        return f"treadle cannot restore the order of its sampler, {type(sampler).__name__}"
     if loader.num_workers > 0 and loader.persistent_workers:
         return "it shuffles with persistent_workers=True"
     if loader.num_workers > 0 and not getattr(loader, "in_order", True):
