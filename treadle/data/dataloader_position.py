@@ -19,7 +19,7 @@ is None, and the resume says so (``EagerStep``).
 
 from __future__ import annotations
 
-from typing import Any, Iterator, List, Optional
+from typing import Any, Iterator, List, Optional, Sequence, cast
 
 import torch
 from torch.utils.data import (
@@ -32,7 +32,7 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
-__all__ = ["order_generators", "generator_states", "restore_pass", "why_not_restorable"]
+__all__ = ["order_generators", "generator_states", "restore_pass", "why_not_restorable", "why_cannot_restore"]
 
 # torch's samplers whose order depends on nothing but their generator.
 _RANDOM_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
@@ -41,7 +41,7 @@ _RANDOM_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
 def _sampler(loader: DataLoader) -> Any:
     """The sampler of the indices: under the batch sampler, or the loader's own
     (``batch_size=None``)."""
-    return loader.batch_sampler.sampler if loader.batch_sampler is not None else loader.sampler
+    return cast(Any, loader.batch_sampler).sampler if loader.batch_sampler is not None else loader.sampler
 
 
 def why_not_restorable(loader: Any) -> Optional[str]:
@@ -53,6 +53,8 @@ def why_not_restorable(loader: Any) -> Optional[str]:
         return "its dataset is an IterableDataset"
     if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
         return f"treadle cannot restore the order of its batch_sampler, {type(loader.batch_sampler).__name__}"
+    if loader.num_workers > 0 and not getattr(loader, "in_order", True):
+        return "its workers give batches out of order (in_order=False)"
     sampler = _sampler(loader)
     if type(sampler) is SequentialSampler:
         return None
@@ -60,8 +62,6 @@ def why_not_restorable(loader: Any) -> Optional[str]:
         return f"treadle cannot restore the order of its sampler, {type(sampler).__name__}"
     if loader.num_workers > 0 and loader.persistent_workers:
         return "it shuffles with persistent_workers=True"
-    if loader.num_workers > 0 and not getattr(loader, "in_order", True):
-        return "it shuffles with in_order=False"
     return None
 
 
@@ -84,21 +84,39 @@ def generator_states(generators: List[torch.Generator]) -> List[torch.Tensor]:
     return [g.get_state() for g in generators]
 
 
-def restore_pass(loader: DataLoader, states: List[torch.Tensor], batches: int) -> Optional[Iterator[Any]]:
+def why_cannot_restore(loader: Any, states: Optional[Sequence[torch.Tensor]], batches: int) -> Optional[str]:
+    """Why ``loader`` cannot be put back ``batches`` batches into the pass that
+    began with the generator ``states`` a checkpoint holds, in a few words;
+    None when :func:`restore_pass` can."""
+    why = why_not_restorable(loader)
+    if why is not None:
+        return why
+    if len(states or ()) != len(order_generators(loader) or ()):
+        return "the checkpoint does not hold its order"
+    if batches >= len(loader):
+        return f"it has {len(loader)} batches now"
+    return None
+
+
+def restore_pass(loader: DataLoader, states: Sequence[torch.Tensor], batches: int) -> Optional[Iterator[Any]]:
     """Puts ``loader`` back ``batches`` batches into the pass that began with
     the generator ``states`` (:func:`generator_states`): the pass started
     again from them, its first ``batches`` batches read and dropped, and the
     pass's iterator returned; None for ``batches=0``, a pass not started,
     whose first batch the next ``iter(loader)`` gives. The loader's own
     generators go on from there as in the pass; the global one is left as
-    it was, since the checkpoint's random state is the training loop's."""
-    generators = order_generators(loader)
-    if generators is None or len(generators) != len(states):
-        raise ValueError(f"restore_pass: the loader's order cannot be restored from {len(states)} generator state(s)")
+    it was, since the checkpoint's random state is the training loop's.
+
+    Raises:
+        ValueError: where :func:`why_cannot_restore` says why not.
+    """
+    why = why_cannot_restore(loader, states, batches)
+    if why is not None:
+        raise ValueError(f"restore_pass: the DataLoader cannot be put back at batch {batches}: {why}")
     global_state = torch.default_generator.get_state()
     iterator = None
     try:
-        for generator, state in zip(generators, states):
+        for generator, state in zip(order_generators(loader) or (), states):
             generator.set_state(state)
         if batches:
             iterator = iter(loader)

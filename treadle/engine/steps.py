@@ -21,7 +21,7 @@ from torch import nn
 from treadle.checkpoint.fsdp import is_fsdp_model
 from treadle.config.rules import is_number
 from treadle.config.train_keys import PRECISIONS
-from treadle.data.dataloader_position import generator_states, order_generators, restore_pass, why_not_restorable
+from treadle.data.dataloader_position import generator_states, order_generators, restore_pass, why_cannot_restore
 from treadle.evaluation.loss import LOSS_FN, MODEL, as_losses, forward_loss, loss_source
 from treadle.events import ScalarKind, get_event_storage
 from treadle.events.storage import EventStorage
@@ -411,17 +411,18 @@ class EagerStep(StepBase):
         """Where a torch ``DataLoader`` is: ``epoch`` (its pass, from 0), ``batch``
         (those taken in it) and, where its order can be restored, the states
         of its generators when the pass began (:mod:`treadle.data.dataloader_position`)."""
-        if not isinstance(self.data_loader, torch.utils.data.DataLoader):
+        loader, iterator = self.data_loader, self._data_iter
+        if not isinstance(loader, torch.utils.data.DataLoader):
             return None
-        taken = dataloader_batches_taken(self._data_iter) if self._data_iter is not None else 0
+        taken = dataloader_batches_taken(iterator) if iterator is not None else 0
         if taken is None:
             return None
-        generators = order_generators(self.data_loader)
-        if generators is not None and taken and taken == len(self.data_loader):
+        generators = order_generators(loader)
+        if generators is not None and iterator is not None and taken == len(loader):
             # A pass read to its end is ended here, which draws what its end draws (RandomSampler's
             # generator), so that what is saved is where the next pass starts: else a resume would
             # read a whole pass again to get there.
-            next(self._data_iter, None)  # type: ignore[call-overload]
+            next(iterator, None)
             self._data_iter, self._passes, taken = None, self._passes + 1, 0
         state: Dict[str, Any] = {"epoch": self._passes, "batch": taken}
         if generators is not None:
@@ -432,13 +433,9 @@ class EagerStep(StepBase):
         """Puts a torch ``DataLoader`` back where the checkpoint's ``data_pass``
         says it was, at resume (reading the batches of the pass already trained
         once); where its order cannot be restored, says so in one line."""
-        self._passes, taken, states = int(saved["epoch"]), int(saved["batch"]), saved.get("generators")
-        generators = order_generators(self.data_loader)
-        why = why_not_restorable(self.data_loader)
-        if why is None and (states is None or len(states) != len(generators)):  # type: ignore[arg-type]
-            why = "the checkpoint does not have its order"
-        if why is None and taken >= len(self.data_loader):
-            why = f"it has {len(self.data_loader)} batches now"
+        self._passes, taken = int(saved["epoch"]), int(saved["batch"])
+        states: List[torch.Tensor] = list(saved.get("generators") or ())
+        why = why_cannot_restore(self.data_loader, states, taken)
         if why is not None:
             if taken:
                 where = f"iteration {self.trainer.iter + 1}, " if self.trainer is not None else ""
@@ -451,8 +448,8 @@ class EagerStep(StepBase):
         if taken:
             logger.info("Resuming the DataLoader at batch %d of epoch %d: reading the %d batches before it",
                         taken, self._passes, taken)
-        self._data_iter = restore_pass(self.data_loader, states, taken)  # type: ignore[arg-type]
-        self._pass_start = list(states)  # type: ignore[arg-type]
+        self._data_iter = restore_pass(cast(torch.utils.data.DataLoader, self.data_loader), states, taken)
+        self._pass_start = states
 
     def _to_device(self, batch: Any) -> Any:
         # A CPU model takes the batch as it is: walking it costs microseconds.
