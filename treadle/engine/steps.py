@@ -125,7 +125,9 @@ class EagerStep(StepBase):
         model: the module to train; its mode must be ``train``.
         data_loader: any iterable of batches; iterated forever (re-iterated
             when exhausted). A loader with ``state_dict``/``load_state_dict``
-            (``treadle.data.build_train_loader``) makes resume exact.
+            (``treadle.data.build_train_loader``) makes resume exact; a torch
+            ``DataLoader`` is put back inside its pass where its order can
+            be restored (:mod:`treadle.data.dataloader_position`).
         optimizer: any ``torch.optim.Optimizer``.
         loss_fn: see the loss contract.
         grad_accum_steps: micro-batches per optimizer update.
@@ -388,24 +390,24 @@ class EagerStep(StepBase):
         training). For a subclass's own ``run_step`` (LiBai's and
         detectron2's ``next(self._data_loader_iter)``)."""
         if self._data_iter is None:
-            self._start_pass()
+            self._data_iter = self._start_pass()
         try:
-            batch = next(self._data_iter)  # type: ignore[arg-type]
+            batch = next(self._data_iter)
         except StopIteration:
             self._passes += 1
-            self._start_pass()
+            self._data_iter = self._start_pass()
             try:
-                batch = next(self._data_iter)  # type: ignore[arg-type]
+                batch = next(self._data_iter)
             except StopIteration:
                 raise RuntimeError("The training data loader yields no batches.") from None
         return self._to_device(batch)
 
-    def _start_pass(self) -> None:
+    def _start_pass(self) -> Iterator[Any]:
         """A new pass over ``data_loader``; once per pass, never per batch: the
         states its order comes from are recorded first, for a resume inside it."""
         generators = order_generators(self.data_loader)
         self._pass_start = generator_states(generators) if generators is not None else None
-        self._data_iter = iter(self.data_loader)
+        return iter(self.data_loader)
 
     def _data_pass_state(self) -> Optional[Dict[str, Any]]:
         """Where a torch ``DataLoader`` is: ``epoch`` (its pass, from 0), ``batch``
