@@ -21,12 +21,13 @@ from torch import nn
 from treadle.checkpoint.fsdp import is_fsdp_model
 from treadle.config.rules import is_number
 from treadle.config.train_keys import PRECISIONS
+from treadle.data.dataloader_position import generator_states, order_generators, restore_pass, why_cannot_restore
 from treadle.evaluation.loss import LOSS_FN, MODEL, as_losses, forward_loss, loss_source
 from treadle.events import ScalarKind, get_event_storage
 from treadle.events.storage import EventStorage
 from treadle.hooks.base import TrainerProtocol
 from treadle.utils.device import to_device
-from treadle.utils.torch_internals import dynamo_supported
+from treadle.utils.torch_internals import dataloader_batches_taken, dynamo_supported
 
 
 __all__ = ["StepBase", "EagerStep", "CompiledStep", "PRECISIONS"]
@@ -124,7 +125,9 @@ class EagerStep(StepBase):
         model: the module to train; its mode must be ``train``.
         data_loader: any iterable of batches; iterated forever (re-iterated
             when exhausted). A loader with ``state_dict``/``load_state_dict``
-            (``treadle.data.build_train_loader``) makes resume exact.
+            (``treadle.data.build_train_loader``) makes resume exact; a torch
+            ``DataLoader`` is put back inside its pass where its order can
+            be restored (:mod:`treadle.data.dataloader_position`).
         optimizer: any ``torch.optim.Optimizer``.
         loss_fn: see the loss contract.
         grad_accum_steps: micro-batches per optimizer update.
@@ -200,6 +203,10 @@ class EagerStep(StepBase):
         self.micro_batches = grad_accum_steps
         self._data_iter: Optional[Iterator[Any]] = None
         self._warned_no_data_state = False
+        # The pass over a torch DataLoader that _data_iter reads (0 for the first), and the
+        # states of the generators its order came from, for a resume inside it (data_pass).
+        self._passes = 0
+        self._pass_start: Optional[List[torch.Tensor]] = None
         # Whether the model is sharded by FSDP2, found at the first accumulated
         # step (fully_shard may be applied after the step is built).
         self._fsdp2: Optional[bool] = None
@@ -383,16 +390,68 @@ class EagerStep(StepBase):
         training). For a subclass's own ``run_step`` (LiBai's and
         detectron2's ``next(self._data_loader_iter)``)."""
         if self._data_iter is None:
-            self._data_iter = iter(self.data_loader)
+            self._data_iter = self._start_pass()
         try:
             batch = next(self._data_iter)
         except StopIteration:
-            self._data_iter = iter(self.data_loader)
+            self._passes += 1
+            self._data_iter = self._start_pass()
             try:
                 batch = next(self._data_iter)
             except StopIteration:
                 raise RuntimeError("The training data loader yields no batches.") from None
         return self._to_device(batch)
+
+    def _start_pass(self) -> Iterator[Any]:
+        """A new pass over ``data_loader``; once per pass, never per batch: the
+        states its order comes from are recorded first, for a resume inside it."""
+        generators = order_generators(self.data_loader)
+        self._pass_start = generator_states(generators) if generators is not None else None
+        return iter(self.data_loader)
+
+    def _data_pass_state(self) -> Optional[Dict[str, Any]]:
+        """Where a torch ``DataLoader`` is: ``epoch`` (its pass, from 0), ``batch``
+        (those taken in it) and, where its order can be restored, the states
+        of its generators when the pass began (:mod:`treadle.data.dataloader_position`)."""
+        loader, iterator = self.data_loader, self._data_iter
+        if not isinstance(loader, torch.utils.data.DataLoader):
+            return None
+        taken = dataloader_batches_taken(iterator) if iterator is not None else 0
+        if taken is None:
+            return None
+        generators = order_generators(loader)
+        if generators is not None and iterator is not None and taken == len(loader):
+            # A pass read to its end is ended here, which draws what its end draws (RandomSampler's
+            # generator), so that what is saved is where the next pass starts: else a resume would
+            # read a whole pass again to get there.
+            next(iterator, None)
+            self._data_iter, self._passes, taken = None, self._passes + 1, 0
+        state: Dict[str, Any] = {"epoch": self._passes, "batch": taken}
+        if generators is not None:
+            state["generators"] = self._pass_start if taken else generator_states(generators)
+        return state
+
+    def _continue_pass(self, saved: Dict[str, Any]) -> None:
+        """Puts a torch ``DataLoader`` back where the checkpoint's ``data_pass``
+        says it was, at resume (reading the batches of the pass already trained
+        once); where its order cannot be restored, says so in one line."""
+        self._passes, taken = int(saved["epoch"]), int(saved["batch"])
+        states: List[torch.Tensor] = list(saved.get("generators") or ())
+        why = why_cannot_restore(self.data_loader, states, taken)
+        if why is not None:
+            if taken:
+                where = f"iteration {self.trainer.iter + 1}, " if self.trainer is not None else ""
+                logger.warning(
+                    "Resuming at %sbatch %d of epoch %d: this DataLoader cannot be put back at that batch (%s), "
+                    "so it starts again at its first batch; give the dataset with batch_size= "
+                    "(treadle.data.build_train_loader) for an exact resume", where, taken, self._passes, why,
+                )
+            return
+        if taken:
+            logger.info("Resuming the DataLoader at batch %d of epoch %d: reading the %d batches before it",
+                        taken, self._passes, taken)
+        self._data_iter = restore_pass(cast(torch.utils.data.DataLoader, self.data_loader), states, taken)
+        self._pass_start = states
 
     def _to_device(self, batch: Any) -> Any:
         # A CPU model takes the batch as it is: walking it costs microseconds.
@@ -434,6 +493,10 @@ class EagerStep(StepBase):
         state: Dict[str, Any] = {}
         if hasattr(self.data_loader, "state_dict"):
             state["data"] = self.data_loader.state_dict()
+        else:
+            data_pass = self._data_pass_state()
+            if data_pass is not None:
+                state["data_pass"] = data_pass
         if self.grad_scaler is not None:
             state["grad_scaler"] = self.grad_scaler.state_dict()
         return state
@@ -448,7 +511,8 @@ class EagerStep(StepBase):
                     "the data stream restarts from its beginning.",
                     type(self.data_loader).__name__,
                 )
-        elif not hasattr(self.data_loader, "load_state_dict") and not self._warned_no_data_state:
+        elif (not hasattr(self.data_loader, "load_state_dict") and "data_pass" not in state
+              and not self._warned_no_data_state):
             self._warned_no_data_state = True
             logger.warning(
                 "The data loader (%s) has no state_dict(): a resumed run restarts its data stream. "
@@ -459,6 +523,8 @@ class EagerStep(StepBase):
             self.grad_scaler.load_state_dict(state["grad_scaler"])
         # The next batch must come from the restored position.
         self.restart_data()
+        if "data_pass" in state and not hasattr(self.data_loader, "load_state_dict"):
+            self._continue_pass(state["data_pass"])
 
     def restart_data(self) -> None:
         """Has the next batch come from a new iterator over ``data_loader``

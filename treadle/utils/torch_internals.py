@@ -30,6 +30,7 @@ __all__ = [
     "quiet_event_file_thread_errors",
     "grad_scaler_scale",
     "stager_copy_rules",
+    "dataloader_batches_taken",
 ]
 
 # The multi-tensor kernels of torch's own optimizers: one launch for a list
@@ -78,6 +79,15 @@ def stager_copy_rules(stager: Any) -> Optional[Any]:
     for a stager whose inside is not this one."""
     copier = getattr(stager, "_state_dict_stager", None)
     return getattr(copier, "_deepcopy_dispatch", None)
+
+
+def dataloader_batches_taken(iterator: Any) -> Optional[int]:
+    """The batches a torch ``DataLoader``'s iterator has yielded so far in its
+    pass (``_num_yielded``: those taken, not those its workers prefetched),
+    which torch does not say publicly; None for any other iterator."""
+    if isinstance(iterator, torch.utils.data.dataloader._BaseDataLoaderIter):
+        return int(iterator._num_yielded)
+    return None
 
 
 def dynamo_supported() -> bool:
