@@ -531,6 +531,26 @@ def test_hezars_training_step_with_its_own_backward_averages_the_accumulated_gra
     assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), by_hand.parameters()))
 
 
+@pytest.mark.parametrize("grad_accum_steps", [1, 2])
+def test_a_hezar_training_step_without_its_backward_is_refused_at_the_first_update(tmp_path, grad_accum_steps):
+    class NoBackward(Trainer):
+        def training_step(self, input_batch):
+            inputs, labels = input_batch
+            return nn.functional.cross_entropy(self.model(inputs), labels)  # Hezar's runs its backward here
+
+    model = mlp()
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = NoBackward(model, "sgd", loader(), lr=0.5, loss_fn=CE, max_iter=2, grad_accum_steps=grad_accum_steps,
+                         progress_bar=False)
+    with pytest.raises(TypeError) as error:
+        trainer.train()
+    assert str(error.value) == (
+        "NoBackward.training_step returned its loss without a backward: no parameter has a gradient, so nothing "
+        "would train; call loss.backward() in it (Hezar's accelerator.backward(loss)), or return "
+        "super().training_step(batch)")
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+
+
 def test_hezars_training_step_through_super_keeps_treadles_accumulation():
     class ThroughSuper(Trainer):
         def training_step(self, input_batch):

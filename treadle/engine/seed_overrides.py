@@ -335,6 +335,8 @@ class TrainerStep(EagerStep):
         self._batch_output = self._overrides["calculate_train_batch_loss"] or "train_step_end" in events
         # Whether treadle's backward ran in the last training_step, and whether that step ran its own instead.
         self._treadle_backward = self._own_backward = False
+        # Whether an update after a training_step's own backward has been seen to have gradients (checked once).
+        self._own_backward_checked = False
 
     def run_step(self) -> None:
         if not self._overrides["train_step"] or not self.model.training:
@@ -360,6 +362,15 @@ class TrainerStep(EagerStep):
         self._owner.backward_step(loss)
 
     def step_optimizer(self, *, hooks: bool = True) -> Optional[torch.Tensor]:
+        if self._own_backward and not self._own_backward_checked:
+            # Once, at the first update: a training_step returning its loss without
+            # its backward would otherwise train nothing, and say nothing.
+            if not self._parameters():
+                raise TypeError(f"{self._owner.__class__.__name__}.training_step returned its loss without a "
+                                "backward: no parameter has a gradient, so nothing would train; call "
+                                "loss.backward() in it (Hezar's accelerator.backward(loss)), or return "
+                                "super().training_step(batch)")
+            self._own_backward_checked = True
         grads = [p.grad for p in self._parameters()] if self._own_backward and self.micro_batches > 1 else []
         if grads:
             # The sum of the micro-batches' whole-loss gradients, made their mean
