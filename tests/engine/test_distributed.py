@@ -30,8 +30,9 @@ from torch import nn
 from treadle.checkpoint import Checkpointer
 from treadle.data import InferenceSampler, TrainingSampler, build_test_loader, build_train_loader
 from treadle.engine import EagerStep, StepBase, TrainerBase
+from treadle.engine.data_parallel import create_fsdp_model
 from treadle.engine.defaults import DefaultTrainer
-from treadle.engine.launch import create_fsdp_model, launch
+from treadle.engine.launch import launch
 from treadle.evaluation import build_evaluator, inference_on_dataset
 from treadle.events import EventStorage, JSONWriter, ScalarKind
 from treadle.events.distributed import ScalarMismatchError, reduce_across_ranks

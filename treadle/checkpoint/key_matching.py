@@ -66,7 +66,7 @@ def unwrap_model(model: nn.Module) -> nn.Module:
             raise NotImplementedError(
                 "treadle checkpoints do not support the FullyShardedDataParallel (FSDP1) wrapper; shard "
                 "with FSDP2 instead (torch.distributed.fsdp.fully_shard, or "
-                "treadle.engine.launch.create_fsdp_model), whose models checkpoints save and load."
+                "treadle.engine.data_parallel.create_fsdp_model), whose models checkpoints save and load."
             )
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module

@@ -19,7 +19,8 @@ from .build import build_step, resolve_scheduler
 from .train_loop import HookOrderError, TrainerBase
 from .simple_trainer import AMPTrainer, SimpleTrainer
 from .trainer import Trainer, TrainingHistory
-from .launch import GROUP_LOST_EXIT_CODE, create_ddp_model, launch
+from .launch import GROUP_LOST_EXIT_CODE, launch
+from .data_parallel import create_ddp_model
 
 if TYPE_CHECKING:
     from .defaults import DefaultTrainer, default_argument_parser, default_setup

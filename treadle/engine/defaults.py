@@ -38,7 +38,7 @@ from treadle.solver import trainable_parameters
 
 from .build import build_step, loader_epoch_length
 from .default_hooks import default_hooks
-from .launch import create_ddp_model, wrap_model
+from .data_parallel import create_ddp_model, wrap_model
 from .session import RunSession
 from treadle.config.validation import check_watched_metric, enabled_trackers
 from .steps import StepBase
@@ -281,9 +281,9 @@ class DefaultTrainer(TrainerBase):
 
         ``cfg.train.ddp.kind`` picks how: ``"ddp"`` (the default) wraps it in
         ``DistributedDataParallel`` with the other keys of ``train.ddp`` as
-        options (see :func:`~treadle.engine.launch.create_ddp_model`);
+        options (see :func:`~treadle.engine.data_parallel.create_ddp_model`);
         ``"fsdp"`` shards it with FSDP2 (see
-        :func:`~treadle.engine.launch.create_fsdp_model`, whose options are
+        :func:`~treadle.engine.data_parallel.create_fsdp_model`, whose options are
         ``reshard_after_forward``, ``param_dtype``, ``reduce_dtype`` and
         ``sync_module_states``). An option of the other kind set away from
         its default is an error, as are EMA with ``"fsdp"`` (its averaged copy

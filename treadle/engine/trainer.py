@@ -46,7 +46,8 @@ from .seed_names import refuse_seed_methods
 from .seed_overrides import EVAL_POINTS, TRAIN_EPOCH_EVENTS, UPDATE_POINTS, SeedEventCalls, SeedOverrides, TrainerStep
 from .seed_overrides import is_event_callback, raised_in
 from .history import EpochCallback, RunHistory, TrainingHistory, iteration_history
-from .launch import DEFAULT_TIMEOUT, check_optimizer_holds, join_env_process_group, wrap_model
+from .data_parallel import check_optimizer_holds, wrap_model
+from .launch import DEFAULT_TIMEOUT, join_env_process_group
 from .session import Resume, RunSession
 from .steps import EagerStep
 from .train_loop import TrainerBase
