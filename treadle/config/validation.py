@@ -219,6 +219,20 @@ def check_run_config(cfg: DictConfig, *, world_size: int = 1, eval_only: bool = 
     Raises:
         ConfigError: naming the first problem found (see the module docstring).
     """
+    _check_sections(cfg, eval_only)
+    _check_schema(cfg.train, TRAIN_KEYS, "train")
+    check_top_level_nodes(cfg)
+    _check_train_settings(cfg, world_size)
+    if not eval_only:
+        _check_train_loader(cfg.dataloader.train, world_size)
+        _check_optimizer(cfg.optimizer)
+        _check_tracker_libraries(cfg)
+    _check_evaluation(cfg, eval_only)
+
+
+def _check_sections(cfg: DictConfig, eval_only: bool) -> None:
+    """The top-level sections a run needs are there, are config nodes and can
+    be read; the loaders the run uses are given."""
     required = ("model", "dataloader", "train") if eval_only else ("model", "optimizer", "dataloader", "train")
     missing = [k for k in required if k not in cfg]
     if missing:
@@ -241,8 +255,11 @@ def check_run_config(cfg: DictConfig, *, world_size: int = 1, eval_only: bool = 
         raise ConfigError("The config has no dataloader.train: training needs a train loader")
     if eval_only and cfg.dataloader.get("test") is None:
         raise ConfigError("--eval-only needs dataloader.test, and the config has none")
-    _check_schema(cfg.train, TRAIN_KEYS, "train")
-    check_top_level_nodes(cfg)
+
+
+def _check_train_settings(cfg: DictConfig, world_size: int) -> None:
+    """The values of ``train`` that go together, or with the world size and
+    the machine: nodes that must not be None, the seed, fp16, clipping."""
     train = cfg.train
     for key in ("step", "checkpointer"):
         if key in train and train[key] is None:
@@ -268,10 +285,11 @@ def check_run_config(cfg: DictConfig, *, world_size: int = 1, eval_only: bool = 
             f"train.step.clip_grad_norm={clip_norm!r} and train.step.clip_grad_value={clip_value!r}: clip by norm "
             "or by value, not both (set the other to None)"
         )
-    if not eval_only:
-        _check_train_loader(cfg.dataloader.train, world_size)
-        _check_optimizer(cfg.optimizer)
-        _check_tracker_libraries(cfg)
+
+
+def _check_evaluation(cfg: DictConfig, eval_only: bool) -> None:
+    """The test loader, and the metrics that the best checkpointer and early
+    stopping watch: something is evaluated, and computes them."""
     known = _evaluator_metric_names(cfg)
     has_test = cfg.dataloader.get("test") is not None
     if has_test:

@@ -76,30 +76,8 @@ class TrainLoader:
         self._map_style = is_map_style(dataset)
         self.rank, self.world_size = resolve_rank_and_world(rank, world_size)
         self.total_batch_size = check_int("total_batch_size", total_batch_size, minimum=1)
-        if total_batch_size % self.world_size:
-            raise ValueError(
-                f"total_batch_size={total_batch_size} is not divisible by the world size "
-                f"{self.world_size}: each rank takes total_batch_size / world_size samples, "
-                f"so use a multiple of {self.world_size}"
-            )
-        self.batch_size = total_batch_size // self.world_size
-        if not drop_last:
-            raise ValueError(
-                "drop_last=False is not supported by the train loader: its stream is endless "
-                "and crosses epoch boundaries, so every batch is full and no sample is dropped"
-            )
-        if self._map_style:
-            if len(dataset) == 0:
-                raise ValueError(f"the train dataset ({type(dataset).__name__}) is empty")
-            self.shuffle = True if shuffle is None else bool(shuffle)
-        else:
-            if shuffle:
-                raise ValueError(
-                    f"shuffle=True needs random access, but the dataset "
-                    f"({type(dataset).__name__}) is iterable: it is read in the order it "
-                    "yields; shuffle inside it, or pass shuffle=None"
-                )
-            self.shuffle = False
+        self.batch_size = _rank_batch_size(total_batch_size, self.world_size, drop_last)
+        self.shuffle = _shuffles(dataset, self._map_style, shuffle)
         self._options = WorkerOptions(
             num_workers=num_workers,
             collate_fn=collate_fn,
@@ -261,3 +239,36 @@ class TrainLoader:
             batch = next(batches)
             self._position += self.total_batch_size
             yield batch
+
+
+def _rank_batch_size(total_batch_size: int, world_size: int, drop_last: bool) -> int:
+    """Each rank's share of the global batch; refuses a total the ranks cannot
+    share evenly, and ``drop_last=False`` (the endless stream has no last batch)."""
+    if total_batch_size % world_size:
+        raise ValueError(
+            f"total_batch_size={total_batch_size} is not divisible by the world size "
+            f"{world_size}: each rank takes total_batch_size / world_size samples, "
+            f"so use a multiple of {world_size}"
+        )
+    if not drop_last:
+        raise ValueError(
+            "drop_last=False is not supported by the train loader: its stream is endless "
+            "and crosses epoch boundaries, so every batch is full and no sample is dropped"
+        )
+    return total_batch_size // world_size
+
+
+def _shuffles(dataset: Any, map_style: bool, shuffle: Optional[bool]) -> bool:
+    """Whether the stream is shuffled: a map-style dataset's is by default
+    (an empty one is refused); an iterable dataset's never is (refused if asked)."""
+    if map_style:
+        if len(dataset) == 0:
+            raise ValueError(f"the train dataset ({type(dataset).__name__}) is empty")
+        return True if shuffle is None else bool(shuffle)
+    if shuffle:
+        raise ValueError(
+            f"shuffle=True needs random access, but the dataset "
+            f"({type(dataset).__name__}) is iterable: it is read in the order it "
+            "yields; shuffle inside it, or pass shuffle=None"
+        )
+    return False

@@ -21,7 +21,7 @@ where the default one goes, instead of it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -130,18 +130,8 @@ def default_hooks(
             :class:`TrainEvents` (before the evaluation: ``train_epoch_end``
             precedes it) and :class:`RunEvents` (first in the user slot).
     """
-    # A training scalar is read every eval_period iterations, as its mean over them:
-    # an evaluation's iterations would give its last batch's value.
-    watch_period = eval_period if watches_training or evaluate is None else None
-    if scheduler is None:
-        lr_hook: HookBase = LRMonitor(optimizer)
-    else:
-        lr_hook = LRScheduler(optimizer, scheduler, interval=scheduler_interval, stepper=scheduler_step)
-    preemption = next((h for h in user_hooks if isinstance(h, PreemptionHandler)), None)
-    if preemption is not None:
-        user_hooks = [h for h in user_hooks if h is not preemption]
-    elif handle_preemption:
-        preemption = PreemptionHandler(checkpointer)
+    lr_hook = _lr_hook(optimizer, scheduler, scheduler_interval, scheduler_step)
+    preemption, user_hooks = _preemption_hook(user_hooks, handle_preemption, checkpointer)
     train_events, run_events = TrainEvents(seed_events or SeedEventCalls()), RunEvents(seed_events or SeedEventCalls())
     # The reasons for this order are in docs/defaults.md; the hooks declare
     # the constraints among them (runs_after) and register_hooks checks them.
@@ -150,6 +140,64 @@ def default_hooks(
         lr_hook,
         # An epoch's training ends before its evaluation (pytorch-accelerated's train_epoch_end).
         train_events if train_events.active() else None,
+        *_evaluation_hooks(
+            ema_decay, evaluate, eval_period, checkpointer, best_metric, best_mode,
+            stop_metric, stop_patience, stop_min_delta, stop_mode, watches_training,
+        ),
+        # After the evaluation: the last epoch's row holds the final one.
+        EpochHistory(epochs, epoch_callbacks) if epochs is not None else None,
+        # After the epoch's evaluation and history (training_run_epoch_end).
+        run_events if run_events.active() else None,
+        _USER_HOOKS,
+        *_checkpoint_hooks(checkpointer, checkpoint_period, max_to_keep, async_save, export_safetensors, preemption),
+        *_writer_hooks(writers, log_period, progress_bar, output_dir, samples_per_iter),
+    ]
+    return _place_user_hooks([h for h in hooks if h is not None], user_hooks)
+
+
+def _lr_hook(
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scheduler_interval: str,
+    scheduler_step: Optional[Callable[[], None]],
+) -> HookBase:
+    """The hook that steps the learning-rate schedule, or with no
+    ``scheduler`` publishes the optimizer's rate and sets nothing."""
+    if scheduler is None:
+        return LRMonitor(optimizer)
+    return LRScheduler(optimizer, scheduler, interval=scheduler_interval, stepper=scheduler_step)
+
+
+def _preemption_hook(
+    user_hooks: Sequence[HookBase], handle_preemption: bool, checkpointer: Optional["Checkpointer"]
+) -> Tuple[Optional[PreemptionHandler], Sequence[HookBase]]:
+    """The run's one :class:`PreemptionHandler` (the user's if they gave one:
+    a second would take the signal from the first) and the user's other hooks."""
+    preemption = next((h for h in user_hooks if isinstance(h, PreemptionHandler)), None)
+    if preemption is not None:
+        return preemption, [h for h in user_hooks if h is not preemption]
+    return (PreemptionHandler(checkpointer) if handle_preemption else None), user_hooks
+
+
+def _evaluation_hooks(
+    ema_decay: Optional[float],
+    evaluate: Optional[Callable[[], Any]],
+    eval_period: int,
+    checkpointer: Optional["Checkpointer"],
+    best_metric: Optional[str],
+    best_mode: Optional[str],
+    stop_metric: Optional[str],
+    stop_patience: Optional[int],
+    stop_min_delta: float,
+    stop_mode: Optional[str],
+    watches_training: bool,
+) -> List[Optional[HookBase]]:
+    """The hooks that evaluate and act on the results, in their order
+    (``None`` where a setting is off)."""
+    # A training scalar is read every eval_period iterations, as its mean over them:
+    # an evaluation's iterations would give its last batch's value.
+    watch_period = eval_period if watches_training or evaluate is None else None
+    return [
         # Before evaluation: it evaluates with this iteration's average.
         EMA(ema_decay) if ema_decay is not None else None,
         EvalHook(eval_period, evaluate) if evaluate is not None else None,
@@ -158,11 +206,20 @@ def default_hooks(
         if best_metric is not None else None,
         EarlyStopping(stop_metric, stop_patience or 1, stop_min_delta, stop_mode, period=watch_period)
         if stop_metric is not None else None,
-        # After the evaluation: the last epoch's row holds the final one.
-        EpochHistory(epochs, epoch_callbacks) if epochs is not None else None,
-        # After the epoch's evaluation and history (training_run_epoch_end).
-        run_events if run_events.active() else None,
-        _USER_HOOKS,
+    ]
+
+
+def _checkpoint_hooks(
+    checkpointer: Optional["Checkpointer"],
+    checkpoint_period: int,
+    max_to_keep: Optional[int],
+    async_save: bool,
+    export_safetensors: bool,
+    preemption: Optional[PreemptionHandler],
+) -> List[Optional[HookBase]]:
+    """The hooks that write checkpoints during training, in their order
+    (``None`` where a setting is off); they follow the user's hooks."""
+    return [
         # After every hook whose state a checkpoint saves: resume is exact.
         PeriodicCheckpointer(
             checkpointer,
@@ -175,13 +232,24 @@ def default_hooks(
         else None,
         # After the periodic checkpointer: a preemption at its iteration finds its checkpoint written.
         preemption,
+    ]
+
+
+def _writer_hooks(
+    writers: Sequence["EventWriter"],
+    log_period: int,
+    progress_bar: bool,
+    output_dir: Optional[str],
+    samples_per_iter: Optional[float],
+) -> List[Optional[HookBase]]:
+    """The hooks that report, last in the list (``None`` where a setting is off)."""
+    return [
         # After every hook that puts a value at the iteration.
         PeriodicWriter(writers, log_period),
         ProgressBar(log_period, disable=False) if progress_bar else None,
         # Last: it reports once model_final is written and the writers flushed.
         RunSummary(output_dir, samples_per_iter=samples_per_iter),
     ]
-    return _place_user_hooks([h for h in hooks if h is not None], user_hooks)
 
 
 def _place_user_hooks(hooks: List[Union[HookBase, _UserHooks]], user_hooks: Sequence[HookBase]) -> List[HookBase]:

@@ -58,6 +58,25 @@ def _three_positional(init: Callable[..., None]) -> Callable[..., None]:
     return checked
 
 
+def _check_update_settings(
+    grad_accum_steps: int, clip_grad_norm: Optional[float], clip_grad_value: Optional[float], precision: str
+) -> None:
+    """Refuses an :class:`EagerStep`'s update settings that it cannot train
+    with, when the step is built (one line naming the argument)."""
+    if not isinstance(grad_accum_steps, int) or grad_accum_steps < 1:
+        raise ValueError(f"grad_accum_steps must be an integer >= 1, got {grad_accum_steps!r}")
+    if clip_grad_norm is not None and not (is_number(clip_grad_norm) and clip_grad_norm > 0):
+        raise ValueError(f"clip_grad_norm must be positive or None, got {clip_grad_norm!r}")
+    if clip_grad_value is not None and not (is_number(clip_grad_value) and clip_grad_value > 0):
+        raise ValueError(f"clip_grad_value must be a positive number or None, got {clip_grad_value!r}")
+    if clip_grad_norm is not None and clip_grad_value is not None:
+        raise ValueError(
+            f"Give clip_grad_norm ({clip_grad_norm!r}) or clip_grad_value ({clip_grad_value!r}), not both"
+        )
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+
+
 class StepBase:
     """One training iteration.
 
@@ -163,18 +182,7 @@ class EagerStep(StepBase):
         device: Optional[torch.device | str] = None,
         compute_loss: Optional[Callable[[Any], Any]] = None,
     ) -> None:
-        if not isinstance(grad_accum_steps, int) or grad_accum_steps < 1:
-            raise ValueError(f"grad_accum_steps must be an integer >= 1, got {grad_accum_steps!r}")
-        if clip_grad_norm is not None and not (is_number(clip_grad_norm) and clip_grad_norm > 0):
-            raise ValueError(f"clip_grad_norm must be positive or None, got {clip_grad_norm!r}")
-        if clip_grad_value is not None and not (is_number(clip_grad_value) and clip_grad_value > 0):
-            raise ValueError(f"clip_grad_value must be a positive number or None, got {clip_grad_value!r}")
-        if clip_grad_norm is not None and clip_grad_value is not None:
-            raise ValueError(
-                f"Give clip_grad_norm ({clip_grad_norm!r}) or clip_grad_value ({clip_grad_value!r}), not both"
-            )
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        _check_update_settings(grad_accum_steps, clip_grad_norm, clip_grad_value, precision)
         self.model = model
         self.data_loader = data_loader
         self.optimizer = optimizer

@@ -267,10 +267,26 @@ def build_evaluator(metrics: Union[MetricSpec, Sequence[MetricSpec]], **options:
         raise ValueError(
             f"build_evaluator needs at least one metric; valid metrics: {', '.join(available_metrics())}"
         )
+    groups, objects = _group_metrics(specs)
+    _check_options_used(groups, options)
+    evaluators = [_build_group(entry, own, names, options) for entry, own, names in groups.values()]
+    evaluators.extend(objects)
+    _check_distinct_results(evaluators)
+    return evaluators[0] if len(evaluators) == 1 else DatasetEvaluators(evaluators)
+
+
+# Metric names served by one factory with the same own options (compared by identity).
+_GroupKey = Tuple[int, Tuple[Tuple[str, int], ...]]
+_Groups = Dict[_GroupKey, Tuple[_Entry, Dict[str, Any], List[str]]]
+
+
+def _group_metrics(specs: List[Any]) -> Tuple[_Groups, List[DatasetEvaluator]]:
+    """The named metrics of ``specs`` by evaluator to build, as ``{key: (entry,
+    own options, names)}``, and the evaluators given as objects. Refuses a
+    name listed twice, and an own option the metric's factory does not take."""
     # One evaluator per (factory, own options): names served by one factory
     # with the same options share a pass.
-    groups: Dict[Tuple[int, Tuple[Tuple[str, int], ...]], List[str]] = {}
-    entries: Dict[Tuple[int, Tuple[Tuple[str, int], ...]], Tuple[_Entry, Dict[str, Any]]] = {}
+    groups: _Groups = {}
     objects: List[DatasetEvaluator] = []
     seen = set()
     for spec in specs:
@@ -289,11 +305,13 @@ def build_evaluator(metrics: Union[MetricSpec, Sequence[MetricSpec]], **options:
                 f"build_evaluator: metric {metric!r} got option(s) {unknown}; {_describe(entry.factory)} "
                 f"accepts {sorted(entry.options)}"
             )
-        key = (id(entry.factory), _frozen(own))
-        entries.setdefault(key, (entry, own))
-        groups.setdefault(key, []).append(metric)
+        groups.setdefault((id(entry.factory), _frozen(own)), (entry, own, []))[2].append(metric)
+    return groups, objects
 
-    named = [e for e, _ in entries.values()]
+
+def _check_options_used(groups: _Groups, options: Dict[str, Any]) -> None:
+    """Refuses a shared option that no factory of the named metrics takes."""
+    named = [entry for entry, _, _ in groups.values()]
     used: Set[str] = set()
     for entry in named:
         if entry.any_option:
@@ -302,31 +320,37 @@ def build_evaluator(metrics: Union[MetricSpec, Sequence[MetricSpec]], **options:
     unused = sorted(set(options) - used)
     if unused:
         accepted = sorted(set().union(*(e.options for e in named))) if named else []
+        metrics = sorted(name for _, _, names in groups.values() for name in names)
         raise TypeError(
             f"build_evaluator: option(s) {unused} are not used by the evaluators of metrics "
-            f"{sorted(seen)}; they accept {accepted}"
+            f"{metrics}; they accept {accepted}"
         )
 
-    evaluators: List[DatasetEvaluator] = []
-    for key, (entry, own) in entries.items():
-        merged = {**options, **own}
-        missing = sorted(entry.required - set(merged))
-        if missing:
-            raise TypeError(
-                f"build_evaluator: metric(s) {groups[key]} need option(s) {missing} "
-                f"(for {_describe(entry.factory)})"
-            )
-        if entry.any_option:
-            kwargs = dict(merged)
-        else:
-            kwargs = {k: v for k, v in merged.items() if k in entry.options}
-        if entry.takes_metrics:
-            kwargs["metrics"] = list(groups[key])
-        evaluator = entry.factory(**kwargs)
-        # Results are keyed by the names asked for: known before any evaluation.
-        evaluator.result_names = tuple(groups[key])
-        evaluators.append(evaluator)
-    evaluators.extend(objects)
+
+def _build_group(entry: _Entry, own: Dict[str, Any], names: List[str], options: Dict[str, Any]) -> DatasetEvaluator:
+    """The evaluator computing ``names`` (served by ``entry``'s factory), built
+    with the options its factory takes, the metric's own overriding shared ones."""
+    merged = {**options, **own}
+    missing = sorted(entry.required - set(merged))
+    if missing:
+        raise TypeError(
+            f"build_evaluator: metric(s) {names} need option(s) {missing} "
+            f"(for {_describe(entry.factory)})"
+        )
+    if entry.any_option:
+        kwargs = dict(merged)
+    else:
+        kwargs = {k: v for k, v in merged.items() if k in entry.options}
+    if entry.takes_metrics:
+        kwargs["metrics"] = list(names)
+    evaluator = entry.factory(**kwargs)
+    # Results are keyed by the names asked for: known before any evaluation.
+    evaluator.result_names = tuple(names)
+    return evaluator
+
+
+def _check_distinct_results(evaluators: List[DatasetEvaluator]) -> None:
+    """Refuses two evaluators that would put a result under the same name."""
     produced: Dict[str, int] = {}
     for e in evaluators:
         for name in getattr(e, "result_names", None) or ():
@@ -334,4 +358,3 @@ def build_evaluator(metrics: Union[MetricSpec, Sequence[MetricSpec]], **options:
     twice = sorted(n for n, count in produced.items() if count > 1)
     if twice:
         raise ValueError(f"build_evaluator: metric(s) {twice} would be computed twice; give each a distinct name")
-    return evaluators[0] if len(evaluators) == 1 else DatasetEvaluators(evaluators)

@@ -568,47 +568,13 @@ def setup_logger(
     logger = logging.getLogger(name)
     logger.setLevel(logging.DEBUG)
     logger.propagate = False
-    earlier: List[logging.LogRecord] = []
-    for old in [h for h in logger.handlers if getattr(h, "_treadle_handler", False)]:
-        if isinstance(old, _ConsoleHandler) and old.kept_warnings:
-            earlier += old.kept_warnings
-        logger.removeHandler(old)
-        old.close()
+    earlier = _remove_own_handlers(logger)
     abbrev_name = abbrev_name or ("tr" if name == "treadle" else name)
-    plain = _PlainFormatter("[%(asctime)s] %(name)s %(levelname)s: %(message)s", datefmt="%m/%d %H:%M:%S")
     handlers: list = []
     if distributed_rank == 0:
-        handler = _ConsoleHandler(keep_warnings=output is None)
-        # DEBUG records (the full timing table, ...) go to the file only.
-        handler.setLevel(logging.INFO)
-        if color and sys.stdout.isatty():
-            handler.setFormatter(
-                _ColorfulFormatter(
-                    colored("[%(asctime)s %(name)s]: ", "green") + "%(message)s",
-                    datefmt="%m/%d %H:%M:%S",
-                )
-            )
-        else:
-            handler.setFormatter(
-                _PlainConsoleFormatter("[%(asctime)s] %(name)s %(levelname)s: %(message)s", datefmt="%m/%d %H:%M:%S")
-            )
-        handlers.append(handler)
+        handlers.append(_console_handler(keep_warnings=output is None, color=color))
     if output is not None:
-        if output.endswith((".txt", ".log")):
-            filename = output
-        else:
-            filename = os.path.join(output, "log.txt")
-        if distributed_rank > 0:
-            filename = f"{filename}.rank{distributed_rank}"
-        file_handler: logging.Handler
-        if defer_file:
-            file_handler = _DeferredFileHandler(filename, earlier)
-        else:
-            PathManager.mkdirs(os.path.dirname(filename) or ".")
-            file_handler = _FileHandler(PathManager.open(filename, "a"))
-        file_handler.setLevel(logging.DEBUG)
-        file_handler.setFormatter(plain)
-        handlers.append(file_handler)
+        handlers.append(_file_handler(output, distributed_rank, defer_file, earlier))
     if not handlers:
         # A rank other than 0 without a file: it shows nothing. Without a
         # handler, Python's last resort would print its warnings bare on stderr.
@@ -619,6 +585,60 @@ def setup_logger(
     if name == "treadle":
         _hear_user_loggers(logger)
     return logger
+
+
+def _remove_own_handlers(logger: logging.Logger) -> List[logging.LogRecord]:
+    """Removes and closes the handlers an earlier :func:`setup_logger` put on
+    ``logger``; returns the warnings its file-less console kept, for the new file."""
+    earlier: List[logging.LogRecord] = []
+    for old in [h for h in logger.handlers if getattr(h, "_treadle_handler", False)]:
+        if isinstance(old, _ConsoleHandler) and old.kept_warnings:
+            earlier += old.kept_warnings
+        logger.removeHandler(old)
+        old.close()
+    return earlier
+
+
+def _console_handler(*, keep_warnings: bool, color: bool) -> _ConsoleHandler:
+    """Rank 0's console: INFO and above, one line per record, colored on a terminal."""
+    handler = _ConsoleHandler(keep_warnings=keep_warnings)
+    # DEBUG records (the full timing table, ...) go to the file only.
+    handler.setLevel(logging.INFO)
+    if color and sys.stdout.isatty():
+        handler.setFormatter(
+            _ColorfulFormatter(
+                colored("[%(asctime)s %(name)s]: ", "green") + "%(message)s",
+                datefmt="%m/%d %H:%M:%S",
+            )
+        )
+    else:
+        handler.setFormatter(
+            _PlainConsoleFormatter("[%(asctime)s] %(name)s %(levelname)s: %(message)s", datefmt="%m/%d %H:%M:%S")
+        )
+    return handler
+
+
+def _file_handler(
+    output: str, distributed_rank: int, defer_file: bool, earlier: Sequence[logging.LogRecord]
+) -> logging.Handler:
+    """The log file of this rank in ``output`` (see :func:`setup_logger`), with DEBUG records too."""
+    if output.endswith((".txt", ".log")):
+        filename = output
+    else:
+        filename = os.path.join(output, "log.txt")
+    if distributed_rank > 0:
+        filename = f"{filename}.rank{distributed_rank}"
+    file_handler: logging.Handler
+    if defer_file:
+        file_handler = _DeferredFileHandler(filename, earlier)
+    else:
+        PathManager.mkdirs(os.path.dirname(filename) or ".")
+        file_handler = _FileHandler(PathManager.open(filename, "a"))
+    file_handler.setLevel(logging.DEBUG)
+    file_handler.setFormatter(
+        _PlainFormatter("[%(asctime)s] %(name)s %(levelname)s: %(message)s", datefmt="%m/%d %H:%M:%S")
+    )
+    return file_handler
 
 
 def shown_warnings(name: str = "treadle") -> List[Dict[str, Any]]:
