@@ -132,6 +132,19 @@ def _evaluation_lines(caplog):
             and ("Evaluation" in r.getMessage() or r.getMessage().startswith("metrics"))]
 
 
+def _check_evaluations(tmp_path, caplog, evaluations):
+    """Each evaluation, given as (its metrics.json row, the iterations run before it): its row holds the
+    mse of a hand-written loop after that many steps, and both log lines say that many iterations."""
+    expected = _hand_written_losses([run for _, run in evaluations])
+    assert [(row["iteration"], row["mse"]) for row in read_lines(tmp_path / "metrics.json") if "mse" in row] == [
+        (row, pytest.approx(mse, rel=1e-6)) for (row, _), mse in zip(evaluations, expected)
+    ]
+    assert _evaluation_lines(caplog) == [
+        line for (_, run), mse in zip(evaluations, expected)
+        for line in (f"Evaluation after {run} iterations: mse={mse:.6g}", f"metrics after {run} iterations:  mse: {mse:.6g}")
+    ]
+
+
 def test_the_log_counts_iterations_one_way_for_the_periodic_and_the_final_evaluation(tmp_path, treadle_caplog):
     """detectron2's job: eval_period=3, max_iter=6. metrics.json keeps detectron2's rows (2, then max_iter 6);
     the log says 'after 3 iterations' and 'after 6 iterations', each the weights of a hand-written loop's 3rd and 6th step."""
@@ -140,16 +153,7 @@ def test_the_log_counts_iterations_one_way_for_the_periodic_and_the_final_evalua
     printer = CommonMetricPrinter(6, window_size=1, color=False)
     trainer.register_hooks([EvalHook(3, evaluate), PeriodicWriter([printer, JSONWriter(str(tmp_path / "metrics.json"))], period=1)])
     trainer.train(0, 6)
-    at_3, at_6 = _hand_written_losses([3, 6])
-    assert [(row["iteration"], row["mse"]) for row in read_lines(tmp_path / "metrics.json") if "mse" in row] == [
-        (2, pytest.approx(at_3, rel=1e-6)), (6, pytest.approx(at_6, rel=1e-6))
-    ]
-    assert _evaluation_lines(treadle_caplog) == [
-        f"Evaluation after 3 iterations: mse={at_3:.6g}",
-        f"metrics after 3 iterations:  mse: {at_3:.6g}",
-        f"Evaluation after 6 iterations: mse={at_6:.6g}",
-        f"metrics after 6 iterations:  mse: {at_6:.6g}",
-    ]
+    _check_evaluations(tmp_path, treadle_caplog, [(2, 3), (6, 6)])
 
 
 def test_a_run_stopped_between_evaluations_says_the_iterations_it_ran(tmp_path, treadle_caplog):
@@ -162,13 +166,4 @@ def test_a_run_stopped_between_evaluations_says_the_iterations_it_ran(tmp_path, 
                             period=1)
     trainer.register_hooks([EvalHook(3, evaluate), stop, writer])
     trainer.train(0, 20)
-    at_3, at_5 = _hand_written_losses([3, 5])
-    assert [(row["iteration"], row["mse"]) for row in read_lines(tmp_path / "metrics.json") if "mse" in row] == [
-        (2, pytest.approx(at_3, rel=1e-6)), (5, pytest.approx(at_5, rel=1e-6))
-    ]
-    assert _evaluation_lines(treadle_caplog) == [
-        f"Evaluation after 3 iterations: mse={at_3:.6g}",
-        f"metrics after 3 iterations:  mse: {at_3:.6g}",
-        f"Evaluation after 5 iterations: mse={at_5:.6g}",
-        f"metrics after 5 iterations:  mse: {at_5:.6g}",
-    ]
+    _check_evaluations(tmp_path, treadle_caplog, [(2, 3), (5, 5)])
