@@ -24,13 +24,11 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional,
 from treadle.events import ScalarKind, get_event_storage
 from treadle.hooks import HookBase
 
-from .seed_names import check_call
 
 if TYPE_CHECKING:
     from treadle.events import EventStorage
 
-__all__ = ["TrainingHistory", "EpochHistory", "EpochCallback", "check_epoch_callback", "RunHistory",
-           "iteration_history"]
+__all__ = ["TrainingHistory", "EpochHistory", "EpochCallback", "RunHistory", "iteration_history"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,25 +70,6 @@ class TrainingHistory:
         for row in self.epochs:
             names.extend(k for k in row if k not in names)
         return {name: [row.get(name) for row in self.epochs] for name in names}
-
-
-def check_epoch_callback(fn: Any, where: str = "callbacks") -> None:
-    """Refuses, in one line, what :class:`EpochHistory` could not call as
-    ``fn(trainer, epoch, metrics)`` at an epoch's end: checked when the
-    trainer is built, not after its first epoch trained. ``where`` names the
-    setting it was given in."""
-    name = getattr(fn, "__name__", type(fn).__name__)
-    if isinstance(fn, type):
-        # Called, a class would only be built with (trainer, epoch, metrics): its instance was meant.
-        raise TypeError(f"{where}: {name} is a class: give an instance, {where}=[{name}()] (a callback object's "
-                        "on_* events are called with the trainer)")
-    if isinstance(fn, HookBase):
-        raise TypeError(f"{where}: {name} is a hook (HookBase): give it as hooks=[{name}(...)]")
-    if not callable(fn):
-        raise TypeError(f"{where} must be functions fn(trainer, epoch, metrics) or objects with pytorch-accelerated's "
-                        f"on_* events, got {fn!r}")
-    check_call(f"{where}: {name}", fn, ("trainer", "epoch", "metrics"), {},
-               "qurious' callback at each epoch's end; or an object with pytorch-accelerated's on_* events")
 
 
 def epoch_row(storage: "EventStorage", epoch: int, first: int, last: int, results_until: int) -> Dict[str, float]:
@@ -141,7 +120,8 @@ class EpochHistory(HookBase):
         self.epochs = epochs
         self.callbacks = list(callbacks)
         for fn in self.callbacks:
-            check_epoch_callback(fn)
+            if not callable(fn):
+                raise TypeError(f"callbacks must be functions fn(trainer, epoch, metrics), got {fn!r}")
 
     def state_dict(self) -> Dict[str, Any]:
         return {"epochs": [dict(row) for row in self.epochs]} if self.epochs else {}

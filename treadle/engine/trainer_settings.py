@@ -46,7 +46,7 @@ from treadle.config.train_keys import KEYS as TRAIN_KEYS
 from treadle.config.train_keys import check_options
 from treadle.hooks import HookBase
 
-from .history import check_epoch_callback
+from .seed_names import check_call
 from .seed_overrides import is_event_callback
 
 __all__ = [
@@ -202,8 +202,27 @@ def _hooks(key: str, value: Any) -> None:
         raise ConfigError(f"{key} must be hooks (HookBase instances), got {type(hook).__name__}: {hook!r}")
 
 
+def check_epoch_callback(fn: Any, where: str = "callbacks") -> None:
+    """Refuses, in one line, what :class:`~treadle.engine.history.EpochHistory` could not call as
+    ``fn(trainer, epoch, metrics)`` at an epoch's end: checked when the
+    trainer is built, not after its first epoch trained. ``where`` names the
+    setting it was given in."""
+    name = getattr(fn, "__name__", type(fn).__name__)
+    if isinstance(fn, type):
+        # Called, a class would only be built with (trainer, epoch, metrics): its instance was meant.
+        raise TypeError(f"{where}: {name} is a class: give an instance, {where}=[{name}()] (a callback object's "
+                        "on_* events are called with the trainer)")
+    if isinstance(fn, HookBase):
+        raise TypeError(f"{where}: {name} is a hook (HookBase): give it as hooks=[{name}(...)]")
+    if not callable(fn):
+        raise TypeError(f"{where} must be functions fn(trainer, epoch, metrics) or objects with pytorch-accelerated's "
+                        f"on_* events, got {fn!r}")
+    check_call(f"{where}: {name}", fn, ("trainer", "epoch", "metrics"), {},
+               "qurious' callback at each epoch's end; or an object with pytorch-accelerated's on_* events")
+
+
 def _callbacks(key: str, value: Any) -> None:
-    """Each entry callable as the ``Trainer`` calls it (see :func:`~treadle.engine.history.check_epoch_callback`;
+    """Each entry callable as the ``Trainer`` calls it (see :func:`check_epoch_callback`;
     an object's on_* events are checked with the subclass's overrides)."""
     _sequence(key, value)
     for fn in value:
