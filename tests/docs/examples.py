@@ -39,7 +39,7 @@ EXAMPLE_INTRO = re.compile(r"^(?P<indent>\s*)Examples?::\s*$")
 
 
 class Block(NamedTuple):
-    where: str  # "docs/config.md:108" or "treadle.engine.trainer.Trainer"
+    where: str  # "docs/config.md:108" or "treadle.trainer.trainer.Trainer"
     code: str
     skipped: Optional[str]  # the marker's reason, when not run
 

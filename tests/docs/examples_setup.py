@@ -104,7 +104,7 @@ torch.save({"model": Recognizer().state_dict()}, "base_model.pth")
 model = Recognizer()
 from treadle.engine import Trainer
 """,
-    "treadle.engine.trainer.Trainer": COMMON + DIGITS + """
+    "treadle.trainer.trainer.Trainer": COMMON + DIGITS + """
 from treadle.engine import Trainer
 """,
 }

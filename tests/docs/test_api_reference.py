@@ -33,6 +33,7 @@ import treadle  # noqa: E402
 NOT_IN_REFERENCE = {
     "treadle.examples": "example trainers, read as source (docs/examples_data.md)",
     "treadle.model_zoo": "the packaged configs, documented in docs/config.md",
+    "treadle.trainer": "the plain Trainer, documented where users import it (treadle.engine.Trainer)",
 }
 
 

@@ -31,7 +31,7 @@ def test_every_block_is_python_or_skipped_with_a_reason_and_skips_are_rare():
 
 def test_docstring_examples_are_found_and_every_setup_is_used():
     examples = docstring_examples()
-    assert "treadle.engine.trainer.Trainer" in examples
+    assert "treadle.trainer.trainer.Trainer" in examples
     used = set(PAGE_NAMES) | set(examples)
     assert sorted(set(SETUP) - used) == [], "a setup for a page or docstring without examples"
 

@@ -4,7 +4,7 @@ import io
 
 from torch import nn
 
-from tests.engine.test_trainer import loader, model, problem
+from tests.trainer.test_trainer import loader, model, problem
 from treadle.engine import Trainer
 from treadle.hooks import ProgressBar
 

@@ -1,6 +1,6 @@
 """qurious' ``train_step`` override with an L1 penalty, trained in a process
 of its own so that a test can kill it with -9 and resume it
-(``tests/engine/test_seed_overrides.py``).
+(``tests/compat/test_overrides.py``).
 
     python tests/seeds/qurious_l1_job.py OUTPUT_DIR MAX_ITER PROGRESS_FILE
 

@@ -28,7 +28,7 @@ from treadle.solver.build import (  # noqa: F401
 )
 from treadle.solver.lr_scheduler import SCHEDULE_NAMES, SCHEDULE_OPTIONS, build_lr_multiplier, describe_schedule
 
-from .seed_names import required_positional
+from treadle.utils.signatures import required_positional
 from .steps import CompiledStep, EagerStep, StepBase
 
 __all__ = [

@@ -5,9 +5,9 @@ and the other has not (the plain ``Trainer``'s epoch history and progress
 bar) is a setting here, not a second list. The order, and why
 (``docs/defaults.md``)::
 
-    IterationTimer, LRScheduler | LRMonitor, TrainEvents*, EMA*, EvalHook*, BestCheckpointer*,
-    EarlyStopping*, EpochHistory*, RunEvents*, <user hooks>, PeriodicCheckpointer*,
-    PreemptionHandler*, PeriodicWriter, ProgressBar*, RunSummary
+    IterationTimer, LRScheduler | LRMonitor, <before_evaluation>, EMA*, EvalHook*,
+    BestCheckpointer*, EarlyStopping*, EpochHistory*, <after_history>, <user hooks>,
+    PeriodicCheckpointer*, PreemptionHandler*, PeriodicWriter, ProgressBar*, RunSummary
 
 User hooks go into the marked slot: after the evaluation and the epoch's
 history (so they see both), before the checkpoints and writers (so a
@@ -42,7 +42,6 @@ from treadle.hooks import (
 )
 
 from .history import EpochCallback, EpochHistory
-from .seed_overrides import RunEvents, SeedEventCalls, TrainEvents
 
 if TYPE_CHECKING:
     from treadle.checkpoint import Checkpointer
@@ -88,7 +87,8 @@ def default_hooks(
     output_dir: Optional[str] = None,
     samples_per_iter: Optional[float] = None,
     user_hooks: Sequence[HookBase] = (),
-    seed_events: Optional[SeedEventCalls] = None,
+    before_evaluation: Sequence[HookBase] = (),
+    after_history: Sequence[HookBase] = (),
 ) -> List[HookBase]:
     """The default hooks for these settings, with ``user_hooks`` placed by
     the rule of this module's docstring.
@@ -126,28 +126,29 @@ def default_hooks(
         progress_bar: a :class:`ProgressBar`, refreshed every ``log_period``.
         output_dir, samples_per_iter: the :class:`RunSummary`'s.
         user_hooks: more hooks, placed in the slot.
-        seed_events: pytorch-accelerated's events of the plain ``Trainer``:
-            :class:`TrainEvents` (before the evaluation: ``train_epoch_end``
-            precedes it) and :class:`RunEvents` (first in the user slot).
+        before_evaluation: hooks whose ``after_step`` must end an epoch's
+            training before its evaluation (the plain ``Trainer``'s epoch
+            events), right after the learning-rate hook.
+        after_history: hooks that follow the epoch's evaluation and history,
+            first in the user slot (the plain ``Trainer``'s run events).
     """
     lr_hook = _lr_hook(optimizer, scheduler, scheduler_interval, scheduler_step)
     preemption, user_hooks = _preemption_hook(user_hooks, handle_preemption, checkpointer)
-    train_events, run_events = TrainEvents(seed_events or SeedEventCalls()), RunEvents(seed_events or SeedEventCalls())
     # The reasons for this order are in docs/defaults.md; the hooks declare
     # the constraints among them (runs_after) and register_hooks checks them.
     hooks: List[Union[HookBase, _UserHooks, None]] = [
         IterationTimer(),
         lr_hook,
-        # An epoch's training ends before its evaluation (pytorch-accelerated's train_epoch_end).
-        train_events if train_events.active() else None,
+        # An epoch's training ends before its evaluation.
+        *before_evaluation,
         *_evaluation_hooks(
             ema_decay, evaluate, eval_period, checkpointer, best_metric, best_mode,
             stop_metric, stop_patience, stop_min_delta, stop_mode, watches_training,
         ),
         # After the evaluation: the last epoch's row holds the final one.
         EpochHistory(epochs, epoch_callbacks) if epochs is not None else None,
-        # After the epoch's evaluation and history (training_run_epoch_end).
-        run_events if run_events.active() else None,
+        # After the epoch's evaluation and history.
+        *after_history,
         _USER_HOOKS,
         *_checkpoint_hooks(checkpointer, checkpoint_period, max_to_keep, async_save, export_safetensors, preemption),
         *_writer_hooks(writers, log_period, progress_bar, output_dir, samples_per_iter),

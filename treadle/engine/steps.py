@@ -277,7 +277,7 @@ class EagerStep(StepBase):
         unscale them (fp16); the trainer's ``after_backward`` (with
         ``hooks``); clip them (by norm or by value); the optimizer step
         (:meth:`optimizer_step`). The plain ``Trainer`` calls a subclass's
-        seed-named methods at these points (:class:`~treadle.engine.seed_overrides.TrainerStep`).
+        seed-named methods at these points (:class:`~treadle.compat.overrides.TrainerStep`).
 
         Returns the losses averaged over the micro-batches (detached), the
         gradient norm before clipping (``None`` without ``clip_grad_norm``)

@@ -19,8 +19,8 @@ from treadle.hooks.base import HookBase, TrainerProtocol
 from treadle.utils import comm
 from treadle.utils.frame_stack import call_with_frame_room
 from treadle.utils.run_start import training_starts
+from treadle.utils.signatures import required_positional
 
-from .seed_names import refusal, required_positional
 from .hook_table import HookOrderError, HookTable, note_origin
 from .steps import StepBase
 from .time_table import log_time_table
@@ -120,7 +120,7 @@ class TrainerBase:
             raise TypeError(f"trainer.step must be a StepBase, got {type(step).__name__}")
         if required_positional(step.run_step) > 0:
             raise TypeError(f"{type(step).__name__}.run_step takes arguments, and the trainer calls step.run_step() "
-                            "with none: " + refusal("run_step", "step"))
+                            "with none: get each batch with self.next_batch()")
         step.trainer = cast(TrainerProtocol, weakref.proxy(self))
         self._step = step
 

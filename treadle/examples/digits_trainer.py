@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 import torch
 
 from treadle.data.datasets import DigitsDataset
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 from treadle.models import MLPClassifier
 from treadle.utils import comm
 

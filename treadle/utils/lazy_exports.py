@@ -17,7 +17,8 @@ __all__ = ["lazy_exports"]
 
 def lazy_exports(package: str, submodule_of: Dict[str, str]) -> None:
     """Make the names in ``submodule_of`` (public name -> the submodule,
-    relative to ``package``, that defines it) attributes of ``package`` that
+    relative to ``package``, that defines it, or a module's absolute name
+    for a module of another package) attributes of ``package`` that
     are imported when first read. Call it last in the package's ``__init__``::
 
         lazy_exports(__name__, {"instantiate": "instantiate"})
@@ -33,7 +34,8 @@ def lazy_exports(package: str, submodule_of: Dict[str, str]) -> None:
             submodule = submodule_of.get(name)
             if submodule is None:
                 raise AttributeError(f"module {package!r} has no attribute {name!r}")
-            value = getattr(importlib.import_module(f".{submodule}", package), name)
+            where = submodule if submodule.startswith("treadle.") else f".{submodule}"
+            value = getattr(importlib.import_module(where, package), name)
             vars(self)[name] = value  # later reads skip this method
             return value
 

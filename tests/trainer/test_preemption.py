@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.engine import trainer_preemption_job as job
+from tests.trainer import preemption_job as job
 from treadle.engine import Trainer
 from treadle.hooks import PREEMPTED_EXIT_CODE, PreemptionHandler
 
@@ -55,7 +55,7 @@ def test_sigterm_at_a_checkpoint_iteration_saves_exits_75_and_resumes_to_the_sam
     since the last periodic checkpoint were lost."""
     run = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, str(REPO / "tests" / "engine" / "trainer_preemption_job.py"), str(run), "7"],
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "trainer" / "preemption_job.py"), str(run), "7"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == PREEMPTED_EXIT_CODE, done.stderr[-3000:]
     assert (run / "last_checkpoint").read_text() == "model_0000007.pth"

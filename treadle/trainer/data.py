@@ -30,7 +30,7 @@ from treadle.data import InferenceSampler, TrainLoader, build_test_loader, build
 from treadle.data.samples import describe_item
 from treadle.utils import comm
 
-from .build import loader_batches
+from treadle.engine.build import loader_batches
 
 __all__ = ["data_kind", "check_batch_sizes", "as_train_loader", "as_eval_loader", "per_process", "run_length",
            "warn_about_leftover_batches"]

@@ -1,4 +1,4 @@
-"""The seeds' override points (treadle/engine/seed_names.py's table): each
+"""The seeds' override points (treadle/compat/names.py's table): each
 name a seed documents is called at the seed's moment or refused when built,
 and the seeds' own examples run as their users write them."""
 
@@ -22,13 +22,14 @@ from torch.utils.data import DataLoader
 from treadle.config import LazyConfig
 from treadle.engine import EagerStep, Trainer
 from treadle.engine.defaults import DefaultTrainer
-from treadle.engine.seed_names import CALLBACK_EVENTS, OVERRIDE_POINTS, SEED_METHODS
-from treadle.engine.seed_pages import render_markdown
+from treadle.compat.names import CALLBACK_EVENTS, OVERRIDE_POINTS, SEED_METHODS
+from tests.compat.pages import seed_pages
 from treadle.hooks import HookBase
 
 from tests.seeds.qurious_l1_job import L1Trainer  # qurious' train_step with an L1 penalty, as its user writes it
 from tests.tiny_models import classification
 
+render_markdown = seed_pages.render_markdown
 ROOT = Path(__file__).resolve().parents[2]
 CE = nn.functional.cross_entropy
 

@@ -1,4 +1,4 @@
-"""The seeds' setting names (treadle/engine/seed_names.py's SEED_SETTINGS)
+"""The seeds' setting names (treadle/compat/names.py's SEED_SETTINGS)
 name treadle's real settings, and the pages that show the generated tables
 are up to date."""
 
@@ -11,9 +11,12 @@ import pytest
 
 from treadle.config.train_keys import KEYS
 from treadle.engine import Trainer
-from treadle.engine.seed_names import SEED_SETTINGS, SeedSetting
-from treadle.engine.seed_pages import TRAINER_ARGUMENTS, render_block, rewrite_page, setting_rows, treadle_description
-from treadle.engine.trainer_settings import SETTINGS, setting
+from treadle.compat.names import SEED_SETTINGS, SeedSetting
+from treadle.trainer.settings import SETTINGS, setting
+from tests.compat.pages import seed_pages
+
+TRAINER_ARGUMENTS, render_block, rewrite_page = seed_pages.TRAINER_ARGUMENTS, seed_pages.render_block, seed_pages.rewrite_page
+setting_rows, treadle_description = seed_pages.setting_rows, seed_pages.treadle_description
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "docs" / "migrating.md", *sorted((ROOT / "docs" / "coming_from").glob("*.md"))]

@@ -46,8 +46,8 @@ from treadle.config.train_keys import KEYS as TRAIN_KEYS
 from treadle.config.train_keys import check_options
 from treadle.hooks import HookBase
 
-from .seed_names import check_call
-from .seed_overrides import is_event_callback
+from treadle.compat.names import check_call
+from treadle.compat.overrides import is_event_callback
 
 __all__ = [
     "records_given_settings",
@@ -298,7 +298,7 @@ _SEVERAL_PROCESSES = lambda s, v: s.processes > 1  # noqa: E731
 
 
 def _watches_an_evaluation(s: Situation, v: Any) -> bool:
-    from .trainer_eval import watches_training
+    from .evaluation import watches_training
 
     return s.eval != "none" or watches_training(s["best_metric"])
 
@@ -306,7 +306,7 @@ def _watches_an_evaluation(s: Situation, v: Any) -> bool:
 def _watched_training_scalar_is_read(s: Situation, v: Any) -> bool:
     """Without an evaluation, a training ``best_metric`` is read every
     ``eval_period`` iterations, by default each epoch: it needs one of them."""
-    from .trainer_eval import watches_training
+    from .evaluation import watches_training
 
     return s.eval != "none" or not watches_training(s["best_metric"]) or s["eval_period"] is not None or _EPOCHS(s, v)
 
@@ -580,7 +580,7 @@ def situation_of(model: Any, optimizer: Any, train_loader: Any, values: Mapping[
     import torch
     from fvcore.common.param_scheduler import ParamScheduler
 
-    from .trainer_data import data_kind
+    from .data import data_kind
 
     named = isinstance(optimizer, str) or (
         isinstance(optimizer, tuple) and len(optimizer) == 2 and isinstance(optimizer[0], str)
@@ -621,7 +621,7 @@ def checked_settings(model: Any, optimizer: Any, train_loader: Any, values: Mapp
     and the output folder's (and its subfolders') being writable. Attributes by setting name."""
     from treadle.utils.run_folder import check_output_dir
 
-    from .trainer_data import check_batch_sizes
+    from .data import check_batch_sizes
 
     s = types.SimpleNamespace(**check_settings(situation_of(model, optimizer, train_loader, values), given))
     check_batch_sizes(train_loader, s.eval_loader, s.batch_size, s.total_batch_size, s.eval_batch_size)

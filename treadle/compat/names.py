@@ -22,7 +22,7 @@ the Hugging Face ``per_device_train_batch_size``, detectron2's
 ``train.amp.enabled``...) to treadle's: a ``Trainer`` argument or a
 ``train.*`` config key. The "Coming from ..." pages of ``docs/coming_from/``
 show both tables, each row joined with the setting's own description, as
-:func:`~treadle.engine.seed_pages.rewrite_page` generates them (``python tools/seed_pages.py``).
+``tools/seed_pages.py`` generates them.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from treadle.utils.signatures import required_positional
 
 __all__ = [
     "OverridePoint",
@@ -43,6 +45,7 @@ __all__ = [
     "event_methods",
     "override_rows",
     "required_positional",
+    "refuse_libai_run_step",
     "check_call",
     "refusal",
     "SeedSetting",
@@ -226,18 +229,6 @@ def overridden(obj: Any, name: str, base: type) -> bool:
     return owner is not None and owner is not base and issubclass(owner, base)
 
 
-def required_positional(fn: Callable[..., Any]) -> int:
-    """How many positional parameters ``fn`` requires: parameters with
-    defaults are options, not slots (a factory's ``gamma=0.9``, a keyword
-    bound by ``functools.partial``); 1 where the signature cannot be read."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return 1
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return sum(1 for p in params if p.kind in kinds and p.default is inspect.Parameter.empty)
-
-
 def refuse_seed_methods(trainer: Any, base: type) -> None:
     """Refuses, in one line, a ``Trainer`` subclass that defines a refused
     seed method (or Lightning's ``training_step(batch, batch_idx)``)."""
@@ -327,6 +318,14 @@ def event_methods(obj: Any, where: str) -> Dict[str, Callable[..., Any]]:
     return found
 
 
+def refuse_libai_run_step(step: Any) -> None:
+    """Refuses, in one line, a step whose ``run_step`` takes LiBai's
+    ``get_batch``: the loop calls ``step.run_step()`` with no argument."""
+    if required_positional(step.run_step) > 0:
+        raise TypeError(f"{type(step).__name__}.run_step takes arguments, and the trainer calls step.run_step() "
+                        "with none: " + refusal("run_step", "step"))
+
+
 def refusal(name: str, on: str) -> str:
     """The refusal's words of a refused point of the table."""
     return next(p.treadle for p in OVERRIDE_POINTS if p.name == name and p.on == on and not p.called)
@@ -355,8 +354,8 @@ class SeedSetting:
         name: the seed's name, as its users write it (an argument, a field
             of its config object, a config key).
         treadle: treadle's: an argument of the plain ``Trainer`` (a row of
-            :data:`~treadle.engine.trainer_settings.SETTINGS`, or one of
-            :data:`~treadle.engine.seed_pages.TRAINER_ARGUMENTS`) or a config key ``train.<key>`` of
+            :data:`~treadle.trainer.settings.SETTINGS`, or one of
+            ``TRAINER_ARGUMENTS`` of ``tools/seed_pages.py``) or a config key ``train.<key>`` of
             :mod:`treadle.config.train_keys`.
         note: what differs from the seed, where something does.
     """

@@ -31,7 +31,7 @@ from treadle.evaluation.loss import LossEvaluator
 from treadle.utils import comm
 from treadle.utils.rng import get_rng_state, set_rng_state
 
-from .seed_overrides import PreparedBatches, StepResultsEvaluator
+from treadle.compat.overrides import PreparedBatches, StepResultsEvaluator
 
 __all__ = ["TrainerEvaluation", "watches_training", "EVAL_PREFIXES", "TRAIN_PREFIXES"]
 

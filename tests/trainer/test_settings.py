@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, default_collate
 
 from treadle.engine import Trainer
-from treadle.engine.trainer_settings import SETTINGS, describe
+from treadle.trainer.settings import SETTINGS, describe
 
 from tests.tiny_models import CountingTokens, classification, tiny_gpt2
 
@@ -504,7 +504,7 @@ def test_the_signature_docstring_and_table_name_the_same_settings_with_the_same_
     assert documented[:3] == ["model", "optimizer", "train_loader"]
     assert documented[3:] == [row.name for row in SETTINGS]
     page = (ROOT / "docs" / "trainer.md").read_text()
-    start = page.index("<!-- settings table: treadle.engine.trainer_settings.describe() -->\n")
+    start = page.index("<!-- settings table: treadle.trainer.settings.describe() -->\n")
     table = page[page.index("\n", start) + 1:page.index("\n<!-- end of settings table -->")]
     assert table == describe()
 
@@ -514,7 +514,7 @@ def test_docs_coming_from_names_only_settings_of_the_table():
     plain Trainer's seeds give on treadle's side is a row of the table, an
     argument or method of the Trainer, a hook stage, a name of the history,
     or the seed's own name of its row (the generated rows are checked by
-    tests/engine/test_seed_names.py; this covers the hand-written ones)."""
+    tests/compat/test_names.py; this covers the hand-written ones)."""
     from treadle.engine import HookBase
 
     names = {row.name for row in SETTINGS}

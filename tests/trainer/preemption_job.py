@@ -1,6 +1,6 @@
 """A plain ``Trainer`` job as its user writes it, preempted by a SIGTERM at a
-chosen iteration (``python tests/engine/trainer_preemption_job.py OUT ITER``);
-``tests/engine/test_trainer_preemption.py`` runs it and resumes it."""
+chosen iteration (``python tests/trainer/preemption_job.py OUT ITER``);
+``tests/trainer/test_preemption.py`` runs it and resumes it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The seeds' override points on the plain ``Trainer``, called where the seeds call them.
 
-:mod:`treadle.engine.seed_names` lists them; this module calls them:
+:mod:`treadle.compat.names` lists them; this module calls them:
 
 - :class:`SeedOverrides`, a base of the ``Trainer``: the default of every
   called method (qurious' ``_prepare_batch``, pytorch-accelerated's
@@ -36,8 +36,8 @@ from treadle.hooks.base import HookBase
 from treadle.utils import comm
 from treadle.utils.torch_internals import foreach_div_
 
-from .seed_names import event_methods, overridden
-from .steps import EagerStep
+from .names import event_methods, overridden
+from treadle.engine.steps import EagerStep
 
 __all__ = ["SeedOverrides", "TrainerStep", "TrainEvents", "RunEvents", "StepResultsEvaluator", "PreparedBatches",
            "SeedEventCalls", "raised_in",
@@ -61,7 +61,7 @@ _TRAINER_EVENTS = ("training_run_start", "train_epoch_start", "train_epoch_end",
 
 
 class SeedEventCalls:
-    """Who is called at each event (:data:`~treadle.engine.seed_names.CALLBACK_EVENTS`):
+    """Who is called at each event (:data:`~treadle.compat.names.CALLBACK_EVENTS`):
     the ``Trainer`` subclass's methods of the event's name, then each
     callback's ``on_<event>(trainer, **kwargs)``, in the order given."""
 
@@ -91,7 +91,7 @@ def is_event_callback(obj: Any) -> bool:
 
 class SeedOverrides:
     """The defaults of the seeds' override points on the plain ``Trainer``
-    (the table of :mod:`treadle.engine.seed_names` says when each is called).
+    (the table of :mod:`treadle.compat.names` says when each is called).
 
     A subclass overrides any of them with the seed's signature; ``super()``
     gives treadle's behaviour, which is the same as without the override:

@@ -4,8 +4,8 @@ For users of Hezar's ``Trainer``, pytorch-accelerated or a small
 ``Trainer(model, optimizer, loss_fn)`` class: the same engine, hooks, writers,
 checkpoints and run session as :class:`~treadle.engine.DefaultTrainer`, from
 objects. Its settings, their defaults and what each needs are one table,
-:mod:`treadle.engine.trainer_settings`; its data, :mod:`treadle.engine.trainer_data`;
-its evaluation, :mod:`treadle.engine.trainer_eval`; its run in its folder,
+:mod:`treadle.trainer.settings`; its data, :mod:`treadle.trainer.data`;
+its evaluation, :mod:`treadle.trainer.evaluation`; its run in its folder,
 :mod:`treadle.engine.session`.
 """
 
@@ -18,7 +18,7 @@ import sys
 import types
 import weakref
 from collections.abc import Mapping
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Union, cast
 
 import torch
 from torch import nn
@@ -38,22 +38,23 @@ from treadle.utils.run_folder import RunFolder
 
 from treadle.solver import build_optimizer
 
-from .build import build_step, loader_epoch_length, resolve_scheduler
-from .default_hooks import default_hooks
-from .hook_table import note_origin
-from .seed_names import HEZAR, HUGGING_FACE, SEED_METHODS, compute_loss_seed, overridden, refuse_methods_set_on_instance
-from .seed_names import refuse_seed_methods
-from .seed_overrides import EVAL_POINTS, TRAIN_EPOCH_EVENTS, UPDATE_POINTS, SeedEventCalls, SeedOverrides, TrainerStep
-from .seed_overrides import is_event_callback, raised_in
-from .history import EpochCallback, RunHistory, TrainingHistory, iteration_history
-from .data_parallel import check_optimizer_holds, wrap_model
-from .launch import DEFAULT_TIMEOUT, join_env_process_group
-from .session import Resume, RunSession
-from .steps import EagerStep
-from .train_loop import TrainerBase
-from .trainer_data import as_eval_loader, as_train_loader, check_batch_sizes, run_length, warn_about_leftover_batches
-from .trainer_eval import TrainerEvaluation, watches_training
-from .trainer_settings import FILE_LOGGERS, LOGGERS, SETTINGS, checked_settings, records_given_settings, wrapper_of
+from treadle.engine.build import build_step, loader_epoch_length, resolve_scheduler
+from treadle.engine.default_hooks import default_hooks
+from treadle.engine.hook_table import note_origin
+from treadle.compat.names import HEZAR, HUGGING_FACE, SEED_METHODS, compute_loss_seed, overridden, refuse_methods_set_on_instance
+from treadle.compat.names import refuse_libai_run_step, refuse_seed_methods
+from treadle.compat.overrides import EVAL_POINTS, TRAIN_EPOCH_EVENTS, UPDATE_POINTS, RunEvents, SeedEventCalls, SeedOverrides
+from treadle.compat.overrides import TrainEvents, TrainerStep
+from treadle.compat.overrides import is_event_callback, raised_in
+from treadle.engine.history import EpochCallback, RunHistory, TrainingHistory, iteration_history
+from treadle.engine.data_parallel import check_optimizer_holds, wrap_model
+from treadle.engine.launch import DEFAULT_TIMEOUT, join_env_process_group
+from treadle.engine.session import Resume, RunSession
+from treadle.engine.steps import EagerStep, StepBase
+from treadle.engine.train_loop import TrainerBase
+from .data import as_eval_loader, as_train_loader, check_batch_sizes, run_length, warn_about_leftover_batches
+from .evaluation import TrainerEvaluation, watches_training
+from .settings import FILE_LOGGERS, LOGGERS, SETTINGS, checked_settings, records_given_settings, wrapper_of
 
 __all__ = ["Trainer", "TrainingHistory", "LOGGERS", "SEED_METHODS"]
 
@@ -77,13 +78,13 @@ class Trainer(SeedOverrides, TrainerBase):
 
     Every setting acts, or is refused (a ``ValueError``) or warned about in
     one line when the ``Trainer`` is built, before anything is written: the
-    table of :mod:`treadle.engine.trainer_settings`, shown in
+    table of :mod:`treadle.trainer.settings`, shown in
     ``docs/trainer.md``; ``docs/migrating.md`` maps the seeds' names to these.
     A subclass overrides the methods the seeds document (qurious'
     ``train_step``, pytorch-accelerated's ``calculate_train_batch_loss``,
     Hezar's ``training_step``...): each is called at the seed's moment, or
     refused when the subclass is built (the table of
-    :mod:`treadle.engine.seed_names`; the defaults are :class:`SeedOverrides`'s).
+    :mod:`treadle.compat.names`; the defaults are :class:`SeedOverrides`'s).
     Under ``torchrun`` (or :func:`~treadle.engine.launch`) the same script
     trains one model on every process (``docs/distributed.md``).
 
@@ -282,7 +283,7 @@ class Trainer(SeedOverrides, TrainerBase):
                                weight_decay=options.pop("weight_decay", s.weight_decay), **options)
 
     def build_loaders(self, train: Any, evaluation: Any, s: types.SimpleNamespace) -> Any:
-        """The training loader and the evaluation one (:mod:`treadle.engine.trainer_data`)."""
+        """The training loader and the evaluation one (:mod:`treadle.trainer.data`)."""
         train_loader = as_train_loader(train, s.batch_size, s.total_batch_size, num_workers=s.num_workers,
                                        seed=s.seed, shuffle=s.shuffle, collate_fn=s.collate_fn)
         return train_loader, self._eval_loader_of(evaluation)
@@ -298,7 +299,7 @@ class Trainer(SeedOverrides, TrainerBase):
 
     def build_step(self, s: types.SimpleNamespace) -> Any:
         """The step object: ``EagerStep``, or ``CompiledStep`` with ``compile``; a
-        :class:`~treadle.engine.seed_overrides.TrainerStep` where a subclass
+        :class:`~treadle.compat.overrides.TrainerStep` where a subclass
         overrides a seed's point of the update."""
         if self._seed_update():
             return TrainerStep(
@@ -315,7 +316,7 @@ class Trainer(SeedOverrides, TrainerBase):
         )
 
     def build_evaluation(self, s: types.SimpleNamespace) -> TrainerEvaluation:
-        """How evaluation runs (:mod:`treadle.engine.trainer_eval`), and the
+        """How evaluation runs (:mod:`treadle.trainer.evaluation`), and the
         evaluator of ``eval_loader``, built now so that a bad metric fails now."""
         generate = s.evaluate_with_generate
         by_override = (any(self._overrides(name) for name in EVAL_POINTS if name != "eval_step")
@@ -363,7 +364,8 @@ class Trainer(SeedOverrides, TrainerBase):
             writers=self.build_writers(samples_per_iter, console=not bar),
             log_period=s.log_period, progress_bar=bar,
             output_dir=self.output_dir, samples_per_iter=samples_per_iter, user_hooks=list(s.hooks),
-            seed_events=self._events,
+            before_evaluation=[h for h in (TrainEvents(self._events),) if h.active()],
+            after_history=[h for h in (RunEvents(self._events),) if h.active()],
         )
 
     def build_writers(self, samples_per_iter: Optional[int], *, console: bool) -> List[EventWriter]:
@@ -396,7 +398,7 @@ class Trainer(SeedOverrides, TrainerBase):
     def _check_overrides(self, s: types.SimpleNamespace) -> SeedEventCalls:
         """Refuses, in one line, a seed method this subclass defines that treadle
         never calls, or one that would leave a setting unused
-        (:mod:`treadle.engine.seed_names`); returns who is called at each event."""
+        (:mod:`treadle.compat.names`); returns who is called at each event."""
         refuse_seed_methods(self, Trainer)
         cls = type(self).__name__
         loss_seed = compute_loss_seed(self, Trainer)
@@ -454,6 +456,18 @@ class Trainer(SeedOverrides, TrainerBase):
                                 f"(pytorch-accelerated's contract), got {type(output).__name__}")
         self._events.fire("eval_step_end", batch=batch, batch_output=output)
         return output.get("model_outputs"), output["loss"]
+
+    @property
+    def step(self) -> StepBase:
+        """The step object (:attr:`TrainerBase.step`); one whose ``run_step`` takes
+        LiBai's ``get_batch`` is refused with the way to write it."""
+        return cast(StepBase, TrainerBase.step.fget(self))  # type: ignore[attr-defined]
+
+    @step.setter
+    def step(self, step: StepBase) -> None:
+        if isinstance(step, StepBase):
+            refuse_libai_run_step(step)
+        TrainerBase.step.fset(self, step)  # type: ignore[attr-defined]
 
     @property
     def scheduler(self) -> Any:

@@ -1,0 +1,21 @@
+"""The plain ``Trainer``: ``Trainer(model, optimizer, train_loader, ...)`` for
+people who do not want configs.
+
+It sits above the engine (:mod:`treadle.engine`: the loop, the steps, the
+default hooks it shares with ``DefaultTrainer``) and is the one user of
+:mod:`treadle.compat`, which lets a subclass keep the method names of the
+trainers its user comes from. ``from treadle.engine import Trainer`` imports
+the same class.
+
+- :mod:`treadle.trainer.trainer`: the class, its builders and its run;
+- :mod:`treadle.trainer.settings`: the one table of its settings, checked
+  before anything is built;
+- :mod:`treadle.trainer.data`: what it was given as data, and the loaders;
+- :mod:`treadle.trainer.evaluation`: how it evaluates.
+"""
+
+from treadle.engine.history import TrainingHistory
+
+from .trainer import Trainer
+
+__all__ = ["Trainer", "TrainingHistory"]
