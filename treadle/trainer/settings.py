@@ -23,11 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 import os
+import re
+import textwrap
 import types
+import typing
 from collections.abc import Mapping
-from typing import Any, Callable, Dict, FrozenSet, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from treadle.config.errors import ConfigError
 from treadle.config.rules import (
@@ -49,13 +53,26 @@ from treadle.hooks import HookBase
 from treadle.compat.names import check_call
 from treadle.compat.overrides import is_event_callback
 
+if TYPE_CHECKING:
+    import torch
+
+    from treadle.engine.history import EpochCallback
+
 __all__ = [
-    "records_given_settings",
+    "given_settings",
     "situation_of",
     "Need",
     "Setting",
     "Situation",
     "SETTINGS",
+    "GROUPS",
+    "TrainerSettings",
+    "DataSettings",
+    "OptimizationSettings",
+    "EvaluationSettings",
+    "CheckpointSettings",
+    "LoggingSettings",
+    "ProcessSettings",
     "LOGGERS",
     "FILE_LOGGERS",
     "check_settings",
@@ -63,9 +80,13 @@ __all__ = [
     "wrapper_of",
     "setting",
     "describe",
+    "document_settings",
+    "section_title",
 ]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T", bound=type)
 
 #: What ``loggers=`` may name: files written into the logs folder, and the
 #: trackers (optional extras, with their defaults: MLflow's default store,
@@ -133,7 +154,8 @@ class Need:
 class Setting:
     """One argument of ``Trainer``: its name, default, rule (``None``: any
     value), one line on what it does, and what it needs to act. ``train_key``
-    names the ``train.*`` key it shares its meaning with."""
+    names the ``train.*`` key it shares its meaning with; ``group``, the
+    field of :class:`TrainerSettings` that holds it."""
 
     name: str
     default: Any
@@ -141,6 +163,7 @@ class Setting:
     doc: str
     needs: Tuple[Need, ...] = ()
     train_key: Optional[str] = None
+    group: str = ""
 
 
 # ---------------------------------------------------------------------- rules the train table has no use for
@@ -315,178 +338,286 @@ _MAKES_ITS_OWN = "this train_loader ({train}) makes its own batches"
 _NOT_WRITTEN = "without output_dir nothing is written: give output_dir"
 
 
-def _row(name: str, default: Any, rule: Optional[Rule], doc: str, *needs: Need) -> Setting:
-    return Setting(name, default, rule, doc, tuple(needs))
+#: Where a settings group's field keeps its row of the table.
+_ROW = "treadle.setting"
+
+
+def _row(default: Any, rule: Optional[Rule], doc: str, *needs: Need) -> Any:
+    """A field of a settings group: its default, and its row of the table
+    (named by the field; :data:`SETTINGS` gathers them)."""
+    return dataclasses.field(default=default, metadata={_ROW: Setting("", default, rule, doc, tuple(needs))})
 
 
 _TRAIN = {key.name: key for key in TRAIN_KEYS}
 
 
-def _shared(name: str, train_key: str, *needs: Need, default: Any = dataclasses.MISSING, doc: str = "",
-            rule: Optional[Rule] = None) -> Setting:
-    """A row that means what ``train.<train_key>`` means: its rule and words
+def _shared(train_key: str, *needs: Need, default: Any = dataclasses.MISSING, doc: str = "",
+            rule: Optional[Rule] = None) -> Any:
+    """A field that means what ``train.<train_key>`` means: its rule and words
     (``doc`` adds to them), and its default, unless the ``Trainer``'s differ."""
     key = _TRAIN[train_key]
     default = key.default if default is dataclasses.MISSING else default
-    return Setting(name, default, rule or key.rule, f"{key.doc} {doc}".strip(), tuple(needs), train_key)
+    row = Setting("", default, rule or key.rule, f"{key.doc} {doc}".strip(), tuple(needs), train_key)
+    return dataclasses.field(default=default, metadata={_ROW: row})
 
 
-#: Every argument of ``Trainer`` after ``model, optimizer, train_loader``, in
-#: the order of its signature.
-SETTINGS: Tuple[Setting, ...] = (
-    _shared("loss_fn", "step.loss_fn", rule=_loss_fn, doc="Hugging Face's rule for dict batches; a subclass may override "
-            "compute_loss instead."),
-    _row("eval_loader", None, None, "What evaluation reads: batches, or a dataset batched by eval_batch_size."),
-    _row("metrics", (), _metrics, "What evaluation computes (default ['loss']): metric names, (name, options), "
-         "torchmetrics objects or DatasetEvaluators; also what evaluate(loader) computes.",
-         Need("an evaluation set", lambda s, v: s.eval != "none",
-              "metrics={value} are computed by evaluation, and no eval_loader is given: they act only in "
-              "evaluate(loader)", refuse=False)),
-    _row("max_iter", None, integer(1), "Iterations to train (one iteration = one optimizer update)."),
-    _row("max_epochs", None, integer(1), "Passes over the data; with max_iter, whichever comes first.",
-         Need("epochs", _EPOCHS, "max_epochs needs data with a length; this train_loader has none, so give max_iter")),
-    _row("scheduler", None, None, "A torch scheduler, an fvcore ParamScheduler, a factory (optimizer[, max_iter]), "
-         "a name ('cosine', 'linear', 'step', 'constant') or (name, options); None: the rate is the optimizer's.",
-         Need("the optimizer trained", lambda s, v: s.scheduler_fits,
-              "the scheduler ({scheduler_type}) was built on another optimizer than the one trained, so it would "
-              "never change the learning rate: build it on that optimizer, or give a factory (scheduler=lambda "
-              "optimizer: ...) or a name")),
-    _row("scheduler_interval", "iter", choice(("iter", "epoch")), "When a torch scheduler steps: 'iter' or 'epoch'.",
-         Need("a scheduler", lambda s, v: s.scheduler != "none",
-              "scheduler_interval={value} says when a scheduler steps, and no scheduler is given", refuse=False),
-         Need("a torch scheduler", lambda s, v: v != "epoch" or s.scheduler not in ("name", "fvcore"),
-              "scheduler_interval='epoch' is for torch schedulers; a named or fvcore schedule is per iteration"),
-         Need("epochs", lambda s, v: v != "epoch" or _EPOCHS(s, v),
-              "scheduler_interval='epoch' needs epochs, and this train_loader has no length")),
-    _row("warmup_iters", 0, integer(0), "A linear warm-up from 0 to the full rate (Hugging Face's) before a "
-         "schedule the Trainer builds (scheduler=None or a name).",
-         Need("a schedule the Trainer builds", lambda s, v: s.scheduler in ("none", "name"),
-              "warmup_iters={value} warms up a schedule the Trainer builds (scheduler=None or a name such as "
-              "'cosine'); this scheduler sets every rate itself: build the warm-up into it")),
-    _row("lr", None, positive_number(), "The learning rate of an optimizer given by name (required then).",
-         Need("a named optimizer", _NAMED_OPTIMIZER,
-              "lr is for an optimizer given by name; this optimizer has its own learning rate")),
-    _row("weight_decay", 0.0, non_negative_number, "The weight decay of an optimizer given by name.",
-         Need("a named optimizer", _NAMED_OPTIMIZER,
-              "weight_decay is for an optimizer given by name; this optimizer has its own (give it there)")),
-    _row("no_decay_norm_and_bias", True, boolean, "treadle's default for an optimizer given by name: normalization "
-         "layers and biases get no weight decay (as Hugging Face's Trainer); False decays every parameter.",
-         Need("a named optimizer", _NAMED_OPTIMIZER,
-              "no_decay_norm_and_bias is for an optimizer given by name; this optimizer has its own parameter groups"),
-         Need("a weight decay", lambda s, v: bool(s["weight_decay"]),
-              "no_decay_norm_and_bias={value} has no effect without a weight_decay", refuse=False)),
-    _row("batch_size", None, integer(1), "The batch of a dataset per process (and of an evaluation dataset "
-         "without eval_batch_size).",
-         Need("no total_batch_size", lambda s, v: s["total_batch_size"] is None,
-              "batch_size={value} (per process) and total_batch_size={total_batch_size} (over all processes) "
-              "were both given: give one"),
-         Need("a dataset", _ANY_DATASET, "batch_size and total_batch_size are for a dataset; " + _MAKES_ITS_OWN)),
-    _row("total_batch_size", None, integer(1), "Instead of batch_size, the samples of one step over all "
-         "processes (the configs' convention); evaluation batches total_batch_size / processes.",
-         Need("a dataset", _TRAIN_DATASET, "batch_size and total_batch_size are for a dataset; " + _MAKES_ITS_OWN)),
-    _row("eval_batch_size", None, integer(1), "The batch of an evaluation dataset (default: the training batch "
-         "per process).",
-         Need("an evaluation dataset", lambda s, v: s.eval != "batches",
-              "eval_batch_size is for a dataset; this eval_loader ({eval}) is taken as its own batches"),
-         Need("an evaluation set", lambda s, v: s.eval != "none",
-              "eval_batch_size={value} batches an evaluation dataset, and no eval_loader is given: it acts only on "
-              "a dataset given to evaluate()", refuse=False)),
-    _row("shuffle", True, boolean, "Whether a dataset's order is shuffled (seeded, resumable).",
-         Need("a dataset", _TRAIN_DATASET, "shuffle is for a dataset the Trainer batches; " + _MAKES_ITS_OWN +
-              " in its own order (DataLoader(..., shuffle=...))")),
-    _row("collate_fn", None, _callable, "Turns a list of samples into a batch (Hezar's data_collator).",
-         Need("a dataset", _ANY_DATASET, "collate_fn is for a dataset; " + _MAKES_ITS_OWN)),
-    _row("num_workers", 0, integer(0), "Data-loading processes for a dataset the Trainer batches.",
-         Need("a dataset", _ANY_DATASET, "num_workers is for a dataset the Trainer batches; " + _MAKES_ITS_OWN +
-              " (DataLoader(..., num_workers=...))")),
-    _row("hooks", (), _hooks, "More hooks (HookBase), placed by docs/defaults.md's rule."),
-    _row("callbacks", (), _callbacks, "fn(trainer, epoch, metrics) at each epoch's end, with that epoch's row.",
-         Need("epochs", _EPOCHS,
-              "callbacks are called at each epoch's end, and this train_loader has no length (no epochs)")),
-    _row("output_dir", None, path(empty=False, none=True), "The run's folder: checkpoints, metrics, log.txt; "
-         "nothing is written without it."),
-    _row("checkpoints_dir", None, path(empty=False, none=True, inside=True), "A folder inside output_dir for the checkpoints.",
-         Need("output_dir", _OUTPUT_DIR, "checkpoints_dir/logs_dir ({value}) are folders inside output_dir: give "
-              "output_dir")),
-    _row("logs_dir", None, path(empty=False, none=True, inside=True), "A folder inside output_dir for the logs and metrics.",
-         Need("output_dir", _OUTPUT_DIR, "checkpoints_dir/logs_dir ({value}) are folders inside output_dir: give "
-              "output_dir")),
-    _row("loggers", ("json", "tensorboard"), _loggers, "The files written ('json', 'tensorboard', 'csv'), "
-         "trackers ('mlflow', 'wandb') or EventWriter objects.",
-         Need("output_dir", lambda s, v: s["output_dir"] is not None or not any(n in FILE_LOGGERS for n in v),
-              "loggers={value} names files, and " + _NOT_WRITTEN, refuse=False)),
-    _shared("precision", "step.precision",
-            Need("CUDA", lambda s, v: v != "fp16" or s.cuda,
-                 "precision='fp16' needs a CUDA device (it trains with a GradScaler); use 'bf16' on this machine")),
-    _shared("grad_accum_steps", "step.grad_accum_steps"),
-    _shared("clip_grad_norm", "step.clip_grad_norm",
-            Need("no clip_grad_value", lambda s, v: s["clip_grad_value"] is None,
-                 "clip_grad_norm={value} and clip_grad_value={clip_grad_value}: clip by norm or by value, not both")),
-    _shared("clip_grad_value", "step.clip_grad_value"),
-    _row("compile", False, _compile, "Run each step through torch.compile (CompiledStep); a dict is "
-         "passed to torch.compile."),
-    _shared("device", "device", rule=_device, doc="A torch.device is taken too."),
-    _row("seed", None, _seed, "Seeds python, numpy and torch before training, and the data order; None: not seeded "
-         "(the data order then uses 0)."),
-    _shared("log_period", "log_period"),
-    _shared("eval_period", "eval_period",
-            Need("an evaluation set", _watches_an_evaluation,
-                 "eval_period={value} is when eval_loader is evaluated, and no eval_loader is given"),
-            default=None, doc="None: every epoch when the epoch length is known. Without eval_loader, when a "
-            "training best_metric ('train/loss') is read."),
-    _shared("checkpoint_period", "checkpointer.period",
-            Need("output_dir", _OUTPUT_DIR, "checkpoint_period={value} saves checkpoints, and " + _NOT_WRITTEN,
-                 refuse=False),
-            default=None, doc="None: every epoch (Hezar's default)."),
-    _shared("max_to_keep", "checkpointer.max_to_keep",
-            Need("output_dir", _OUTPUT_DIR, "max_to_keep={value} keeps periodic checkpoints, and " + _NOT_WRITTEN,
-                 refuse=False),
-            Need("periodic checkpoints", lambda s, v: s["checkpoint_period"] != 0,
-                 "max_to_keep={value} keeps periodic checkpoints, and checkpoint_period=0 writes none",
-                 refuse=False)),
-    _shared("preemption", "handle_preemption",
-            Need("output_dir", lambda s, v: not v or s["output_dir"] is not None,
-                 "preemption={value} saves a checkpoint on SIGTERM/SIGUSR1, and " + _NOT_WRITTEN, refuse=False),
-            doc="With output_dir (where checkpoints are written): a preempted run is resumed exactly by "
-            "train(resume=True). False: the signal ends the process as Python's default does."),
-    _shared("ema_decay", "ema.decay",
-            Need("not FSDP", lambda s, v: wrapper_of(s["ddp"])[0] != "fsdp",
-                 "ema_decay is not supported with ddp='fsdp': the EMA keeps an unsharded copy of the weights"),
-            default=None, doc="None: no EMA; else evaluate with the averaged weights."),
-    _row("best_metric", None, text(empty=False, none=True), "Save model_best.pth when this evaluation result "
-         "improves ('eval/', 'evaluation.', 'eval_' prefixes accepted; 'train/...', 'train.', 'train_' name a "
-         "training scalar, which needs no eval_loader: read every eval_period iterations, by default each epoch, as "
-         "its mean over them, the history's train_loss).",
-         Need("an evaluation set", _watches_an_evaluation,
-              "best_metric and early_stopping_patience watch an evaluation: give eval_loader"),
-         Need("a period to read it", _watched_training_scalar_is_read,
-              "best_metric={value} is a training scalar, read without an eval_loader every eval_period iterations "
-              "(default: each epoch), and this train_loader has no length (no epochs): give eval_period"),
-         Need("output_dir", _OUTPUT_DIR, "best_metric saves model_best.pth: give output_dir")),
-    _shared("best_mode", "best_checkpointer.mode",
-            Need("a watched metric", lambda s, v: s["best_metric"] is not None or s["early_stopping_patience"],
-                 "best_mode={value} is the direction of best_metric and early stopping, and neither is given")),
-    _row("early_stopping_patience", None, integer(1), "Stop after that many evaluations without improvement of "
-         "best_metric (or of the evaluation loss); of a training best_metric, that many readings.",
-         Need("an evaluation set", _watches_an_evaluation,
-              "best_metric and early_stopping_patience watch an evaluation: give eval_loader")),
-    _row("init_weights_from", None, path(empty=False, none=True), "A checkpoint whose matching weights are loaded "
-         "first (a new head is fine: mismatched keys are reported)."),
-    _row("progress_bar", None, choice((None, True, False)), "A tqdm bar; None: shown when stderr is a terminal."),
-    _row("evaluate_with_generate", False, _bool_or_dict, "Score the metrics on model.generate()'s outputs; a dict "
-         "is passed to generate(). The evaluation 'loss', where asked for, is the forward's.",
-         Need("a model that generates", lambda s, v: not v or s.generates,
-              "evaluate_with_generate needs a model with a generate() method; this model has none"),
-         Need("a metric of the generated tokens", lambda s, v: not v or _scores_outputs(s["metrics"]),
-              "evaluate_with_generate scores the metrics on model.generate()'s outputs, and the metrics ask for "
-              "the forward's loss only: give a metric of the generated tokens (('cer', {{'decode': fn}}))")),
-    _row("ddp", "ddp", _ddp, "How the model is wrapped when several processes train: 'ddp', 'fsdp' or a dict of "
-         "train.ddp's options with its kind.",
-         Need("several processes", _SEVERAL_PROCESSES, "ddp={value} wraps the model when several processes train; "
-              "this is one process, so nothing is wrapped", refuse=False)),
-    _shared("dist_timeout", "dist_timeout",
-            Need("several processes", _SEVERAL_PROCESSES, "dist_timeout={value} bounds what several processes wait "
-                 "for each other; this is one process", refuse=False)),
+# ---------------------------------------------------------------------- the table, by purpose
+# Each group is a frozen dataclass whose fields are the settings: the field's
+# type is what the Trainer reads (mypy checks it), its default the setting's,
+# and its metadata the rest of the setting's row.
+@dataclasses.dataclass(frozen=True)
+class DataSettings:
+    """How a dataset given as ``train_loader`` or ``eval_loader`` is batched (data that makes its own batches, a
+    ``DataLoader``, needs none of these)."""
+
+    batch_size: Optional[int] = _row(
+        None, integer(1), "The batch of a dataset per process (and of an evaluation dataset "
+        "without eval_batch_size).",
+        Need("no total_batch_size", lambda s, v: s["total_batch_size"] is None,
+             "batch_size={value} (per process) and total_batch_size={total_batch_size} (over all processes) "
+             "were both given: give one"),
+        Need("a dataset", _ANY_DATASET, "batch_size and total_batch_size are for a dataset; " + _MAKES_ITS_OWN))
+    total_batch_size: Optional[int] = _row(None, integer(1), "Instead of batch_size, the samples of one step over all "
+        "processes (the configs' convention); evaluation batches total_batch_size / processes.",
+        Need("a dataset", _TRAIN_DATASET, "batch_size and total_batch_size are for a dataset; " + _MAKES_ITS_OWN))
+    eval_batch_size: Optional[int] = _row(
+        None, integer(1), "The batch of an evaluation dataset (default: the training batch "
+        "per process).",
+        Need("an evaluation dataset", lambda s, v: s.eval != "batches",
+             "eval_batch_size is for a dataset; this eval_loader ({eval}) is taken as its own batches"),
+        Need("an evaluation set", lambda s, v: s.eval != "none",
+             "eval_batch_size={value} batches an evaluation dataset, and no eval_loader is given: it acts only on "
+             "a dataset given to evaluate()", refuse=False))
+    shuffle: bool = _row(True, boolean, "Whether a dataset's order is shuffled (seeded, resumable).",
+        Need("a dataset", _TRAIN_DATASET, "shuffle is for a dataset the Trainer batches; " + _MAKES_ITS_OWN +
+             " in its own order (DataLoader(..., shuffle=...))"))
+    collate_fn: Optional[Callable[[list], Any]] = _row(
+        None, _callable, "Turns a list of samples into a batch (Hezar's data_collator).",
+        Need("a dataset", _ANY_DATASET, "collate_fn is for a dataset; " + _MAKES_ITS_OWN))
+    num_workers: int = _row(0, integer(0), "Data-loading processes for a dataset the Trainer batches.",
+        Need("a dataset", _ANY_DATASET, "num_workers is for a dataset the Trainer batches; " + _MAKES_ITS_OWN +
+             " (DataLoader(..., num_workers=...))"))
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizationSettings:
+    """The loss, the run's length, the optimizer given by name, its schedule and the update of each step."""
+
+    loss_fn: Optional[Callable[[Any, Any], torch.Tensor]] = _shared(
+        "step.loss_fn", rule=_loss_fn, doc="Hugging Face's rule for dict batches; a subclass may override "
+        "compute_loss instead.")
+    max_iter: Optional[int] = _row(None, integer(1), "Iterations to train (one iteration = one optimizer update).")
+    max_epochs: Optional[int] = _row(None, integer(1), "Passes over the data; with max_iter, whichever comes first.",
+        Need("epochs", _EPOCHS, "max_epochs needs data with a length; this train_loader has none, so give max_iter"))
+    scheduler: Any = _row(None, None, "A torch scheduler, an fvcore ParamScheduler, a factory (optimizer[, max_iter]), "
+        "a name ('cosine', 'linear', 'step', 'constant') or (name, options); None: the rate is the optimizer's.",
+        Need("the optimizer trained", lambda s, v: s.scheduler_fits,
+             "the scheduler ({scheduler_type}) was built on another optimizer than the one trained, so it would "
+             "never change the learning rate: build it on that optimizer, or give a factory (scheduler=lambda "
+             "optimizer: ...) or a name"))
+    scheduler_interval: str = _row(
+        "iter", choice(("iter", "epoch")), "When a torch scheduler steps: 'iter' or 'epoch'.",
+        Need("a scheduler", lambda s, v: s.scheduler != "none",
+             "scheduler_interval={value} says when a scheduler steps, and no scheduler is given", refuse=False),
+        Need("a torch scheduler", lambda s, v: v != "epoch" or s.scheduler not in ("name", "fvcore"),
+             "scheduler_interval='epoch' is for torch schedulers; a named or fvcore schedule is per iteration"),
+        Need("epochs", lambda s, v: v != "epoch" or _EPOCHS(s, v),
+             "scheduler_interval='epoch' needs epochs, and this train_loader has no length"))
+    warmup_iters: int = _row(0, integer(0), "A linear warm-up from 0 to the full rate (Hugging Face's) before a "
+        "schedule the Trainer builds (scheduler=None or a name).",
+        Need("a schedule the Trainer builds", lambda s, v: s.scheduler in ("none", "name"),
+             "warmup_iters={value} warms up a schedule the Trainer builds (scheduler=None or a name such as "
+             "'cosine'); this scheduler sets every rate itself: build the warm-up into it"))
+    lr: Optional[float] = _row(
+        None, positive_number(), "The learning rate of an optimizer given by name (required then).",
+        Need("a named optimizer", _NAMED_OPTIMIZER,
+             "lr is for an optimizer given by name; this optimizer has its own learning rate"))
+    weight_decay: float = _row(0.0, non_negative_number, "The weight decay of an optimizer given by name.",
+        Need("a named optimizer", _NAMED_OPTIMIZER,
+             "weight_decay is for an optimizer given by name; this optimizer has its own (give it there)"))
+    no_decay_norm_and_bias: bool = _row(
+        True, boolean, "treadle's default for an optimizer given by name: normalization "
+        "layers and biases get no weight decay (as Hugging Face's Trainer); False decays every parameter.",
+        Need("a named optimizer", _NAMED_OPTIMIZER,
+             "no_decay_norm_and_bias is for an optimizer given by name; this optimizer has its own parameter groups"),
+        Need("a weight decay", lambda s, v: bool(s["weight_decay"]),
+             "no_decay_norm_and_bias={value} has no effect without a weight_decay", refuse=False))
+    precision: str = _shared("step.precision",
+        Need("CUDA", lambda s, v: v != "fp16" or s.cuda,
+             "precision='fp16' needs a CUDA device (it trains with a GradScaler); use 'bf16' on this machine"))
+    grad_accum_steps: int = _shared("step.grad_accum_steps")
+    clip_grad_norm: Optional[float] = _shared("step.clip_grad_norm",
+        Need("no clip_grad_value", lambda s, v: s["clip_grad_value"] is None,
+             "clip_grad_norm={value} and clip_grad_value={clip_grad_value}: clip by norm or by value, not both"))
+    clip_grad_value: Optional[float] = _shared("step.clip_grad_value")
+    compile: Union[bool, Dict[str, Any]] = _row(
+        False, _compile, "Run each step through torch.compile (CompiledStep); a dict is "
+        "passed to torch.compile.")
+    ema_decay: Optional[float] = _shared("ema.decay",
+        Need("not FSDP", lambda s, v: wrapper_of(s["ddp"])[0] != "fsdp",
+             "ema_decay is not supported with ddp='fsdp': the EMA keeps an unsharded copy of the weights"),
+        default=None, doc="None: no EMA; else evaluate with the averaged weights.")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationSettings:
+    """What is evaluated, when, and what is watched in the results (the best checkpoint, early stopping)."""
+
+    eval_loader: Optional[Iterable[Any]] = _row(
+        None, None, "What evaluation reads: batches, or a dataset batched by eval_batch_size.")
+    metrics: Sequence[Any] = _row(
+        (), _metrics, "What evaluation computes (default ['loss']): metric names, (name, options), "
+        "torchmetrics objects or DatasetEvaluators; also what evaluate(loader) computes.",
+        Need("an evaluation set", lambda s, v: s.eval != "none",
+             "metrics={value} are computed by evaluation, and no eval_loader is given: they act only in "
+             "evaluate(loader)", refuse=False))
+    eval_period: Optional[int] = _shared("eval_period",
+        Need("an evaluation set", _watches_an_evaluation,
+             "eval_period={value} is when eval_loader is evaluated, and no eval_loader is given"),
+        default=None, doc="None: every epoch when the epoch length is known. Without eval_loader, when a "
+        "training best_metric ('train/loss') is read.")
+    best_metric: Optional[str] = _row(
+        None, text(empty=False, none=True), "Save model_best.pth when this evaluation result "
+        "improves ('eval/', 'evaluation.', 'eval_' prefixes accepted; 'train/...', 'train.', 'train_' name a "
+        "training scalar, which needs no eval_loader: read every eval_period iterations, by default each epoch, as "
+        "its mean over them, the history's train_loss).",
+        Need("an evaluation set", _watches_an_evaluation,
+             "best_metric and early_stopping_patience watch an evaluation: give eval_loader"),
+        Need("a period to read it", _watched_training_scalar_is_read,
+             "best_metric={value} is a training scalar, read without an eval_loader every eval_period iterations "
+             "(default: each epoch), and this train_loader has no length (no epochs): give eval_period"),
+        Need("output_dir", _OUTPUT_DIR, "best_metric saves model_best.pth: give output_dir"))
+    best_mode: Optional[str] = _shared("best_checkpointer.mode",
+        Need("a watched metric", lambda s, v: s["best_metric"] is not None or s["early_stopping_patience"],
+             "best_mode={value} is the direction of best_metric and early stopping, and neither is given"))
+    early_stopping_patience: Optional[int] = _row(
+        None, integer(1), "Stop after that many evaluations without improvement of "
+        "best_metric (or of the evaluation loss); of a training best_metric, that many readings.",
+        Need("an evaluation set", _watches_an_evaluation,
+             "best_metric and early_stopping_patience watch an evaluation: give eval_loader"))
+    evaluate_with_generate: Union[bool, Dict[str, Any]] = _row(
+        False, _bool_or_dict, "Score the metrics on model.generate()'s outputs; a dict "
+        "is passed to generate(). The evaluation 'loss', where asked for, is the forward's.",
+        Need("a model that generates", lambda s, v: not v or s.generates,
+             "evaluate_with_generate needs a model with a generate() method; this model has none"),
+        Need("a metric of the generated tokens", lambda s, v: not v or _scores_outputs(s["metrics"]),
+             "evaluate_with_generate scores the metrics on model.generate()'s outputs, and the metrics ask for "
+             "the forward's loss only: give a metric of the generated tokens (('cer', {{'decode': fn}}))"))
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSettings:
+    """The run's folder, the checkpoints written into it, and the weights loaded first."""
+
+    output_dir: Optional[str] = _row(
+        None, path(empty=False, none=True), "The run's folder: checkpoints, metrics, log.txt; "
+        "nothing is written without it.")
+    checkpoints_dir: Optional[str] = _row(
+        None, path(empty=False, none=True, inside=True), "A folder inside output_dir for the checkpoints.",
+        Need("output_dir", _OUTPUT_DIR, "checkpoints_dir/logs_dir ({value}) are folders inside output_dir: give "
+             "output_dir"))
+    checkpoint_period: Optional[int] = _shared("checkpointer.period",
+        Need("output_dir", _OUTPUT_DIR, "checkpoint_period={value} saves checkpoints, and " + _NOT_WRITTEN,
+             refuse=False),
+        default=None, doc="None: every epoch (Hezar's default).")
+    max_to_keep: Optional[int] = _shared("checkpointer.max_to_keep",
+        Need("output_dir", _OUTPUT_DIR, "max_to_keep={value} keeps periodic checkpoints, and " + _NOT_WRITTEN,
+             refuse=False),
+        Need("periodic checkpoints", lambda s, v: s["checkpoint_period"] != 0,
+             "max_to_keep={value} keeps periodic checkpoints, and checkpoint_period=0 writes none",
+             refuse=False))
+    preemption: bool = _shared("handle_preemption",
+        Need("output_dir", lambda s, v: not v or s["output_dir"] is not None,
+             "preemption={value} saves a checkpoint on SIGTERM/SIGUSR1, and " + _NOT_WRITTEN, refuse=False),
+        doc="With output_dir (where checkpoints are written): a preempted run is resumed exactly by "
+        "train(resume=True). False: the signal ends the process as Python's default does.")
+    init_weights_from: Optional[str] = _row(
+        None, path(empty=False, none=True), "A checkpoint whose matching weights are loaded "
+        "first (a new head is fine: mismatched keys are reported).")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingSettings:
+    """What the run writes and shows as it trains, and the hooks and callbacks that follow it."""
+
+    logs_dir: Optional[str] = _row(
+        None, path(empty=False, none=True, inside=True), "A folder inside output_dir for the logs and metrics.",
+        Need("output_dir", _OUTPUT_DIR, "checkpoints_dir/logs_dir ({value}) are folders inside output_dir: give "
+             "output_dir"))
+    loggers: Sequence[Any] = _row(
+        ("json", "tensorboard"), _loggers, "The files written ('json', 'tensorboard', 'csv'), "
+        "trackers ('mlflow', 'wandb') or EventWriter objects.",
+        Need("output_dir", lambda s, v: s["output_dir"] is not None or not any(n in FILE_LOGGERS for n in v),
+             "loggers={value} names files, and " + _NOT_WRITTEN, refuse=False))
+    log_period: int = _shared("log_period")
+    progress_bar: Optional[bool] = _row(
+        None, choice((None, True, False)), "A tqdm bar; None: shown when stderr is a terminal.")
+    hooks: Sequence[HookBase] = _row((), _hooks, "More hooks (HookBase), placed by docs/defaults.md's rule.")
+    callbacks: Sequence[EpochCallback] = _row(
+        (), _callbacks, "fn(trainer, epoch, metrics) at each epoch's end, with that epoch's row.",
+        Need("epochs", _EPOCHS,
+             "callbacks are called at each epoch's end, and this train_loader has no length (no epochs)"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessSettings:
+    """Where the run trains: the device, the random seed, and the model's wrapper and timeout on several processes."""
+
+    device: Union[str, torch.device] = _shared("device", rule=_device, doc="A torch.device is taken too.")
+    seed: Optional[int] = _row(
+        None, _seed, "Seeds python, numpy and torch before training, and the data order; None: not seeded "
+        "(the data order then uses 0).")
+    ddp: Union[str, Dict[str, Any]] = _row(
+        "ddp", _ddp, "How the model is wrapped when several processes train: 'ddp', 'fsdp' or a dict of "
+        "train.ddp's options with its kind.",
+        Need("several processes", _SEVERAL_PROCESSES, "ddp={value} wraps the model when several processes train; "
+             "this is one process, so nothing is wrapped", refuse=False))
+    dist_timeout: float = _shared("dist_timeout",
+        Need("several processes", _SEVERAL_PROCESSES, "dist_timeout={value} bounds what several processes wait "
+             "for each other; this is one process", refuse=False))
+
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerSettings:
+    """The settings of a ``Trainer`` (``trainer.settings``), checked, by
+    purpose: ``trainer.settings.evaluation.eval_period``. Built once, when
+    the ``Trainer`` is built (:func:`checked_settings`), and read-only.
+
+    A setting is also read by its name alone (``settings.eval_period``, as
+    code written before the groups reads it), untyped.
+    """
+
+    data: DataSettings
+    optimization: OptimizationSettings
+    evaluation: EvaluationSettings
+    checkpoints: CheckpointSettings
+    logging: LoggingSettings
+    processes: ProcessSettings
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> "TrainerSettings":
+        """The settings of ``values``, one value by setting name."""
+        return cls(**{name: group(**{f.name: values[f.name] for f in dataclasses.fields(group)})
+                      for name, group in GROUPS})
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only for what is not an attribute: a setting's name alone.
+        if name not in _BY_NAME:
+            raise AttributeError(f"{type(self).__name__} has no setting {name!r}")
+        return getattr(object.__getattribute__(self, _BY_NAME[name].group), name)
+
+
+#: The groups of :class:`TrainerSettings`, in order: ``(name, dataclass)``.
+GROUPS: Tuple[Tuple[str, Any], ...] = tuple(
+    (f.name, typing.get_type_hints(TrainerSettings)[f.name]) for f in dataclasses.fields(TrainerSettings)
+)
+
+#: Every setting of ``Trainer`` (its arguments after ``model, optimizer,
+#: train_loader``), group by group: the rows of the groups' fields.
+SETTINGS: Tuple[Setting, ...] = tuple(
+    dataclasses.replace(f.metadata[_ROW], name=f.name, group=name)
+    for name, group in GROUPS for f in dataclasses.fields(group)
 )
 
 _BY_NAME: Dict[str, Setting] = {row.name: row for row in SETTINGS}
@@ -526,9 +657,6 @@ def check_settings(situation: Situation, given: FrozenSet[str]) -> Dict[str, Any
             refuses, or that cannot act here and is refused, in one line.
     Logs one warning for each setting that cannot act here and is warned about.
     """
-    unknown = sorted(given - set(_BY_NAME))
-    if unknown:
-        raise TypeError(f"Trainer got unknown settings {unknown}")
     values = dict(situation.values)
     for row in SETTINGS:
         value = values[row.name]
@@ -556,18 +684,21 @@ def check_settings(situation: Situation, given: FrozenSet[str]) -> Dict[str, Any
     return values
 
 
-def records_given_settings(init: Callable[..., None]) -> Callable[..., None]:
-    """Has ``Trainer.__init__`` know which settings its caller passed
-    (``self._given_settings``): a setting passed at its default value may
-    still be one that cannot act here. ``None`` passed for a setting asks for
-    nothing, and does not count."""
+def given_settings(settings: Mapping[str, Any]) -> Tuple[Dict[str, Any], FrozenSet[str]]:
+    """Every setting's value, ``settings`` (a ``Trainer``'s keyword arguments)
+    over the defaults, and which of them its caller gave: a setting passed at
+    its default value may still be one that cannot act here. ``None`` passed
+    for a setting asks for nothing, and does not count.
 
-    @functools.wraps(init)
-    def wrapper(self: Any, model: Any, optimizer: Any, train_loader: Any, **settings: Any) -> None:
-        self._given_settings = frozenset(k for k, v in settings.items() if v is not None)
-        init(self, model, optimizer, train_loader, **settings)
-
-    return wrapper
+    Raises:
+        TypeError: a name that is no setting, as Python says it of an
+            argument a function does not have.
+    """
+    unknown = [name for name in settings if name not in _BY_NAME]
+    if unknown:
+        raise TypeError(f"Trainer.__init__() got an unexpected keyword argument {unknown[0]!r}")
+    values = {row.name: settings.get(row.name, row.default) for row in SETTINGS}
+    return values, frozenset(name for name, value in settings.items() if value is not None)
 
 
 def situation_of(model: Any, optimizer: Any, train_loader: Any, values: Mapping[str, Any]) -> Situation:
@@ -614,22 +745,23 @@ def situation_of(model: Any, optimizer: Any, train_loader: Any, values: Mapping[
 
 
 def checked_settings(model: Any, optimizer: Any, train_loader: Any, values: Mapping[str, Any],
-                     given: FrozenSet[str]) -> types.SimpleNamespace:
+                     given: FrozenSet[str]) -> TrainerSettings:
     """The settings of ``Trainer(model, optimizer, train_loader, **values)``,
     ``given`` by its caller, checked before anything is built or written:
     by the table (:func:`check_settings`), the batch size a dataset needs,
-    and the output folder's (and its subfolders') being writable. Attributes by setting name."""
+    and the output folder's (and its subfolders') being writable."""
     from treadle.utils.run_folder import check_output_dir
 
     from .data import check_batch_sizes
 
-    s = types.SimpleNamespace(**check_settings(situation_of(model, optimizer, train_loader, values), given))
-    check_batch_sizes(train_loader, s.eval_loader, s.batch_size, s.total_batch_size, s.eval_batch_size)
-    if s.output_dir is not None:
-        check_output_dir(s.output_dir)
-        for name in ("checkpoints_dir", "logs_dir"):
-            if getattr(s, name):
-                check_output_dir(os.path.join(s.output_dir, getattr(s, name)), name=name)
+    s = TrainerSettings.of(check_settings(situation_of(model, optimizer, train_loader, values), given))
+    data, output_dir = s.data, s.checkpoints.output_dir
+    check_batch_sizes(train_loader, s.evaluation.eval_loader, data.batch_size, data.total_batch_size, data.eval_batch_size)
+    if output_dir is not None:
+        check_output_dir(output_dir)
+        for name, sub in (("checkpoints_dir", s.checkpoints.checkpoints_dir), ("logs_dir", s.logging.logs_dir)):
+            if sub:
+                check_output_dir(os.path.join(output_dir, sub), name=name)
     return s
 
 
@@ -643,13 +775,64 @@ def processes_to_come() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
+def section_title(group: str) -> str:
+    """The heading of ``group``'s settings, in the ``Trainer``'s docstring and in ``docs/trainer.md``."""
+    return f"{group.capitalize()} settings"
+
+
+def _types() -> Dict[str, str]:
+    """Each setting's type, as its group's field declares it."""
+    return {f.name: str(f.type) for _, group in GROUPS for f in dataclasses.fields(group)}
+
+
+def document_settings(cls: _T) -> _T:
+    """Gives ``cls`` (the ``Trainer``) its settings from the table: its
+    ``__init__``'s signature (``**settings`` shown as each setting, with its
+    type and default, for ``inspect.signature`` and ``help``) and, ending its
+    docstring, a section per group that lists each setting (for the API
+    reference; ``docs/conf.py`` names the sections)."""
+    init: Any = cls.__init__  # type: ignore[misc]
+    signature = inspect.signature(init)
+    types_ = _types()
+    parameters = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD] + [
+        inspect.Parameter(row.name, inspect.Parameter.KEYWORD_ONLY, default=row.default, annotation=types_[row.name])
+        for row in SETTINGS
+    ]
+    init.__signature__ = signature.replace(parameters=parameters)
+    sections = []
+    for group, _ in GROUPS:
+        lines = [f"{section_title(group)}:"]
+        for row in SETTINGS:
+            if row.group == group:
+                shared = f" As ``train.{row.train_key}``." if row.train_key else ""
+                text = f"{row.name}: ``{types_[row.name]}``, default ``{row.default!r}``. {_rst(row.doc)}{shared}"
+                lines += textwrap.wrap(text, 116, initial_indent=" " * 4, subsequent_indent=" " * 8,
+                                       break_on_hyphens=False, break_long_words=False)
+        sections.append("\n".join(lines))
+    cls.__doc__ = inspect.cleandoc(cls.__doc__ or "") + "\n\n" + "\n\n".join(sections)
+    return cls
+
+
+def _rst(text: str) -> str:
+    """``text`` as reStructuredText reads it literally: a ``*`` or a word's last ``_`` is not markup."""
+    return re.sub(r"(?<=\w)_(?!\w)", r"\\_", text.replace("*", r"\*"))
+
+
 def describe() -> str:
-    """The table in Markdown, as ``docs/trainer.md`` shows it: each setting,
-    its default, what it does (the ``train.*`` key it shares its meaning
-    with) and what it needs to act (refused or warned without it)."""
-    lines = ["| setting | default | what it does | needs, or else |", "|---|---|---|---|"]
-    for row in SETTINGS:
-        doc = row.doc + (f" As `train.{row.train_key}`." if row.train_key else "")
-        needs = "; ".join(f"{need.key}: {'refused' if need.refuse else 'warned'}" for need in row.needs)
-        lines.append(f"| `{row.name}` | `{row.default!r}` | {doc} | {needs} |")
-    return "\n".join(lines)
+    """The table in Markdown, as ``docs/trainer.md`` shows it, a table per
+    group: each setting, its default, what it does (the ``train.*`` key it
+    shares its meaning with) and what it needs to act (refused or warned
+    without it)."""
+    lines: List[str] = []
+    for group, cls in GROUPS:
+        purpose = inspect.cleandoc(cls.__doc__ or "").replace("\n", " ").replace("``", "`")
+        lines += [f"### {section_title(group)}", "", purpose, "",
+                  "| setting | default | what it does | needs, or else |", "|---|---|---|---|"]
+        for row in SETTINGS:
+            if row.group != group:
+                continue
+            doc = row.doc + (f" As `train.{row.train_key}`." if row.train_key else "")
+            needs = "; ".join(f"{need.key}: {'refused' if need.refuse else 'warned'}" for need in row.needs)
+            lines.append(f"| `{row.name}` | `{row.default!r}` | {doc} | {needs} |")
+        lines.append("")
+    return "\n".join(lines[:-1])
