@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's treadle, also without an instal
 sys.path.insert(0, str(Path(__file__).resolve().parent / "_ext"))
 
 import treadle  # noqa: E402
+from treadle.trainer.settings import GROUPS, section_title  # noqa: E402
 
 project = "treadle"
 author = "treadle's authors"
@@ -48,6 +49,9 @@ myst_enable_extensions = ["colon_fence"]
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
+# The plain Trainer's docstring lists its settings in a section per group
+# (treadle.trainer.settings.document_settings), shown as its Args are.
+napoleon_custom_sections = [(section_title(group), "params_style") for group, _ in GROUPS]
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_inherit_docstrings = True

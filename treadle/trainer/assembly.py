@@ -10,35 +10,53 @@ Runs once, when the ``Trainer`` is built, through its ``build_hooks`` and
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, List, Optional
+from typing import Any, Callable, List, Optional, Protocol
 
+import torch
+
+from treadle.checkpoint import Checkpointer
 from treadle.events import EventWriter, get_default_writers
 from treadle.hooks import HookBase
 from treadle.utils import comm
 
-from treadle.compat.overrides import RunEvents, TrainEvents, is_event_callback
+from treadle.compat.overrides import RunEvents, SeedEventCalls, TrainEvents, is_event_callback
 from treadle.engine.build import resolve_scheduler
 from treadle.engine.default_hooks import default_hooks
+from treadle.engine.history import TrainingHistory
 
-from .evaluation import watches_training
+from .evaluation import TrainerEvaluation, watches_training
 from .settings import FILE_LOGGERS, TrainerSettings
 
-if TYPE_CHECKING:
-    from .trainer import Trainer
-
-__all__ = ["trainer_hooks", "trainer_writers"]
+__all__ = ["BuiltTrainer", "trainer_hooks", "trainer_writers"]
 
 
-def trainer_hooks(trainer: Trainer, s: TrainerSettings) -> List[HookBase]:
-    """The default hooks of ``trainer`` for its settings ``s``: its schedule,
-    evaluation, checkpoints, early stopping, epoch history and writers, and
-    the user's hooks, in :func:`~treadle.engine.default_hooks.default_hooks`' order."""
+class BuiltTrainer(Protocol):
+    """What the assembly reads of a ``Trainer`` built up to its hooks."""
+
+    settings: TrainerSettings
+    optimizer: torch.optim.Optimizer
+    train_loader: Any
+    evaluation: TrainerEvaluation
+    evaluator: Any
+    checkpointer: Optional[Checkpointer]
+    history: TrainingHistory
+    max_iter: int
+    epoch_length: Optional[int]
+    output_dir: Optional[str]
+    logs_dir: Optional[str]
+
+    def build_writers(self, samples_per_iter: Optional[int], *, console: bool) -> List[EventWriter]: ...
+
+
+def trainer_hooks(trainer: BuiltTrainer, s: TrainerSettings, scheduler: Any, events: SeedEventCalls, *,
+                  scheduler_step: Optional[Callable[..., Any]], evaluate: Optional[Callable[[], Any]]) -> List[HookBase]:
+    """The default hooks of ``trainer`` for its settings ``s``: the
+    ``scheduler`` given (or its subclass's), evaluation by ``evaluate``,
+    checkpoints, early stopping, the epoch history, the writers, the seeds'
+    ``events`` and the user's hooks, in :func:`~treadle.engine.default_hooks.default_hooks`' order."""
     opt, ev, ckpt = s.optimization, s.evaluation, s.checkpoints
     watched, mode = trainer.evaluation.watched(trainer.evaluator, ev.best_metric, ev.best_mode,
-                                               ev.early_stopping_patience, recorded="eval_epoch_end" in trainer._events)
-    # pytorch-accelerated's create_scheduler() builds it where a subclass overrides it.
-    given = trainer.create_scheduler() if trainer._overrides("create_scheduler") else opt.scheduler
-    scheduler = resolve_scheduler(given, trainer.optimizer, trainer.max_iter, warmup_iters=opt.warmup_iters)
+                                               ev.early_stopping_patience, recorded="eval_epoch_end" in events)
     shown = s.logging.progress_bar
     bar = (shown if shown is not None else _stderr_is_a_terminal()) and comm.is_main_process()
     total_batch = getattr(trainer.train_loader, "total_batch_size", None)
@@ -46,9 +64,9 @@ def trainer_hooks(trainer: Trainer, s: TrainerSettings) -> List[HookBase]:
     samples_per_iter = total_batch * opt.grad_accum_steps if total_batch else None
     epoch_length = trainer.epoch_length
     return default_hooks(
-        optimizer=trainer.optimizer, scheduler=scheduler, scheduler_interval=opt.scheduler_interval,
-        scheduler_step=trainer.scheduler_step if trainer._overrides("scheduler_step") else None,
-        ema_decay=opt.ema_decay, evaluate=trainer._evaluate_in_training if trainer.eval_loader is not None else None,
+        optimizer=trainer.optimizer, scheduler_interval=opt.scheduler_interval, scheduler_step=scheduler_step,
+        scheduler=resolve_scheduler(scheduler, trainer.optimizer, trainer.max_iter, warmup_iters=opt.warmup_iters),
+        ema_decay=opt.ema_decay, evaluate=evaluate,
         eval_period=ev.eval_period if ev.eval_period is not None else epoch_length or 0,
         checkpointer=trainer.checkpointer, best_metric=watched if ev.best_metric else None, best_mode=mode,
         stop_metric=watched if ev.early_stopping_patience else None, stop_patience=ev.early_stopping_patience,
@@ -60,12 +78,12 @@ def trainer_hooks(trainer: Trainer, s: TrainerSettings) -> List[HookBase]:
         writers=trainer.build_writers(samples_per_iter, console=not bar),
         log_period=s.logging.log_period, progress_bar=bar,
         output_dir=trainer.output_dir, samples_per_iter=samples_per_iter, user_hooks=list(s.logging.hooks),
-        before_evaluation=[h for h in (TrainEvents(trainer._events),) if h.active()],
-        after_history=[h for h in (RunEvents(trainer._events),) if h.active()],
+        before_evaluation=[h for h in (TrainEvents(events),) if h.active()],
+        after_history=[h for h in (RunEvents(events),) if h.active()],
     )
 
 
-def trainer_writers(trainer: Trainer, samples_per_iter: Optional[int], *, console: bool) -> List[EventWriter]:
+def trainer_writers(trainer: BuiltTrainer, samples_per_iter: Optional[int], *, console: bool) -> List[EventWriter]:
     """What ``loggers`` names, and the console where no progress bar shows the losses
     (:func:`~treadle.events.get_default_writers`, ``DefaultTrainer``'s assembly too)."""
     loggers, logs_dir = trainer.settings.logging.loggers, trainer.logs_dir

@@ -574,7 +574,8 @@ class ProcessSettings:
              "this is one process, so nothing is wrapped", refuse=False))
     dist_timeout: float = _shared("dist_timeout",
         Need("several processes", _SEVERAL_PROCESSES, "dist_timeout={value} bounds what several processes wait "
-             "for each other; this is one process", refuse=False))
+             "for each other; this is one process", refuse=False),
+        default=float(_TRAIN["dist_timeout"].default))  # in seconds, as timedelta.total_seconds() says them
 
 
 
@@ -776,8 +777,10 @@ def processes_to_come() -> int:
 
 
 def section_title(group: str) -> str:
-    """The heading of ``group``'s settings, in the ``Trainer``'s docstring and in ``docs/trainer.md``."""
-    return f"{group.capitalize()} settings"
+    """The heading of ``group``'s settings (``"Checkpoint settings"``: its
+    dataclass's name), in the ``Trainer``'s docstring and in ``docs/trainer.md``."""
+    name = dict(GROUPS)[group].__name__
+    return f"{name[:-len('Settings')]} settings"
 
 
 def _types() -> Dict[str, str]:

@@ -11,11 +11,10 @@ its evaluation, :mod:`treadle.trainer.evaluation`; its run in its folder,
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import weakref
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Union, cast
+from typing import Any, Callable, Dict, Iterable, List, Optional, Union, cast
 
 import torch
 from torch import nn
@@ -36,7 +35,7 @@ from treadle.solver import build_optimizer
 from treadle.engine.build import build_step, loader_epoch_length
 from treadle.engine.hook_table import note_origin
 from treadle.compat.names import SEED_METHODS, overridden, refuse_libai_run_step
-from treadle.compat.overrides import EVAL_POINTS, UPDATE_POINTS, SeedEventCalls, SeedOverrides, TrainerStep, raised_in
+from treadle.compat.overrides import EVAL_POINTS, UPDATE_POINTS, TrainerStep, raised_in
 from treadle.engine.history import RunHistory, TrainingHistory
 from treadle.engine.data_parallel import check_optimizer_holds, wrap_model
 from treadle.engine.session import Resume, RunSession
@@ -46,9 +45,9 @@ from .assembly import trainer_hooks, trainer_writers
 from .data import as_eval_loader, as_train_loader, check_batch_sizes, run_length, warn_about_leftover_batches
 from .evaluation import TrainerEvaluation
 from .process import inside, join_processes, start_console
-from .run import refuse_second_train, run
+from .run import TrainerRun
 from .settings import LOGGERS, TrainerSettings, checked_settings, document_settings, given_settings, wrapper_of
-from .subclass import check_epoch_events, check_overrides, seed_eval_batch
+from .subclass import SeedSubclass, check_epoch_events
 
 __all__ = ["Trainer", "TrainingHistory", "LOGGERS", "SEED_METHODS"]
 
@@ -58,7 +57,7 @@ logger = logging.getLogger(__name__)
 # this many iterations the oldest values are dropped (global averages stay).
 _MAX_HISTORY = 1_000_000
 
-class Trainer(SeedOverrides, TrainerBase):
+class Trainer(SeedSubclass, TrainerRun):
     """Trainer(model, optimizer, train_loader, **settings)
 
     Trains ``model`` from plain objects and returns its history.
@@ -83,7 +82,7 @@ class Trainer(SeedOverrides, TrainerBase):
     ``train_step``, pytorch-accelerated's ``calculate_train_batch_loss``,
     Hezar's ``training_step``...): each is called at the seed's moment, or
     refused when the subclass is built (the table of
-    :mod:`treadle.compat.names`; the defaults are :class:`SeedOverrides`'s).
+    :mod:`treadle.compat.names`; the defaults are :class:`~treadle.compat.overrides.SeedOverrides`'s).
     Under ``torchrun`` (or :func:`~treadle.engine.launch`) the same script
     trains one model on every process (``docs/distributed.md``).
 
@@ -97,10 +96,6 @@ class Trainer(SeedOverrides, TrainerBase):
 
     #: The settings, checked, by purpose (``settings.evaluation.eval_period``).
     settings: TrainerSettings
-    #: The settings the caller passed (not as None).
-    _given_settings: FrozenSet[str] = frozenset()
-    #: Who is called at each event of the seeds (a subclass's methods, callbacks, hooks).
-    _events: SeedEventCalls
 
     def __init__(self, model: nn.Module, optimizer: Union[torch.optim.Optimizer, str, tuple], train_loader: Any,
                  **settings: Any) -> None:
@@ -116,7 +111,7 @@ class Trainer(SeedOverrides, TrainerBase):
         self.output_dir = output_dir
         self.checkpoint_dir = inside(output_dir, s.checkpoints.checkpoints_dir)
         self.logs_dir = inside(output_dir, s.logging.logs_dir)
-        events = check_overrides(self, Trainer, s)
+        events = self._check_overrides(Trainer, s)
         if s.processes.seed is not None:
             seed_all_rng(s.processes.seed)
         self.device = resolve_device(s.processes.device)
@@ -133,10 +128,6 @@ class Trainer(SeedOverrides, TrainerBase):
         self.max_iter, self.epoch_length = max_iter, epoch_length
         self.history = TrainingHistory()
         self.run_history = RunHistory(self.history)
-        self._pause_after_epoch: Optional[int] = None
-        self._trained = self._paused = False
-        # Whether train_epoch() has trained (train() after it says so).
-        self._by_epochs = False
         self.evaluation = self.build_evaluation(s)
         #: What evaluation computes (the list given as ``metrics``); a subclass may
         #: use the name for its own (pytorch-accelerated's ``TrainerWithMetrics``).
@@ -147,7 +138,6 @@ class Trainer(SeedOverrides, TrainerBase):
             subdirs=[d for d in (s.checkpoints.checkpoints_dir, s.logging.logs_dir) if d],
         )
         self.register_hooks(self.build_hooks(s))
-        self._in_training = False
         events.fire("init_end")
 
     # ------------------------------------------------------------------ builders
@@ -223,7 +213,7 @@ class Trainer(SeedOverrides, TrainerBase):
         evaluation = TrainerEvaluation(
             self.model, metrics=ev.metrics, loss_fn=s.optimization.loss_fn, compute_loss=self._own_compute_loss(),
             generate=(dict(generate) if isinstance(generate, dict) else {}) if generate else None,
-            batch_fn=functools.partial(seed_eval_batch, self) if by_override else None,
+            batch_fn=self._eval_batch if by_override else None,
             step_results=self.eval_step if self._overrides("eval_step") else None,
             prepare=self._prepare_batch if self._overrides("_prepare_batch") else None,
         )
@@ -239,7 +229,11 @@ class Trainer(SeedOverrides, TrainerBase):
     def build_hooks(self, s: TrainerSettings) -> List[HookBase]:
         """The default hooks (:func:`~treadle.engine.default_hooks.default_hooks`) for these settings
         (:func:`~treadle.trainer.assembly.trainer_hooks`)."""
-        return trainer_hooks(self, s)
+        # pytorch-accelerated's create_scheduler() builds it where a subclass overrides it.
+        scheduler = self.create_scheduler() if self._overrides("create_scheduler") else s.optimization.scheduler
+        return trainer_hooks(self, s, scheduler, self._events,
+                             scheduler_step=self.scheduler_step if self._overrides("scheduler_step") else None,
+                             evaluate=self._evaluate_in_training if self.eval_loader is not None else None)
 
     def build_writers(self, samples_per_iter: Optional[int], *, console: bool) -> List[EventWriter]:
         """What ``loggers`` names, and the console where no progress bar shows the losses
@@ -301,10 +295,10 @@ class Trainer(SeedOverrides, TrainerBase):
         if resume is True and self.checkpointer is None:
             raise ValueError("resume=True needs an output_dir with checkpoints; or give resume='path/to/checkpoint.pth'")
         if self._paused and resume is False:
-            return run(self, False, continuing=True)
+            return self._run(False, continuing=True)
         if self._trained and resume is False:
-            refuse_second_train(self)
-        return run(self, resume, move_aside=move_aside)
+            self._refuse_second_train()
+        return self._run(resume, move_aside=move_aside)
 
     def train_epoch(self) -> Dict[str, float]:
         """Trains the next epoch and returns its row of the history (qurious'
@@ -328,7 +322,7 @@ class Trainer(SeedOverrides, TrainerBase):
         self._pause_after_epoch = start // self.epoch_length
         self._by_epochs = True
         try:
-            run(self, False, continuing=start > 0)
+            self._run(False, continuing=start > 0)
         finally:
             self._pause_after_epoch = None
         return dict(self.history.epochs[-1])
