@@ -565,3 +565,88 @@ def test_max_epochs_stopping_before_max_iter_is_warned_about_as_hugging_faces_ma
     Trainer(nn.Linear(3, 1), "adamw", data, lr=0.01, batch_size=2, max_iter=10, max_epochs=3, loss_fn=nn.MSELoss(),
             device="cpu", progress_bar=False)
     assert warnings_of(treadle_caplog) == []  # max_iter stops first, as Hugging Face's max_steps
+
+
+# ---------------------------------------------------------------------- the settings, typed and grouped
+def test_the_trainer_keeps_its_settings_by_purpose_typed_frozen_and_by_name():
+    """Hezar's user's settings come back where the groups put them; the old flat reads still work."""
+    import dataclasses
+
+    from treadle.trainer.settings import TrainerSettings
+
+    trainer = Trainer(mlp(), "adamw", classification(), batch_size=32, lr=1e-3, loss_fn=CE, max_epochs=2,
+                      eval_loader=classification(64, seed=1), eval_period=4, metrics=["accuracy"], progress_bar=False)
+    s = trainer.settings
+    assert isinstance(s, TrainerSettings)
+    assert (s.data.batch_size, s.optimization.lr, s.optimization.max_epochs) == (32, 1e-3, 2)
+    assert (s.evaluation.eval_period, list(s.evaluation.metrics), s.checkpoints.output_dir) == (4, ["accuracy"], None)
+    assert (s.processes.dist_timeout, s.logging.log_period, s.data.shuffle) == (300.0, 20, True)
+    assert (s.eval_period, s.batch_size, s.dist_timeout) == (4, 32, 300.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.evaluation.eval_period = 8
+    with pytest.raises(AttributeError, match="^TrainerSettings has no setting 'eval_steps'$"):
+        s.eval_steps
+
+
+def _admits(annotation, value) -> bool:
+    """Whether ``value`` is of the type ``annotation`` (the forms the settings' fields use)."""
+    import collections.abc
+    import typing
+
+    if annotation is typing.Any:
+        return True
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Union:
+        return any(_admits(arg, value) for arg in args)
+    if origin is collections.abc.Callable:
+        return callable(value)
+    if origin in (collections.abc.Sequence, collections.abc.Iterable):
+        return isinstance(value, origin) and all(_admits(args[0], v) for v in value)
+    return isinstance(value, origin or annotation)
+
+
+def test_the_table_is_the_fields_of_the_groups_each_typed_with_its_default():
+    """The table's rows are the settings dataclasses' fields: same names, in
+    order, each default of its field's type and accepted by its row's rule."""
+    import dataclasses
+    import typing
+
+    from treadle.engine.history import EpochCallback
+    from treadle.trainer import settings
+
+    names = {"data", "optimization", "evaluation", "checkpoints", "logging", "processes"}
+    assert [name for name, _ in settings.GROUPS] == [f.name for f in dataclasses.fields(settings.TrainerSettings)]
+    assert set(dict(settings.GROUPS)) == names
+    fields = [(name, f) for name, group in settings.GROUPS for f in dataclasses.fields(group)]
+    assert [(row.name, row.group, row.default) for row in SETTINGS] == [(f.name, g, f.default) for g, f in fields]
+    for name, group in settings.GROUPS:
+        assert dataclasses.is_dataclass(group) and group.__dataclass_params__.frozen, name
+        types = typing.get_type_hints(group, {**vars(settings), "torch": torch, "EpochCallback": EpochCallback})
+        for f in dataclasses.fields(group):
+            assert _admits(types[f.name], f.default), (f.name, types[f.name], f.default)
+    assert typing.get_type_hints(settings.EvaluationSettings, vars(settings))["eval_period"] == typing.Optional[int]
+    for row in SETTINGS:
+        if row.rule is not None and row.default is not None:
+            row.rule(row.name, row.default)  # raises where the rule refuses its own default
+
+
+def test_the_trainers_api_entry_is_its_arguments_then_its_settings_by_group():
+    """The reference shows Trainer(model, optimizer, train_loader, **settings), then a
+    section per group (named in docs/conf.py) listing its settings; docs/trainer.md a table per group."""
+    import inspect
+
+    from treadle.trainer.settings import GROUPS, section_title
+
+    doc = inspect.getdoc(Trainer)
+    assert doc.splitlines()[0] == "Trainer(model, optimizer, train_loader, **settings)"
+    sections = re.findall(r"^(\w+ settings):\n((?:    .*\n?)+)", doc, re.M)
+    assert [title for title, _ in sections] == [section_title(name) for name, _ in GROUPS]
+    assert [title for title, _ in sections][3:] == ["Checkpoint settings", "Logging settings", "Process settings"]
+    for (title, body), (name, _) in zip(sections, GROUPS):
+        listed = re.findall(r"^    (\w+): ", body, re.M)
+        assert listed == [row.name for row in SETTINGS if row.group == name], title
+    assert "eval_period: ``Optional[int]``, default ``None``." in doc
+    conf = (ROOT / "docs" / "conf.py").read_text()
+    assert "napoleon_custom_sections = [(section_title(group), \"params_style\") for group, _ in GROUPS]" in conf
+    page = (ROOT / "docs" / "trainer.md").read_text()
+    assert re.findall(r"^### (\w+ settings)$", page, re.M) == [title for title, _ in sections]

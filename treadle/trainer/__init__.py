@@ -7,11 +7,20 @@ default hooks it shares with ``DefaultTrainer``) and is the one user of
 trainers its user comes from. ``from treadle.engine import Trainer`` imports
 the same class.
 
-- :mod:`treadle.trainer.trainer`: the class, its builders and its run;
-- :mod:`treadle.trainer.settings`: the one table of its settings, checked
-  before anything is built;
+- :mod:`treadle.trainer.trainer`: the class, its builders, ``train``,
+  ``evaluate`` and its one-batch calls;
+- :mod:`treadle.trainer.settings`: the one table of its settings, frozen
+  dataclasses by purpose (``trainer.settings.evaluation.eval_period``),
+  checked before anything is built;
 - :mod:`treadle.trainer.data`: what it was given as data, and the loaders;
-- :mod:`treadle.trainer.evaluation`: how it evaluates.
+- :mod:`treadle.trainer.evaluation`: how it evaluates;
+- :mod:`treadle.trainer.assembly`: its hooks and writers, from its settings;
+- :mod:`treadle.trainer.subclass`: what a subclass's seed methods change
+  (checked when it is built; its evaluation batch);
+- :mod:`treadle.trainer.process`: its process's console, folders and
+  process group;
+- :mod:`treadle.trainer.run`: its run in its folder (``train()``,
+  ``train_epoch()``'s pauses).
 """
 
 from treadle.engine.history import TrainingHistory

@@ -1,5 +1,15 @@
-"""The table of the plain ``Trainer``'s settings: each one's name, default,
-rule, meaning and what it needs in order to act, said once.
+"""The table of the plain ``Trainer``'s settings: each one's name, type,
+default, rule, meaning and what it needs in order to act, said once.
+
+The settings are grouped by purpose, each group a frozen dataclass whose
+fields are its settings (:class:`DataSettings`, :class:`OptimizationSettings`,
+:class:`EvaluationSettings`, :class:`CheckpointSettings`,
+:class:`LoggingSettings`, :class:`ProcessSettings`): a field's type is what
+the ``Trainer`` reads (``trainer.settings.evaluation.eval_period``, checked by
+mypy), its default the setting's, its metadata the rest of the setting's row.
+:data:`SETTINGS`, the table, is those rows; the ``Trainer``'s signature and
+the settings sections of its docstring are made from it
+(:func:`document_settings`).
 
 It is to :class:`~treadle.engine.Trainer` what :mod:`treadle.config.train_keys`
 is to ``train.*``, and shares that table's rows where a setting means the

@@ -5,8 +5,10 @@ For users of Hezar's ``Trainer``, pytorch-accelerated or a small
 checkpoints and run session as :class:`~treadle.engine.DefaultTrainer`, from
 objects. Its settings, their defaults and what each needs are one table,
 :mod:`treadle.trainer.settings`; its data, :mod:`treadle.trainer.data`;
-its evaluation, :mod:`treadle.trainer.evaluation`; its run in its folder,
-:mod:`treadle.engine.session`.
+its evaluation, :mod:`treadle.trainer.evaluation`; its hooks and writers,
+:mod:`treadle.trainer.assembly`; what a subclass's seed methods change,
+:mod:`treadle.trainer.subclass`; its process, :mod:`treadle.trainer.process`;
+its run in its folder, :mod:`treadle.trainer.run` and :mod:`treadle.engine.session`.
 """
 
 from __future__ import annotations
@@ -258,7 +260,7 @@ class Trainer(SeedSubclass, TrainerRun):
 
     @property
     def step(self) -> StepBase:
-        """The step object (:attr:`TrainerBase.step`); one whose ``run_step`` takes
+        """The step object (:class:`TrainerBase`'s ``step``); one whose ``run_step`` takes
         LiBai's ``get_batch`` is refused with the way to write it."""
         return cast(StepBase, TrainerBase.step.fget(self))  # type: ignore[attr-defined]
 
