@@ -585,7 +585,7 @@ def test_the_trainer_keeps_its_settings_by_purpose_typed_frozen_and_by_name():
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.evaluation.eval_period = 8
     with pytest.raises(AttributeError, match="^TrainerSettings has no setting 'eval_steps'$"):
-        s.eval_steps
+        _ = s.eval_steps
 
 
 def _admits(annotation, value) -> bool:

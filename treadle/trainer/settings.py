@@ -588,7 +588,6 @@ class ProcessSettings:
         default=float(_TRAIN["dist_timeout"].default))  # in seconds, as timedelta.total_seconds() says them
 
 
-
 @dataclasses.dataclass(frozen=True)
 class TrainerSettings:
     """The settings of a ``Trainer`` (``trainer.settings``), checked, by
