@@ -194,6 +194,27 @@ def test_every_callback_event_is_called_in_pytorch_accelerateds_order():
     assert plain.epochs == [1, 3, "end"]
 
 
+def test_the_epoch_events_run_at_the_stages_their_hook_declares_and_a_resume_begins_the_next_epoch(tmp_path):
+    class EpochStart(HookBase):
+        def __init__(self):
+            self.starts = []
+
+        def on_train_epoch_start(self, trainer, **kwargs):
+            self.starts.append(trainer.iter)
+
+    first = EpochStart()
+    trainer = Trainer(mlp(), "sgd", loader(64, batch_size=32), lr=0.1, loss_fn=CE, max_epochs=3, hooks=[first],
+                      output_dir=str(tmp_path), progress_bar=False)
+    trainer.train()
+    assert first.starts == [0, 2, 4]
+    # The hook rule without exception: no event hook is called at an iteration where none of its events is.
+    assert [c.key for c in trainer._table.calls["before_step"]] == []
+    resumed = EpochStart()
+    Trainer(mlp(), "sgd", loader(64, batch_size=32), lr=0.1, loss_fn=CE, max_epochs=4, hooks=[resumed],
+            output_dir=str(tmp_path), progress_bar=False).train(resume=True)
+    assert resumed.starts == [6]
+
+
 def test_a_callbacks_unknown_on_method_is_refused_in_one_line():
     class LightningCallback(HookBase):
         def on_validation_end(self, trainer, pl_module):

@@ -5,7 +5,9 @@ Trainer subclasses the plain :class:`~treadle.engine.Trainer` and overrides
 the methods their trainer calls (``train_step``,
 ``calculate_train_batch_loss``, ``training_step``...), or writes callbacks
 with their trainer's event names. This package is what answers them, and the
-only place that knows those trainers:
+only place that knows those trainers. Its code calls those trainers the
+*seeds* (treadle was made from their documents): ``SeedOverrides``,
+``SEED_SETTINGS``, "the seed's name" mean "that trainer's".
 
 - :mod:`treadle.compat.names`: the one table of their override points and
   setting names, each row called (at that trainer's moment, with its

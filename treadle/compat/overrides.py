@@ -435,20 +435,19 @@ class _EventHook(HookBase):
 
 class TrainEvents(_EventHook):
     """Calls pytorch-accelerated's training events: ``training_run_start``
-    before training, ``train_epoch_start`` before each epoch's first
-    iteration, ``train_epoch_end`` after each epoch's last one (and the
-    run's), before its evaluation. Registered before the ``EvalHook``."""
+    before training, ``train_epoch_start`` when each epoch begins, and
+    ``train_epoch_end`` after each epoch's last iteration (and the run's),
+    before its evaluation: its ``after_step`` declares the epoch as its
+    period. Registered before the ``EvalHook``."""
 
-    STAGES = {"before_train": "training_run_start", "before_step": "train_epoch_start",
+    STAGES = {"before_train": "training_run_start", "before_epoch": "train_epoch_start",
               "after_step": "train_epoch_end"}
 
     def before_train(self) -> None:
         self.events.fire("training_run_start")
 
-    def before_step(self) -> None:
-        length = self.trainer.epoch_length
-        if length and self.trainer.iter % length == 0:
-            self.events.fire("train_epoch_start")
+    def before_epoch(self) -> None:
+        self.events.fire("train_epoch_start")
 
     def after_step_period(self) -> Optional[int]:
         return self.trainer.epoch_length or 0
