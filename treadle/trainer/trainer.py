@@ -459,7 +459,7 @@ class Trainer(SeedOverrides, TrainerBase):
 
     @property
     def step(self) -> StepBase:
-        """The step object (:attr:`treadle.engine.TrainerBase.step`); one whose ``run_step`` takes
+        """The step object, as :class:`~treadle.engine.TrainerBase` has it; one whose ``run_step`` takes
         LiBai's ``get_batch`` is refused with the way to write it."""
         return cast(StepBase, TrainerBase.step.fget(self))  # type: ignore[attr-defined]
 
