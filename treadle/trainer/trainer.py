@@ -44,7 +44,8 @@ from treadle.engine.hook_table import note_origin
 from treadle.compat.names import HEZAR, HUGGING_FACE, SEED_METHODS, compute_loss_seed, overridden, refuse_methods_set_on_instance
 from treadle.compat.names import refuse_libai_run_step, refuse_seed_methods
 from treadle.compat.overrides import EVAL_POINTS, TRAIN_EPOCH_EVENTS, UPDATE_POINTS, RunEvents, SeedEventCalls, SeedOverrides
-from treadle.compat.overrides import TrainEvents, TrainerStep
+from treadle.compat.overrides import TrainEvents
+from treadle.compat.step import TrainerStep
 from treadle.compat.overrides import is_event_callback, raised_in
 from treadle.engine.history import EpochCallback, RunHistory, TrainingHistory, iteration_history
 from treadle.engine.data_parallel import check_optimizer_holds, wrap_model
@@ -299,7 +300,7 @@ class Trainer(SeedOverrides, TrainerBase):
 
     def build_step(self, s: types.SimpleNamespace) -> Any:
         """The step object: ``EagerStep``, or ``CompiledStep`` with ``compile``; a
-        :class:`~treadle.compat.overrides.TrainerStep` where a subclass
+        :class:`~treadle.compat.step.TrainerStep` where a subclass
         overrides a seed's point of the update."""
         if self._seed_update():
             return TrainerStep(
