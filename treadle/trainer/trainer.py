@@ -18,7 +18,7 @@ import sys
 import types
 import weakref
 from collections.abc import Mapping
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Union, cast
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -458,17 +458,15 @@ class Trainer(SeedOverrides, TrainerBase):
         self._events.fire("eval_step_end", batch=batch, batch_output=output)
         return output.get("model_outputs"), output["loss"]
 
-    @property
-    def step(self) -> StepBase:
-        """The step object (:attr:`TrainerBase.step`); one whose ``run_step`` takes
-        LiBai's ``get_batch`` is refused with the way to write it."""
-        return cast(StepBase, TrainerBase.step.fget(self))  # type: ignore[attr-defined]
-
-    @step.setter
-    def step(self, step: StepBase) -> None:
+    def _set_step(self, step: StepBase) -> None:
         if isinstance(step, StepBase):
             refuse_libai_run_step(step)
         TrainerBase.step.fset(self, step)  # type: ignore[attr-defined]
+
+    # Read by the loop every iteration: the getter is TrainerBase's own, not a call added to it.
+    step = property(TrainerBase.step.fget, _set_step,  # type: ignore[attr-defined,assignment]
+                    doc="""The step object (:attr:`TrainerBase.step`); one whose ``run_step`` takes
+        LiBai's ``get_batch`` is refused with the way to write it.""")
 
     @property
     def scheduler(self) -> Any:
