@@ -86,6 +86,7 @@ class TrainerStep(EagerStep):
         # What a batch's loss needs: the batch output when pytorch-accelerated's
         # calculate_train_batch_loss or on_train_step_end is there.
         self._batch_output = self._overrides["calculate_train_batch_loss"] or "train_step_end" in events
+        self._fires_step_start = "train_step_start" in events
         # The micro-batches of the update in progress (the loss of each is divided by it).
         self._count = self.grad_accum_steps
         # Whether treadle's backward ran in the last training_step, and whether that step ran its own instead.
@@ -132,7 +133,8 @@ class TrainerStep(EagerStep):
                 with self._gradient_sync(micro == count - 1) if count > 1 else _NO_CONTEXT:
                     if self._overrides["prepare_input_batch"]:
                         batch = owner.prepare_input_batch(batch)
-                    self._events.fire("train_step_start")
+                    if self._fires_step_start:
+                        self._events.fire("train_step_start")
                     losses = self._training_step(batch) if self._overrides["training_step"] else forward_backward(
                         owner, self, batch)
                 for name, value in losses.items():

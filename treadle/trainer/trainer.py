@@ -465,7 +465,7 @@ class Trainer(SeedOverrides, TrainerBase):
 
     # Read by the loop every iteration: the getter is TrainerBase's own, not a call added to it.
     step = property(TrainerBase.step.fget, _set_step,  # type: ignore[attr-defined,assignment]
-                    doc="""The step object (:attr:`treadle.engine.TrainerBase.step`); one whose ``run_step`` takes
+                    doc="""The step object (``TrainerBase.step``); one whose ``run_step`` takes
         LiBai's ``get_batch`` is refused with the way to write it.""")
 
     @property
