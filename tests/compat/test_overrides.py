@@ -23,6 +23,7 @@ from treadle.config import LazyConfig
 from treadle.engine import EagerStep, Trainer
 from treadle.engine.defaults import DefaultTrainer
 from treadle.compat.names import CALLBACK_EVENTS, OVERRIDE_POINTS, SEED_METHODS
+from treadle.compat.overrides import SeedOverrides
 from tests.compat.pages import seed_pages
 from treadle.hooks import HookBase
 
@@ -423,6 +424,39 @@ def test_pytorch_accelerateds_update_methods_are_called_once_per_batch_and_updat
             ((CE(out, y) + 0.01 * out.pow(2).mean()) / 2).backward()
         optimizer.step()
     assert all(torch.allclose(p, q, atol=1e-7) for p, q in zip(trainer.model.parameters(), by_hand.parameters()))
+
+
+class HezarThroughSuper(Trainer):
+    """Hezar's training_step and optimization_step, adding to treadle's through super()."""
+
+    def training_step(self, input_batch):
+        return super().training_step(input_batch)
+
+    def optimization_step(self):
+        super().optimization_step()
+
+
+@pytest.mark.parametrize("subclass", [AcceleratedStyle, HezarThroughSuper])
+def test_the_seeds_default_update_methods_do_their_work_without_calling_back_into_the_step(subclass):
+    """A subclass's super().backward_step(loss), super().training_step(batch)... reach the defaults, which
+    do the work themselves: no call goes from them back into a method of the step (issue 53)."""
+    steps_file = sys.modules[EagerStep.__module__].__file__
+    defaults = {f.__code__ for f in vars(SeedOverrides).values() if inspect.isfunction(f)}
+    back = set()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename == steps_file and frame.f_back.f_code in defaults:
+            back.add(f"SeedOverrides.{frame.f_back.f_code.co_name} -> {frame.f_code.co_qualname}")
+
+    kwargs = {"scheduler": ("step", {"steps": [1], "gamma": 0.5})} if subclass is AcceleratedStyle else {}
+    trainer = subclass(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_iter=2, grad_accum_steps=2, progress_bar=False,
+                       **kwargs)
+    sys.setprofile(profile)
+    try:
+        trainer.train()
+    finally:
+        sys.setprofile(None)
+    assert back == set()
 
 
 def test_scheduler_step_without_a_scheduler_is_refused():

@@ -18,7 +18,7 @@ import sys
 import types
 import weakref
 from collections.abc import Mapping
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Union, cast
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -44,7 +44,8 @@ from treadle.engine.hook_table import note_origin
 from treadle.compat.names import HEZAR, HUGGING_FACE, SEED_METHODS, compute_loss_seed, overridden, refuse_methods_set_on_instance
 from treadle.compat.names import refuse_libai_run_step, refuse_seed_methods
 from treadle.compat.overrides import EVAL_POINTS, TRAIN_EPOCH_EVENTS, UPDATE_POINTS, RunEvents, SeedEventCalls, SeedOverrides
-from treadle.compat.overrides import TrainEvents, TrainerStep
+from treadle.compat.overrides import TrainEvents
+from treadle.compat.step import TrainerStep
 from treadle.compat.overrides import is_event_callback, raised_in
 from treadle.engine.history import EpochCallback, RunHistory, TrainingHistory, iteration_history
 from treadle.engine.data_parallel import check_optimizer_holds, wrap_model
@@ -299,7 +300,7 @@ class Trainer(SeedOverrides, TrainerBase):
 
     def build_step(self, s: types.SimpleNamespace) -> Any:
         """The step object: ``EagerStep``, or ``CompiledStep`` with ``compile``; a
-        :class:`~treadle.compat.overrides.TrainerStep` where a subclass
+        :class:`~treadle.compat.step.TrainerStep` where a subclass
         overrides a seed's point of the update."""
         if self._seed_update():
             return TrainerStep(
@@ -457,17 +458,15 @@ class Trainer(SeedOverrides, TrainerBase):
         self._events.fire("eval_step_end", batch=batch, batch_output=output)
         return output.get("model_outputs"), output["loss"]
 
-    @property
-    def step(self) -> StepBase:
-        """The step object, as :class:`~treadle.engine.TrainerBase` has it; one whose ``run_step`` takes
-        LiBai's ``get_batch`` is refused with the way to write it."""
-        return cast(StepBase, TrainerBase.step.fget(self))  # type: ignore[attr-defined]
-
-    @step.setter
-    def step(self, step: StepBase) -> None:
+    def _set_step(self, step: StepBase) -> None:
         if isinstance(step, StepBase):
             refuse_libai_run_step(step)
         TrainerBase.step.fset(self, step)  # type: ignore[attr-defined]
+
+    # Read by the loop every iteration: the getter is TrainerBase's own, not a call added to it.
+    step = property(TrainerBase.step.fget, _set_step,  # type: ignore[attr-defined,assignment]
+                    doc="""The step object (``TrainerBase.step``); one whose ``run_step`` takes
+        LiBai's ``get_batch`` is refused with the way to write it.""")
 
     @property
     def scheduler(self) -> Any:
