@@ -5,6 +5,7 @@ and the seeds' own examples run as their users write them."""
 from __future__ import annotations
 
 import collections
+import copy
 import inspect
 import json
 import os
@@ -968,3 +969,16 @@ def test_run_history_holds_the_losses_by_default_as_pytorch_accelerateds():
     history = trainer.train().to_dict()
     assert seen == pytest.approx(history["eval_loss"])
     assert trainer.run_history.get_metric_values("train_loss_epoch") == history["train_loss"]
+
+
+def test_a_plain_trainers_training_step_called_by_hand_is_the_batchs_loss_and_its_backward():
+    """Hezar's ``training_step`` on a Trainer that overrides nothing (its step a
+    plain EagerStep): the loss, and gradients of the loss over grad_accum_steps."""
+    model, batch = mlp(), next(iter(loader()))
+    by_hand = copy.deepcopy(model)
+    trainer = Trainer(model, "sgd", loader(), lr=0.1, loss_fn=CE, max_iter=2, grad_accum_steps=2, progress_bar=False)
+    loss = trainer.training_step(batch)
+    expected = CE(by_hand(batch[0]), batch[1])
+    (expected / 2).backward()
+    assert torch.equal(loss.detach(), expected.detach())
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), by_hand.parameters()))

@@ -215,7 +215,7 @@ class SeedOverrides:
         ``backward_step`` of its loss divided by the update's micro-batches);
         returns its loss. The step's own micro-batch without this override
         (:func:`~treadle.compat.step.forward_backward`)."""
-        return forward_backward(self, cast(TrainerStep, self._own_step()), batch)["total_loss"]
+        return forward_backward(self, cast(TrainerStep, self._own_step()), batch)["total_loss"]  # or an EagerStep
 
     def evaluation_step(self, batch: Any) -> Any:
         """Hezar's: the model's outputs for one evaluation batch."""

@@ -35,7 +35,10 @@ def forward_backward(trainer: Any, step: "TrainerStep", batch: Any) -> Dict[str,
     ``on_train_step_end`` needs its output, which is then given to that event;
     else the ``Trainer``'s loss), then ``backward_step`` of their total
     divided by the update's micro-batches."""
-    if step._batch_output:
+    # A Trainer without an update override trains with a plain EagerStep: its
+    # training_step (called by hand) is then the loss and its backward alone.
+    own = isinstance(step, TrainerStep)
+    if own and step._batch_output:
         with step._autocast():
             output = trainer.calculate_train_batch_loss(batch)
             if not isinstance(output, Mapping) or "loss" not in output:
@@ -46,8 +49,9 @@ def forward_backward(trainer: Any, step: "TrainerStep", batch: Any) -> Dict[str,
     else:
         with step._autocast():
             losses = as_losses(trainer.batch_loss(batch), step.loss_source)
-    count = step._count
-    step._treadle_backward = True
+    count = step._count if own else step.grad_accum_steps
+    if own:
+        step._treadle_backward = True
     trainer.backward_step(losses["total_loss"] if count == 1 else losses["total_loss"] / count)
     return losses
 
