@@ -22,6 +22,12 @@ Systems, each run in its own process, in interleaved rounds:
   detectron2's default config (a cosine fvcore schedule with a linear
   warm-up, an ``LRMultiplier``): what a schedule costs (its weights are
   not the hand loop's, which has a constant rate);
+- ``treadle-tour``: the README tour's loop (``### The loop``):
+  ``EagerStep(..., clip_grad_norm=1.0, precision="bf16")`` with
+  ``IterationTimer``, ``LRScheduler`` (a torch ``CosineAnnealingLR``) and
+  ``PeriodicWriter`` every 20 iterations with ``CommonMetricPrinter`` and
+  ``JSONWriter``: what a reader of the README runs (its weights are not
+  the hand loop's: bf16 autocast, clipping and a schedule);
 - ``treadle-trainer``: the plain ``Trainer(...)`` with an ``output_dir``
   (its default hooks and writers: timer, LR schedule, checkpoint at the
   end, JSON and TensorBoard, console lines, run summary);
@@ -98,7 +104,9 @@ the check that the method finds a difference of that size.
 
 ``--calls`` counts instead the Python and C functions each system calls per
 iteration over the same stretch (``sys.setprofile``, one process each): a
-figure a busy machine does not move. ``--instructions`` counts the machine
+figure a busy machine does not move; and, of them, the calls of treadle's own
+Python functions (code under ``treadle/``): what a change to treadle adds or
+removes per iteration, the peers' and torch's calls aside. ``--instructions`` counts the machine
 instructions each system executes per iteration over that stretch, the
 reference included, under valgrind's callgrind (one process each, side by
 side; minutes: valgrind runs ~50x slower): what noise does not move
@@ -160,7 +168,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from treadle.utils.frame_stack import call_with_frame_room
 
-TREADLE = ["treadle-bare", "treadle-hooks", "treadle-schedule", "treadle-trainer"]
+TREADLE = ["treadle-bare", "treadle-hooks", "treadle-schedule", "treadle-tour", "treadle-trainer"]
 PEERS = ["ignite", "accelerate", "mmengine", "mmengine-log", "pytorch-accelerated", "pytorch-accelerated-default",
          "lightning", "lightning-log"]
 SYSTEMS = ["hand", "hand-recorded", *TREADLE, *PEERS]
@@ -408,6 +416,30 @@ def run_treadle_schedule(work: Workload, workdir: str) -> Run:
     return model, lambda: trainer.train(0, work.iters)
 
 
+def run_treadle_tour(work: Workload, workdir: str) -> Run:
+    import torch
+    import torch.nn.functional as F
+
+    from treadle.engine import EagerStep, TrainerBase
+    from treadle.events import CommonMetricPrinter, JSONWriter
+    from treadle.hooks import IterationTimer, LRScheduler, PeriodicWriter
+    from treadle.utils.logger import setup_logger
+
+    # README.md's "### The loop", at this workload's length.
+    setup_logger()
+    model, optimizer, loader = work.fresh()
+    step = EagerStep(model, loader, optimizer, loss_fn=F.cross_entropy, grad_accum_steps=1, clip_grad_norm=1.0,
+                     precision="bf16")
+    trainer = TrainerBase(step)
+    trainer.register_hooks([
+        IterationTimer(),
+        LRScheduler(scheduler=torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, work.iters)),
+        PeriodicWriter([CommonMetricPrinter(work.iters), JSONWriter(os.path.join(workdir, "metrics.json"))],
+                       period=WRITE_PERIOD),
+    ])
+    return model, lambda: trainer.train(0, work.iters)
+
+
 def run_treadle_trainer(work: Workload, workdir: str) -> Run:
     import torch.nn.functional as F
 
@@ -587,11 +619,19 @@ def count_calls(system: str, iters: int, width: int) -> Dict[str, Any]:
     warnings.filterwarnings("ignore")
     devnull = _quiet_console()
     work = Workload(width, iters)
-    calls = 0
+    calls = own = 0
+    import treadle
+
+    # Whichever treadle this process imports (PYTHONPATH may name another checkout).
+    treadle_dir = os.path.dirname(treadle.__file__ or "") + os.sep
 
     def profile(frame: Any, event: str, arg: Any) -> None:
-        nonlocal calls
-        if event == "call" or event == "c_call":
+        nonlocal calls, own
+        if event == "call":
+            calls += 1
+            if frame.f_code.co_filename.startswith(treadle_dir):
+                own += 1
+        elif event == "c_call":
             calls += 1
 
     def at_bounds(i: int) -> None:
@@ -606,7 +646,8 @@ def count_calls(system: str, iters: int, width: int) -> Dict[str, Any]:
                 call_with_frame_room(train)
             finally:
                 sys.setprofile(None)
-    return {"system": system, "calls_per_iter": calls / (work.dataset.last - work.dataset.first)}
+    stretch = work.dataset.last - work.dataset.first
+    return {"system": system, "calls_per_iter": calls / stretch, "treadle_calls_per_iter": own / stretch}
 
 
 def _timed_run(work: Workload, run: Callable[[Workload, str], Run], folder: str, devnull: Any) -> Tuple[float, float, Any]:
@@ -1007,9 +1048,16 @@ def run_children(tasks: List[Tuple[str, Tuple[str, ...]]], iters: int, width: in
 
 
 def print_calls(systems: List[str], iters: int, width: int) -> None:
-    counts = {system: _run_child(system, iters, width, "--calls")["calls_per_iter"] for system in systems}
+    """``--calls``: two tables of the same processes, treadle's own calls per
+    iteration first, then every Python and C call with its difference to ``hand``'s."""
+    rows = [_run_child(system, iters, width, "--calls") for system in systems]
+    print(f"Calls of treadle's own Python functions (code under treadle/) per iteration over the steady stretch, "
+          f"width {width}, {iters} iterations")
+    print(f"{'system':<28} {'treadle calls/it':>16}")
+    for row in rows:
+        print(f"{row['system']:<28} {row['treadle_calls_per_iter']:16.1f}")
     _print_counts(f"Python and C function calls per iteration over the steady stretch (sys.setprofile), width {width}, "
-                  f"{iters} iterations", "calls/it", counts)
+                  f"{iters} iterations", "calls/it", {row["system"]: row["calls_per_iter"] for row in rows})
 
 
 def _print_counts(title: str, column: str, counts: Dict[str, float], unit: float = 1.0,

@@ -94,7 +94,7 @@ def render_block(name: str) -> str:
         ValueError: no such block.
     """
     if name == "override-points":
-        lines = _table(["name", "on", "treadle", "seed"],
+        lines = _table(["name", "on", "treadle", "from"],
                        [[*row, point.seed] for row, point in zip(override_rows(), OVERRIDE_POINTS)])
         lines += ["", *_events()]
     elif name == "callback events":

@@ -382,6 +382,27 @@ def test_peers_benchmark_counts_calls_per_iteration():
     assert all(count > 100 for count, _ in rows.values()) and rows["hand"][1] == 0.0, out
 
 
+def test_peers_benchmark_counts_treadles_own_calls_of_the_readme_tours_loop():
+    """--calls also counts, of the calls, those of treadle's own functions (code under treadle/), in a
+    table of their own before the total's: none in the hand-written loop, tens in the README tour's
+    loop (treadle-tour), which makes hundreds in all."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--calls", "--iters", "40", "--systems", "hand",
+         "treadle-tour"],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout
+    own_table, total_table = out.split("Python and C function calls per iteration")
+    assert own_table.startswith("Calls of treadle's own Python functions (code under treadle/) per iteration"), out
+
+    def rows(table):
+        return {line.split()[0]: float(line.split()[1]) for line in table.splitlines()
+                if line.split() and line.split()[0] in ("hand", "treadle-tour")}
+
+    own, total = rows(own_table), rows(total_table)
+    assert sorted(own) == sorted(total) == ["hand", "treadle-tour"], out
+    assert own["hand"] == 0.0 and 10 < own["treadle-tour"] < 100 < total["treadle-tour"], out
+
+
 def test_peers_benchmark_tables_callgrinds_counts_of_the_steady_stretch(tmp_path):
     """--instructions --cache-sim through the script's own code, with a
     stand-in for valgrind (tests/benchmarks/valgrind_stand_in.py) that runs

@@ -5,6 +5,7 @@ and the seeds' own examples run as their users write them."""
 from __future__ import annotations
 
 import collections
+import copy
 import inspect
 import json
 import os
@@ -23,6 +24,7 @@ from treadle.config import LazyConfig
 from treadle.engine import EagerStep, Trainer
 from treadle.engine.defaults import DefaultTrainer
 from treadle.compat.names import CALLBACK_EVENTS, OVERRIDE_POINTS, SEED_METHODS
+from treadle.compat.overrides import SeedOverrides
 from tests.compat.pages import seed_pages
 from treadle.hooks import HookBase
 
@@ -192,6 +194,27 @@ def test_every_callback_event_is_called_in_pytorch_accelerateds_order():
     ]
     assert dict(hook.seen)["on_train_step_end"] == {"batch", "batch_output"}
     assert plain.epochs == [1, 3, "end"]
+
+
+def test_the_epoch_events_run_at_the_stages_their_hook_declares_and_a_resume_begins_the_next_epoch(tmp_path):
+    class EpochStart(HookBase):
+        def __init__(self):
+            self.starts = []
+
+        def on_train_epoch_start(self, trainer, **kwargs):
+            self.starts.append(trainer.iter)
+
+    first = EpochStart()
+    trainer = Trainer(mlp(), "sgd", loader(64, batch_size=32), lr=0.1, loss_fn=CE, max_epochs=3, hooks=[first],
+                      output_dir=str(tmp_path), progress_bar=False)
+    trainer.train()
+    assert first.starts == [0, 2, 4]
+    # The hook rule without exception: no event hook is called at an iteration where none of its events is.
+    assert [c.key for c in trainer._table.calls["before_step"]] == []
+    resumed = EpochStart()
+    Trainer(mlp(), "sgd", loader(64, batch_size=32), lr=0.1, loss_fn=CE, max_epochs=4, hooks=[resumed],
+            output_dir=str(tmp_path), progress_bar=False).train(resume=True)
+    assert resumed.starts == [6]
 
 
 def test_a_callbacks_unknown_on_method_is_refused_in_one_line():
@@ -402,6 +425,39 @@ def test_pytorch_accelerateds_update_methods_are_called_once_per_batch_and_updat
             ((CE(out, y) + 0.01 * out.pow(2).mean()) / 2).backward()
         optimizer.step()
     assert all(torch.allclose(p, q, atol=1e-7) for p, q in zip(trainer.model.parameters(), by_hand.parameters()))
+
+
+class HezarThroughSuper(Trainer):
+    """Hezar's training_step and optimization_step, adding to treadle's through super()."""
+
+    def training_step(self, input_batch):
+        return super().training_step(input_batch)
+
+    def optimization_step(self):
+        super().optimization_step()
+
+
+@pytest.mark.parametrize("subclass", [AcceleratedStyle, HezarThroughSuper])
+def test_the_seeds_default_update_methods_do_their_work_without_calling_back_into_the_step(subclass):
+    """A subclass's super().backward_step(loss), super().training_step(batch)... reach the defaults, which
+    do the work themselves: no call goes from them back into a method of the step (issue 53)."""
+    steps_file = sys.modules[EagerStep.__module__].__file__
+    defaults = {f.__code__ for f in vars(SeedOverrides).values() if inspect.isfunction(f)}
+    back = set()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename == steps_file and frame.f_back.f_code in defaults:
+            back.add(f"SeedOverrides.{frame.f_back.f_code.co_name} -> {frame.f_code.co_qualname}")
+
+    kwargs = {"scheduler": ("step", {"steps": [1], "gamma": 0.5})} if subclass is AcceleratedStyle else {}
+    trainer = subclass(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_iter=2, grad_accum_steps=2, progress_bar=False,
+                       **kwargs)
+    sys.setprofile(profile)
+    try:
+        trainer.train()
+    finally:
+        sys.setprofile(None)
+    assert back == set()
 
 
 def test_scheduler_step_without_a_scheduler_is_refused():
@@ -913,3 +969,16 @@ def test_run_history_holds_the_losses_by_default_as_pytorch_accelerateds():
     history = trainer.train().to_dict()
     assert seen == pytest.approx(history["eval_loss"])
     assert trainer.run_history.get_metric_values("train_loss_epoch") == history["train_loss"]
+
+
+def test_a_plain_trainers_training_step_called_by_hand_is_the_batchs_loss_and_its_backward():
+    """Hezar's ``training_step`` on a Trainer that overrides nothing (its step a
+    plain EagerStep): the loss, and gradients of the loss over grad_accum_steps."""
+    model, batch = mlp(), next(iter(loader()))
+    by_hand = copy.deepcopy(model)
+    trainer = Trainer(model, "sgd", loader(), lr=0.1, loss_fn=CE, max_iter=2, grad_accum_steps=2, progress_bar=False)
+    loss = trainer.training_step(batch)
+    expected = CE(by_hand(batch[0]), batch[1])
+    (expected / 2).backward()
+    assert torch.equal(loss.detach(), expected.detach())
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), by_hand.parameters()))

@@ -284,6 +284,51 @@ def epoch_events(log):
     return [e for e in log if e[1] != "after_step" and e[0] != "step"]
 
 
+class EpochStartRecorder(HookBase):
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def before_epoch(self):
+        self.log.append((self.name, "before_epoch", self.trainer.epoch, self.trainer.iter))
+
+    def before_step(self):
+        self.log.append((self.name, "before_step", self.trainer.iter))
+
+
+def test_before_epoch_runs_before_every_before_step_of_an_epochs_first_iteration():
+    log = []
+    trainer = make_trainer(log, [EpochStartRecorder("a", log), EpochStartRecorder("b", log)])
+    trainer.epoch_length = 3
+    trainer.train(0, 8)  # epochs 0-2, 3-5, and a last partial one, 6-7
+    starts = [e for e in log if e[1] == "before_epoch"]
+    assert starts == [("a", "before_epoch", 0, 0), ("b", "before_epoch", 0, 0), ("a", "before_epoch", 1, 3),
+                      ("b", "before_epoch", 1, 3), ("a", "before_epoch", 2, 6), ("b", "before_epoch", 2, 6)]
+    first_step = log.index(("a", "before_step", 3))
+    assert log[first_step - 2:first_step] == [("a", "before_epoch", 1, 3), ("b", "before_epoch", 1, 3)]
+
+
+@pytest.mark.parametrize("start, expected", [(4, [(2, 6)]), (3, [(1, 3), (2, 6)])])
+def test_a_run_resumed_inside_an_epoch_begins_only_the_epochs_after_it(start, expected):
+    log = []
+    trainer = make_trainer(log, [EpochStartRecorder("a", log)])
+    trainer.epoch_length = 3
+    trainer.train(start, 8)
+    assert [e[2:] for e in log if e[1] == "before_epoch"] == expected
+
+
+def test_a_trainers_own_before_epoch_runs_without_hooks():
+    class Counting(TrainerBase):
+        def before_epoch(self):
+            log.append(("trainer", self.epoch, self.iter))
+            super().before_epoch()
+
+    log = []
+    trainer = make_trainer(log, [], cls=Counting)
+    trainer.epoch_length = 2
+    trainer.train(0, 5)
+    assert [e for e in log if e[0] == "trainer"] == [("trainer", 0, 0), ("trainer", 1, 2), ("trainer", 2, 4)]
+
+
 def test_after_epoch_runs_after_every_after_step_of_an_epochs_last_iteration():
     log = []
     trainer = make_trainer(log, [EpochRecorder("a", log), EpochRecorder("b", log)])

@@ -530,7 +530,7 @@ def test_docs_coming_from_names_only_settings_of_the_table():
     used = {name for cells in rows if len(cells) > 3 for name in re.findall(r"`([a-z_]+)(?:=|`)", cells[2])}
     assert used - names - trainer_api - stages - history - seeds_names == set()
     assert {"max_epochs", "batch_size", "best_metric", "checkpoint_period", "lr"} <= used
-    assert "`no_decay_norm_and_bias=False`" in text and "trainer_settings" in text
+    assert "`no_decay_norm_and_bias=False`" in text and "treadle/trainer/settings.py" in text
 
 
 def test_the_checks_come_before_anything_is_built(tmp_path):

@@ -5,14 +5,17 @@ Trainer subclasses the plain :class:`~treadle.engine.Trainer` and overrides
 the methods their trainer calls (``train_step``,
 ``calculate_train_batch_loss``, ``training_step``...), or writes callbacks
 with their trainer's event names. This package is what answers them, and the
-only place that knows those trainers:
+only place that knows those trainers. Its code calls those trainers the
+*seeds* (treadle was made from their documents): ``SeedOverrides``,
+``SEED_SETTINGS``, "the seed's name" mean "that trainer's".
 
 - :mod:`treadle.compat.names`: the one table of their override points and
   setting names, each row called (at that trainer's moment, with its
   arguments and meaning) or refused in one line when the trainer is built;
 - :mod:`treadle.compat.overrides`: the calling of them: the defaults of the
-  called methods (``SeedOverrides``, a base of the ``Trainer``), the step a
-  subclass's update points get (``TrainerStep``), the event hooks.
+  called methods (``SeedOverrides``, a base of the ``Trainer``), the event hooks;
+- :mod:`treadle.compat.step`: the step a subclass's update points get
+  (``TrainerStep``), which writes the seeds' update once, whole.
 
 For maintainers. The layer sits above the engine's core (the loop, the step
 objects, the hooks, events, checkpoints) and ``DefaultTrainer``'s job layer,

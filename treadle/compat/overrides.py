@@ -7,11 +7,9 @@
   ``calculate_train_batch_loss``, Hezar's ``training_step``...), so that an
   override's ``super()`` call and the helpers the seeds' examples call
   (``self._forward_pass(inputs)``) work as the seed documents them;
-- :class:`TrainerStep`, the step the ``Trainer`` builds when a subclass
-  overrides a point of the update: each point of
-  :class:`~treadle.engine.EagerStep`'s update sequence calls the method of
-  the seed's name (a ``Trainer`` that overrides none of them trains with the
-  ``EagerStep`` itself, at its cost);
+  their defaults do their work themselves: the step of a subclass that
+  overrides a point of the update (:class:`~treadle.compat.step.TrainerStep`)
+  calls them, and they never call back into the step;
 - :class:`TrainEvents` and :class:`RunEvents`, the hooks that call the epoch
   and run events (pytorch-accelerated's ``train_epoch_start``... on the
   ``Trainer``, ``on_train_epoch_start``... on a callback).
@@ -21,29 +19,27 @@ from __future__ import annotations
 
 import collections
 import inspect
-import time
 import traceback
 from collections import abc
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, cast
 
 import torch
 
 from treadle.evaluation import DatasetEvaluator
 from treadle.evaluation.batch import TARGET_KEY, batch_size, forward_batch, move_to_device
 from treadle.evaluation.loss import LOSS_FN, MODEL, as_losses
-from treadle.events import ScalarKind
 from treadle.hooks.base import HookBase
 from treadle.utils import comm
-from treadle.utils.torch_internals import foreach_div_
 
 from .names import event_methods, overridden
+from .step import TrainerStep, forward_backward  # TrainerStep: importable from its old place too
 from treadle.engine.steps import EagerStep
 
-__all__ = ["SeedOverrides", "TrainerStep", "TrainEvents", "RunEvents", "StepResultsEvaluator", "PreparedBatches",
+__all__ = ["SeedOverrides", "TrainEvents", "RunEvents", "StepResultsEvaluator", "PreparedBatches",
            "SeedEventCalls", "raised_in",
            "UPDATE_POINTS", "EVAL_POINTS", "TRAIN_EPOCH_EVENTS"]
 
-#: The methods whose override makes the ``Trainer`` train with :class:`TrainerStep`.
+#: The methods whose override makes the ``Trainer`` train with :class:`~treadle.compat.step.TrainerStep`.
 UPDATE_POINTS = ("train_step", "calculate_train_batch_loss", "backward_step", "optimizer_step",
                  "optimizer_zero_grad", "training_step", "optimization_step", "prepare_input_batch",
                  "_prepare_batch", "_forward_pass", "_compute_loss")
@@ -153,16 +149,24 @@ class SeedOverrides:
         return self._batch_output(batch)
 
     def backward_step(self, loss: torch.Tensor) -> None:
-        """pytorch-accelerated's: the backward of a batch's loss (divided by ``grad_accum_steps``)."""
-        EagerStep.backward(self._own_step(), loss)
+        """pytorch-accelerated's: the backward of a batch's loss (divided by
+        ``grad_accum_steps``), scaled by the step's grad scaler under fp16."""
+        scaler = self._own_step().grad_scaler
+        (loss if scaler is None else scaler.scale(loss)).backward()
 
     def optimizer_step(self) -> None:
-        """pytorch-accelerated's: the optimizer's step (through the grad scaler under fp16)."""
-        EagerStep.optimizer_step(self._own_step())
+        """pytorch-accelerated's: the optimizer's step, through the step's grad
+        scaler under fp16 (which skips a step whose gradients are not finite)."""
+        step = self._own_step()
+        if step.grad_scaler is None:
+            step.optimizer.step()
+        else:
+            step.grad_scaler.step(step.optimizer)
+            step.grad_scaler.update()
 
     def optimizer_zero_grad(self) -> None:
         """pytorch-accelerated's: the gradients set to None."""
-        EagerStep.zero_grad(self._own_step())
+        self._own_step().optimizer.zero_grad(set_to_none=True)
 
     def scheduler_step(self) -> None:
         """pytorch-accelerated's: the schedule's step (``self.scheduler.step()``)."""
@@ -207,9 +211,11 @@ class SeedOverrides:
         return batch
 
     def training_step(self, batch: Any) -> Any:
-        """Hezar's: the forward and backward of one training batch; returns its loss."""
-        step = self._own_step()
-        return EagerStep.forward_backward(step, batch)["total_loss"]
+        """Hezar's: the forward and backward of one training batch (the
+        ``backward_step`` of its loss divided by the update's micro-batches);
+        returns its loss. The step's own micro-batch without this override
+        (:func:`~treadle.compat.step.forward_backward`)."""
+        return forward_backward(self, cast(TrainerStep, self._own_step()), batch)["total_loss"]  # or an EagerStep
 
     def evaluation_step(self, batch: Any) -> Any:
         """Hezar's: the model's outputs for one evaluation batch."""
@@ -300,122 +306,6 @@ def raised_in(error: BaseException, trainer: Any, base: type) -> Optional[str]:
     return found
 
 
-class TrainerStep(EagerStep):
-    """The plain ``Trainer``'s step when a subclass overrides a point of the
-    update: :class:`~treadle.engine.EagerStep`'s sequence, each point calling
-    the ``Trainer``'s method of the seed's name.
-
-    - zeroing: ``optimizer_zero_grad()``;
-    - each micro-batch: ``prepare_input_batch(batch)``, then Hezar's
-      ``training_step(batch)`` (forward and backward), or
-      ``calculate_train_batch_loss(batch)`` and ``backward_step(loss)``, with
-      pytorch-accelerated's ``on_train_step_start``/``on_train_step_end``
-      around it;
-    - the step: ``optimization_step()`` (Hezar's) or ``optimizer_step()``;
-    - or the whole update, qurious' ``train_step(batch)``, which returns floats.
-
-    Gradient unscaling, ``after_backward`` hooks, clipping, accumulation,
-    the data position and the published losses stay the step's. A
-    ``training_step`` that runs its own backward (not treadle's, through
-    ``super()``) backpropagates each micro-batch's whole loss; its update's
-    gradients are divided by ``grad_accum_steps`` before the step, so that
-    they are the micro-batches' mean, as with Hezar's ``accelerator.backward``.
-    """
-
-    def __init__(self, *args: Any, owner: Any, overridden: FrozenSet[str], events: SeedEventCalls,
-                 **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._owner = owner  # a weak proxy to the Trainer
-        self._events = events
-        names = ("train_step", "training_step", "optimization_step", "calculate_train_batch_loss",
-                 "prepare_input_batch")
-        self._overrides = {name: name in overridden for name in names}
-        # What a batch's loss needs: the batch output when pytorch-accelerated's
-        # calculate_train_batch_loss or on_train_step_end is there.
-        self._batch_output = self._overrides["calculate_train_batch_loss"] or "train_step_end" in events
-        # Whether treadle's backward ran in the last training_step, and whether that step ran its own instead.
-        self._treadle_backward = self._own_backward = False
-        # Whether an update after a training_step's own backward has been seen to have gradients (checked once).
-        self._own_backward_checked = False
-
-    def run_step(self) -> None:
-        if not self._overrides["train_step"] or not self.model.training:
-            super().run_step()  # the step's own update, or its message about eval mode
-            return
-        owner, storage = self._owner, self.storage
-        start = time.perf_counter()
-        batch = self.next_batch()
-        data_time = time.perf_counter() - start
-        results = owner.train_step(batch)
-        if not isinstance(results, Mapping) or "loss" not in results:
-            raise TypeError(f"{owner.__class__.__name__}.train_step must return a dict with a 'loss' (qurious' "
-                            f"contract), got {type(results).__name__}")
-        for name, value in results.items():
-            storage.put_scalar("total_loss" if name == "loss" else name, value, kind=ScalarKind.LOSS)
-        storage.put_scalar("data_time", data_time, kind=ScalarKind.TIME)
-
-    def zero_grad(self) -> None:
-        self._owner.optimizer_zero_grad()
-
-    def backward(self, loss: torch.Tensor) -> None:
-        self._treadle_backward = True
-        self._owner.backward_step(loss)
-
-    def step_optimizer(self, *, hooks: bool = True) -> Optional[torch.Tensor]:
-        if self._own_backward and not self._own_backward_checked:
-            # Once, at the first update: a training_step returning its loss without
-            # its backward would otherwise train nothing, and say nothing.
-            if not self._parameters():
-                raise TypeError(f"{self._owner.__class__.__name__}.training_step returned its loss without a "
-                                "backward: no parameter has a gradient, so nothing would train; call "
-                                "loss.backward() in it (Hezar's accelerator.backward(loss)), or return "
-                                "super().training_step(batch)")
-            self._own_backward_checked = True
-        grads = [p.grad for p in self._parameters()] if self._own_backward and self.micro_batches > 1 else []
-        if grads:
-            # The sum of the micro-batches' whole-loss gradients, made their mean
-            # before hooks, clipping and the step see them (Hezar's accumulation).
-            foreach_div_(grads, self.micro_batches)
-        return super().step_optimizer(hooks=hooks)
-
-    def optimizer_step(self) -> None:
-        if self._overrides["optimization_step"]:
-            self._owner.optimization_step()
-        else:
-            self._owner.optimizer_step()
-
-    def compute_loss(self, batch: Any) -> Any:
-        return self._owner.batch_loss(batch)
-
-    def forward_backward(self, batch: Any) -> Dict[str, torch.Tensor]:
-        owner = self._owner
-        if self._overrides["prepare_input_batch"]:
-            batch = owner.prepare_input_batch(batch)
-        self._events.fire("train_step_start")
-        if self._overrides["training_step"]:
-            self._treadle_backward = False
-            with self._autocast():
-                losses = as_losses(owner.training_step(batch), f"{owner.__class__.__name__}.training_step")
-            self._own_backward = not self._treadle_backward
-            return losses
-        return super().forward_backward(batch)  # its backward: backward_step where overridden
-
-    def _forward(self, batch: Any) -> Dict[str, torch.Tensor]:
-        """A micro-batch's losses: pytorch-accelerated's batch output where
-        ``calculate_train_batch_loss`` or ``on_train_step_end`` is given."""
-        if not self._batch_output:
-            return super()._forward(batch)
-        owner = self._owner
-        with self._autocast():
-            output = owner.calculate_train_batch_loss(batch)
-            if not isinstance(output, Mapping) or "loss" not in output:
-                raise TypeError(f"{owner.__class__.__name__}.calculate_train_batch_loss must return a dict with a "
-                                f"'loss' (pytorch-accelerated's contract), got {type(output).__name__}")
-            losses = as_losses(output["loss"], f"{owner.__class__.__name__}.calculate_train_batch_loss")
-        self._events.fire("train_step_end", batch=batch, batch_output=output)
-        return losses
-
-
 class _EventHook(HookBase):
     """A hook calling pytorch-accelerated's events at the stages of ``STAGES``
     (stage: event); a stage none of whose events is given is not called."""
@@ -435,20 +325,19 @@ class _EventHook(HookBase):
 
 class TrainEvents(_EventHook):
     """Calls pytorch-accelerated's training events: ``training_run_start``
-    before training, ``train_epoch_start`` before each epoch's first
-    iteration, ``train_epoch_end`` after each epoch's last one (and the
-    run's), before its evaluation. Registered before the ``EvalHook``."""
+    before training, ``train_epoch_start`` when each epoch begins, and
+    ``train_epoch_end`` after each epoch's last iteration (and the run's),
+    before its evaluation: its ``after_step`` declares the epoch as its
+    period. Registered before the ``EvalHook``."""
 
-    STAGES = {"before_train": "training_run_start", "before_step": "train_epoch_start",
+    STAGES = {"before_train": "training_run_start", "before_epoch": "train_epoch_start",
               "after_step": "train_epoch_end"}
 
     def before_train(self) -> None:
         self.events.fire("training_run_start")
 
-    def before_step(self) -> None:
-        length = self.trainer.epoch_length
-        if length and self.trainer.iter % length == 0:
-            self.events.fire("train_epoch_start")
+    def before_epoch(self) -> None:
+        self.events.fire("train_epoch_start")
 
     def after_step_period(self) -> Optional[int]:
         return self.trainer.epoch_length or 0

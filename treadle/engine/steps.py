@@ -207,8 +207,6 @@ class EagerStep(StepBase):
             if not callable(compute_loss):
                 raise TypeError(f"compute_loss must be callable, got {type(compute_loss).__name__}")
             self.compute_loss = compute_loss  # type: ignore[method-assign,assignment]
-        # The micro-batches of the update in progress (forward_backward divides by it).
-        self.micro_batches = grad_accum_steps
         self._data_iter: Optional[Iterator[Any]] = None
         self._warned_no_data_state = False
         # The pass over a torch DataLoader that _data_iter reads (0 for the first), and the
@@ -270,21 +268,22 @@ class EagerStep(StepBase):
         self, next_batch: Callable[[], Any], count: int, *, hooks: bool = True
     ) -> Tuple[Dict[str, torch.Tensor], Optional[torch.Tensor], float]:
         """The update sequence, written once for every precision and for
-        accumulation: zero the gradients (:meth:`zero_grad`); for each of
-        ``count`` micro-batches (``next_batch()``), forward and backward of
-        its loss divided by ``count`` (:meth:`forward_backward`), gradients
-        synced across ranks on the last one only; then :meth:`step_optimizer`:
-        unscale them (fp16); the trainer's ``after_backward`` (with
-        ``hooks``); clip them (by norm or by value); the optimizer step
-        (:meth:`optimizer_step`). The plain ``Trainer`` calls a subclass's
-        seed-named methods at these points (:class:`~treadle.compat.overrides.TrainerStep`).
+        accumulation: zero the gradients; for each of ``count`` micro-batches
+        (``next_batch()``), forward and backward of its loss divided by
+        ``count``, gradients synced across ranks on the last one only; then
+        :meth:`step_optimizer`: unscale them (fp16); the trainer's
+        ``after_backward`` (with ``hooks``); clip them (by norm or by value);
+        the optimizer step. One straight sequence, without override points: a
+        method per point would be paid by every iteration of every user. (The
+        plain ``Trainer`` writes the seeds' own sequence in
+        :class:`~treadle.compat.step.TrainerStep`.)
 
         Returns the losses averaged over the micro-batches (detached), the
         gradient norm before clipping (``None`` without ``clip_grad_norm``)
         and the seconds spent waiting in ``next_batch``.
         """
-        self.zero_grad()
-        self.micro_batches = count
+        optimizer, scaler = self.optimizer, self.grad_scaler
+        optimizer.zero_grad(set_to_none=True)
         totals: Dict[str, torch.Tensor] = {}
         data_time = 0.0
         try:
@@ -293,45 +292,19 @@ class EagerStep(StepBase):
                 batch = next_batch()
                 data_time += time.perf_counter() - start
                 with self._gradient_sync(micro == count - 1) if count > 1 else _NO_CONTEXT:
-                    losses = self.forward_backward(batch)
+                    losses = self._forward(batch)
+                    loss = losses["total_loss"] if count == 1 else losses["total_loss"] / count
+                    (loss if scaler is None else scaler.scale(loss)).backward()
                 for name, value in losses.items():
                     value = self._published(value)
                     totals[name] = value if micro == 0 else totals[name] + value
         except BaseException:
-            if count > 1 and self._fsdp2:
-                # An error mid-accumulation must not leave gradient sync off
-                # for whatever backward runs after it, outside this step.
-                cast(Any, self.model).set_requires_gradient_sync(True)
+            self._sync_after_error(count)
             raise
         grad_norm = self.step_optimizer(hooks=hooks)
         if count > 1:
             totals = {name: value / count for name, value in totals.items()}
         return totals, grad_norm, data_time
-
-    def zero_grad(self) -> None:
-        """The start of every update: the gradients are set to None."""
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def forward_backward(self, batch: Any) -> Dict[str, torch.Tensor]:
-        """One micro-batch of the update: its losses (:meth:`compute_loss`
-        under the step's precision), and the backward of their total divided
-        by the update's number of micro-batches (:meth:`backward`)."""
-        losses = self._forward(batch)
-        count = self.micro_batches
-        self.backward(losses["total_loss"] if count == 1 else losses["total_loss"] / count)
-        return losses
-
-    def backward(self, loss: torch.Tensor) -> None:
-        """The backward of one micro-batch's share of the loss, scaled by the grad scaler under fp16."""
-        (loss if self.grad_scaler is None else self.grad_scaler.scale(loss)).backward()
-
-    def optimizer_step(self) -> None:
-        """The optimizer's step, through the grad scaler under fp16 (which skips a step whose gradients are not finite)."""
-        if self.grad_scaler is None:
-            self.optimizer.step()
-        else:
-            self.grad_scaler.step(self.optimizer)
-            self.grad_scaler.update()
 
     def step_optimizer(self, *, hooks: bool = True) -> Optional[torch.Tensor]:
         """The end of every update, once the gradients are computed: unscale
@@ -340,8 +313,9 @@ class EagerStep(StepBase):
         scaler with fp16). Returns the gradient norm before clipping (None
         without ``clip_grad_norm``). A research step that computes its
         gradients its own way (SAM's two passes) ends its update with it."""
-        if self.grad_scaler is not None:
-            self.grad_scaler.unscale_(self.optimizer)  # hooks and clipping see true gradients
+        optimizer, scaler = self.optimizer, self.grad_scaler
+        if scaler is not None:
+            scaler.unscale_(optimizer)  # hooks and clipping see true gradients
         if hooks:
             self._after_backward()
         grad_norm = None
@@ -349,8 +323,19 @@ class EagerStep(StepBase):
             grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters(), self.clip_grad_norm)
         elif self.clip_grad_value is not None:
             torch.nn.utils.clip_grad_value_(self._parameters(), self.clip_grad_value)
-        self.optimizer_step()
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
         return grad_norm
+
+    def _sync_after_error(self, count: int) -> None:
+        """Gradient sync back on after an error in an update of ``count``
+        micro-batches: under FSDP2 an error mid-accumulation must not leave it
+        off for whatever backward runs after it, outside this step."""
+        if count > 1 and self._fsdp2:
+            cast(Any, self.model).set_requires_gradient_sync(True)
 
     def _gradient_sync(self, sync: bool) -> ContextManager[Any]:
         """A micro-batch's backward, all-reducing gradients across ranks only

@@ -31,7 +31,7 @@ __all__ = ["TrainerBase", "HookOrderError"]
 logger = logging.getLogger(__name__)
 
 # The stages called inside the iteration loop: their time is not the step's.
-_ITERATION_STAGES = ("before_step", "after_backward", "after_step", "after_epoch", "after_iteration")
+_ITERATION_STAGES = ("before_epoch", "before_step", "after_backward", "after_step", "after_epoch", "after_iteration")
 
 
 class TrainerBase:
@@ -244,6 +244,9 @@ class TrainerBase:
             for it in range(start_iter, max_iter):
                 self.iter = self.storage.iter = it
                 self.iter_start_time = clock()
+                if epoch_length and it % epoch_length == 0:
+                    self.epoch = it // epoch_length
+                    self.before_epoch()
                 self.before_step()
                 self.run_step()
                 self.step_end_time = clock()
@@ -319,6 +322,13 @@ class TrainerBase:
     def before_train(self) -> None:
         """Runs every hook's ``before_train``."""
         self._table.run(self._table.calls["before_train"], self.iter)
+
+    def before_epoch(self) -> None:
+        """Runs every hook's ``before_epoch``; ``epoch`` is the index of the
+        epoch that begins. Called by the loop before the ``before_step`` of
+        an epoch's first iteration (not for an epoch a resumed run starts
+        inside), whatever hooks are registered, so a trainer's override runs too."""
+        self._table.run(self._table.calls["before_epoch"], self.iter)
 
     def before_step(self) -> None:
         """Runs every hook's ``before_step``; ``storage.iter`` is already ``iter``."""

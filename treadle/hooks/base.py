@@ -12,6 +12,7 @@ H = TypeVar("H", bound="HookBase")
 
 HOOK_STAGES: Tuple[str, ...] = (
     "before_train",
+    "before_epoch",
     "before_step",
     "after_backward",
     "after_step",
@@ -36,7 +37,8 @@ class TrainerProtocol(Protocol):
     start_iter: int
     max_iter: int
     #: Iterations per epoch where the data has a length; the index of the
-    #: epoch that ended, during ``after_epoch``.
+    #: epoch that begins, during ``before_epoch``, and of the epoch that
+    #: ended, during ``after_epoch``.
     epoch_length: Optional[int]
     epoch: Optional[int]
     #: During ``after_train``: the exception that ended training, whether a
@@ -74,6 +76,7 @@ class HookBase:
 
         hook.before_train()
         for iter in range(start_iter, max_iter):
+            hook.before_epoch()       # when iter begins an epoch (see below)
             hook.before_step()
             trainer.run_step()        # the step object calls hook.after_backward()
             hook.after_step()         #   between backward and optimizer.step
@@ -85,6 +88,12 @@ class HookBase:
     the iteration, whatever the order the hooks were registered in: a
     checkpoint taken there holds each hook's finished state
     (``PeriodicCheckpointer`` and ``PreemptionHandler`` save there).
+
+    ``before_epoch`` runs when the trainer knows its epoch length and an
+    epoch begins: before every hook's ``before_step`` of the epoch's first
+    iteration, with ``trainer.epoch`` the 0-based index of that epoch. A run
+    resumed inside an epoch calls none for it (the epoch began in the run
+    that was interrupted).
 
     ``after_epoch`` runs when the trainer knows its epoch length
     (``trainer.epoch_length``) and an epoch ends: after every hook's
@@ -145,6 +154,9 @@ class HookBase:
 
     def after_train(self) -> None:
         """Called once after the last iteration, also when training raised or was stopped."""
+
+    def before_epoch(self) -> None:
+        """Called when an epoch begins (see the class docstring); ``trainer.epoch`` is its index."""
 
     def after_epoch(self) -> None:
         """Called when an epoch ends (see the class docstring); ``trainer.epoch`` is its index."""

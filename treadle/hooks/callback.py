@@ -23,6 +23,7 @@ class CallbackHook(HookBase):
         *,
         before_train: Callback = None,
         after_train: Callback = None,
+        before_epoch: Callback = None,
         before_step: Callback = None,
         after_backward: Callback = None,
         after_step: Callback = None,
@@ -31,6 +32,7 @@ class CallbackHook(HookBase):
         self._callbacks = {
             "before_train": before_train,
             "after_train": after_train,
+            "before_epoch": before_epoch,
             "before_step": before_step,
             "after_backward": after_backward,
             "after_step": after_step,
@@ -53,6 +55,9 @@ class CallbackHook(HookBase):
 
     def after_train(self) -> None:
         self._call("after_train")
+
+    def before_epoch(self) -> None:
+        self._call("before_epoch")
 
     def before_step(self) -> None:
         self._call("before_step")

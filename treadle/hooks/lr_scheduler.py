@@ -181,7 +181,15 @@ class LRScheduler(_StepsOptimizer, HookBase):
     def after_step(self) -> None:
         self._publish_lr()
         if self._step_per_iter:
-            self._step()
+            scheduler = self.scheduler
+            assert scheduler is not None  # resolved in before_train
+            if self._stepper is None and scheduler.last_epoch == self._stepped_to:
+                # The steady case, inline (every iteration of every run): the hook
+                # is the schedule's one stepper, and nothing else stepped it.
+                scheduler.step()
+                self._stepped_to = scheduler.last_epoch
+            else:
+                self._step()  # a subclass's scheduler_step, or the refusal of another stepper
 
     def after_epoch(self) -> None:
         if not self._step_per_iter:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from typing import Any, Callable, Dict, Iterable, List, Optional, Union, cast
+from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
 import torch
 from torch import nn
@@ -37,7 +37,8 @@ from treadle.solver import build_optimizer
 from treadle.engine.build import build_step, loader_epoch_length
 from treadle.engine.hook_table import note_origin
 from treadle.compat.names import SEED_METHODS, overridden, refuse_libai_run_step
-from treadle.compat.overrides import EVAL_POINTS, UPDATE_POINTS, TrainerStep, raised_in
+from treadle.compat.overrides import EVAL_POINTS, UPDATE_POINTS, raised_in
+from treadle.compat.step import TrainerStep
 from treadle.engine.history import RunHistory, TrainingHistory
 from treadle.engine.data_parallel import check_optimizer_holds, wrap_model
 from treadle.engine.session import Resume, RunSession
@@ -188,7 +189,7 @@ class Trainer(SeedSubclass, TrainerRun):
 
     def build_step(self, s: TrainerSettings) -> Any:
         """The step object: ``EagerStep``, or ``CompiledStep`` with ``compile``; a
-        :class:`~treadle.compat.overrides.TrainerStep` where a subclass
+        :class:`~treadle.compat.step.TrainerStep` where a subclass
         overrides a seed's point of the update."""
         if self._seed_update():
             return TrainerStep(
@@ -258,17 +259,15 @@ class Trainer(SeedSubclass, TrainerRun):
         return (any(self._overrides(name) for name in UPDATE_POINTS) or self._hezar_compute_loss
                 or "train_step_start" in self._events or "train_step_end" in self._events)
 
-    @property
-    def step(self) -> StepBase:
-        """The step object (:class:`TrainerBase`'s ``step``); one whose ``run_step`` takes
-        LiBai's ``get_batch`` is refused with the way to write it."""
-        return cast(StepBase, TrainerBase.step.fget(self))  # type: ignore[attr-defined]
-
-    @step.setter
-    def step(self, step: StepBase) -> None:
+    def _set_step(self, step: StepBase) -> None:
         if isinstance(step, StepBase):
             refuse_libai_run_step(step)
         TrainerBase.step.fset(self, step)  # type: ignore[attr-defined]
+
+    # Read by the loop every iteration: the getter is TrainerBase's own, not a call added to it.
+    step = property(TrainerBase.step.fget, _set_step,  # type: ignore[attr-defined,assignment]
+                    doc="""The step object (``TrainerBase.step``); one whose ``run_step`` takes
+        LiBai's ``get_batch`` is refused with the way to write it.""")
 
     @property
     def scheduler(self) -> Any:

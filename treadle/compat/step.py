@@ -1,0 +1,206 @@
+"""The plain ``Trainer``'s step when a subclass overrides a point of the seeds' update.
+
+:class:`TrainerStep` writes the seeds' update once, whole, calling the
+``Trainer``'s methods of the seeds' names where the seeds call them; the
+defaults of those methods (:class:`~treadle.compat.overrides.SeedOverrides`)
+do their work themselves and never call back into the step. A ``Trainer``
+that overrides none of them trains with :class:`~treadle.engine.EagerStep`,
+whose update is one straight sequence without such points.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
+
+import torch
+
+from treadle.engine.steps import _NO_CONTEXT, EagerStep
+from treadle.evaluation.loss import as_losses
+from treadle.events import ScalarKind
+from treadle.utils.torch_internals import foreach_div_
+
+if TYPE_CHECKING:
+    from .overrides import SeedEventCalls
+
+__all__ = ["TrainerStep", "forward_backward"]
+
+
+def forward_backward(trainer: Any, step: "TrainerStep", batch: Any) -> Dict[str, torch.Tensor]:
+    """One micro-batch of the seeds' update, written once for the step's
+    micro-batch without a ``training_step`` override and for the default
+    ``training_step`` (Hezar's ``super().training_step(batch)``): its losses
+    under the step's precision (pytorch-accelerated's
+    ``calculate_train_batch_loss`` where it is overridden or an
+    ``on_train_step_end`` needs its output, which is then given to that event;
+    else the ``Trainer``'s loss), then ``backward_step`` of their total
+    divided by the update's micro-batches."""
+    # A Trainer without an update override trains with a plain EagerStep: its
+    # training_step (called by hand) is then the loss and its backward alone.
+    own = isinstance(step, TrainerStep)
+    if own and step._batch_output:
+        with step._autocast():
+            output = trainer.calculate_train_batch_loss(batch)
+            if not isinstance(output, Mapping) or "loss" not in output:
+                raise TypeError(f"{trainer.__class__.__name__}.calculate_train_batch_loss must return a dict with a "
+                                f"'loss' (pytorch-accelerated's contract), got {type(output).__name__}")
+            losses = as_losses(output["loss"], f"{trainer.__class__.__name__}.calculate_train_batch_loss")
+        step._events.fire("train_step_end", batch=batch, batch_output=output)
+    else:
+        with step._autocast():
+            losses = as_losses(trainer.batch_loss(batch), step.loss_source)
+    count = step._count if own else step.grad_accum_steps
+    if own:
+        step._treadle_backward = True
+    trainer.backward_step(losses["total_loss"] if count == 1 else losses["total_loss"] / count)
+    return losses
+
+
+class TrainerStep(EagerStep):
+    """The plain ``Trainer``'s step when a subclass overrides a point of the
+    update: the seeds' update, each point calling the ``Trainer``'s method of
+    the seed's name.
+
+    - zeroing: ``optimizer_zero_grad()``;
+    - each micro-batch: ``prepare_input_batch(batch)``, then Hezar's
+      ``training_step(batch)`` (forward and backward), or
+      ``calculate_train_batch_loss(batch)`` and ``backward_step(loss)``
+      (:func:`forward_backward`), with pytorch-accelerated's
+      ``on_train_step_start``/``on_train_step_end`` around it;
+    - the step: ``optimization_step()`` (Hezar's) or ``optimizer_step()``;
+    - or the whole update, qurious' ``train_step(batch)``, which returns floats.
+
+    Gradient unscaling, ``after_backward`` hooks, clipping, accumulation,
+    the data position and the published losses are as
+    :class:`~treadle.engine.EagerStep`'s. A ``training_step`` that runs its
+    own backward (not treadle's, through ``super()``) backpropagates each
+    micro-batch's whole loss; its update's gradients are divided by
+    ``grad_accum_steps`` before the step, so that they are the
+    micro-batches' mean, as with Hezar's ``accelerator.backward``.
+    """
+
+    def __init__(self, *args: Any, owner: Any, overridden: FrozenSet[str], events: SeedEventCalls,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._owner = owner  # a weak proxy to the Trainer
+        self._events = events
+        names = ("train_step", "training_step", "optimization_step", "calculate_train_batch_loss",
+                 "prepare_input_batch")
+        self._overrides = {name: name in overridden for name in names}
+        # What a batch's loss needs: the batch output when pytorch-accelerated's
+        # calculate_train_batch_loss or on_train_step_end is there.
+        self._batch_output = self._overrides["calculate_train_batch_loss"] or "train_step_end" in events
+        self._fires_step_start = "train_step_start" in events
+        # The micro-batches of the update in progress (the loss of each is divided by it).
+        self._count = self.grad_accum_steps
+        # Whether treadle's backward ran in the last training_step, and whether that step ran its own instead.
+        self._treadle_backward = self._own_backward = False
+        # Whether an update after a training_step's own backward has been seen to have gradients (checked once).
+        self._own_backward_checked = False
+
+    def run_step(self) -> None:
+        if not self._overrides["train_step"] or not self.model.training:
+            super().run_step()  # the seeds' update, or the step's message about eval mode
+            return
+        owner, storage = self._owner, self.storage
+        start = time.perf_counter()
+        batch = self.next_batch()
+        data_time = time.perf_counter() - start
+        results = owner.train_step(batch)
+        if not isinstance(results, Mapping) or "loss" not in results:
+            raise TypeError(f"{owner.__class__.__name__}.train_step must return a dict with a 'loss' (qurious' "
+                            f"contract), got {type(results).__name__}")
+        for name, value in results.items():
+            storage.put_scalar("total_loss" if name == "loss" else name, value, kind=ScalarKind.LOSS)
+        storage.put_scalar("data_time", data_time, kind=ScalarKind.TIME)
+
+    def _update(
+        self, next_batch: Callable[[], Any], count: int, *, hooks: bool = True
+    ) -> Tuple[Dict[str, torch.Tensor], Optional[torch.Tensor], float]:
+        """The seeds' update (``run_step`` and ``train_on_batch``), returning
+        what :meth:`EagerStep._update <treadle.engine.EagerStep._update>` returns:
+        ``optimizer_zero_grad()``; for each of ``count`` micro-batches,
+        gradients synced across ranks on the last one only,
+        ``prepare_input_batch``, ``on_train_step_start``, then
+        ``training_step`` or :func:`forward_backward`; then
+        :meth:`step_optimizer`."""
+        owner = self._owner
+        owner.optimizer_zero_grad()
+        self._count = count
+        totals: Dict[str, torch.Tensor] = {}
+        data_time = 0.0
+        try:
+            for micro in range(count):
+                start = time.perf_counter()
+                batch = next_batch()
+                data_time += time.perf_counter() - start
+                with self._gradient_sync(micro == count - 1) if count > 1 else _NO_CONTEXT:
+                    if self._overrides["prepare_input_batch"]:
+                        batch = owner.prepare_input_batch(batch)
+                    if self._fires_step_start:
+                        self._events.fire("train_step_start")
+                    losses = self._training_step(batch) if self._overrides["training_step"] else forward_backward(
+                        owner, self, batch)
+                for name, value in losses.items():
+                    value = self._published(value)
+                    totals[name] = value if micro == 0 else totals[name] + value
+        except BaseException:
+            self._sync_after_error(count)
+            raise
+        grad_norm = self.step_optimizer(hooks=hooks)
+        if count > 1:
+            totals = {name: value / count for name, value in totals.items()}
+        return totals, grad_norm, data_time
+
+    def _training_step(self, batch: Any) -> Dict[str, torch.Tensor]:
+        """Hezar's ``training_step(batch)``, under the step's precision, and
+        whether it ran its own backward rather than treadle's (``super()``)."""
+        owner = self._owner
+        self._treadle_backward = False
+        with self._autocast():
+            losses = as_losses(owner.training_step(batch), f"{owner.__class__.__name__}.training_step")
+        self._own_backward = not self._treadle_backward
+        return losses
+
+    def step_optimizer(self, *, hooks: bool = True) -> Optional[torch.Tensor]:
+        """The end of the seeds' update: after a ``training_step``'s own
+        backward, the gradients made the micro-batches' mean; unscale them
+        (fp16), the trainer's ``after_backward`` (with ``hooks``), clip them,
+        then ``optimization_step()`` (Hezar's) or ``optimizer_step()``."""
+        owner, optimizer, scaler = self._owner, self.optimizer, self.grad_scaler
+        if self._own_backward:
+            self._average_own_gradients()
+        if scaler is not None:
+            scaler.unscale_(optimizer)  # hooks and clipping see true gradients
+        if hooks:
+            self._after_backward()
+        grad_norm = None
+        if self.clip_grad_norm is not None:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters(), self.clip_grad_norm)
+        elif self.clip_grad_value is not None:
+            torch.nn.utils.clip_grad_value_(self._parameters(), self.clip_grad_value)
+        if self._overrides["optimization_step"]:
+            owner.optimization_step()
+        else:
+            owner.optimizer_step()
+        return grad_norm
+
+    def _average_own_gradients(self) -> None:
+        """The sum of the micro-batches' whole-loss gradients of a
+        ``training_step`` that ran its own backward, made their mean before
+        hooks, clipping and the step see them (Hezar's accumulation)."""
+        parameters = self._parameters()
+        if not self._own_backward_checked:
+            # Once, at the first update: a training_step returning its loss without
+            # its backward would otherwise train nothing, and say nothing.
+            if not parameters:
+                raise TypeError(f"{self._owner.__class__.__name__}.training_step returned its loss without a "
+                                "backward: no parameter has a gradient, so nothing would train; call "
+                                "loss.backward() in it (Hezar's accelerator.backward(loss)), or return "
+                                "super().training_step(batch)")
+            self._own_backward_checked = True
+        if self._count > 1:
+            foreach_div_([p.grad for p in parameters], self._count)
+
+    def compute_loss(self, batch: Any) -> Any:
+        return self._owner.batch_loss(batch)
