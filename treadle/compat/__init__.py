@@ -13,9 +13,11 @@ only place that knows those trainers. Its code calls those trainers the
   setting names, each row called (at that trainer's moment, with its
   arguments and meaning) or refused in one line when the trainer is built;
 - :mod:`treadle.compat.overrides`: the calling of them: the defaults of the
-  called methods (``SeedOverrides``, a base of the ``Trainer``), the event hooks;
+  called methods (``SeedOverrides``, a base of the ``Trainer``);
 - :mod:`treadle.compat.step`: the step a subclass's update points get
-  (``TrainerStep``), which writes the seeds' update once, whole.
+  (``TrainerStep``), which writes the seeds' update once, whole;
+- :mod:`treadle.compat.events`: pytorch-accelerated's events, and the hooks
+  that call them at the loop's stages.
 
 For maintainers. The layer sits above the engine's core (the loop, the step
 objects, the hooks, events, checkpoints) and ``DefaultTrainer``'s job layer,

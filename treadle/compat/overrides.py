@@ -10,9 +10,10 @@
   their defaults do their work themselves: the step of a subclass that
   overrides a point of the update (:class:`~treadle.compat.step.TrainerStep`)
   calls them, and they never call back into the step;
-- :class:`TrainEvents` and :class:`RunEvents`, the hooks that call the epoch
-  and run events (pytorch-accelerated's ``train_epoch_start``... on the
-  ``Trainer``, ``on_train_epoch_start``... on a callback).
+- :class:`PreparedBatches` and :class:`StepResultsEvaluator`, the
+  evaluation of qurious' ``_prepare_batch`` and ``eval_step`` overrides.
+
+pytorch-accelerated's events are :mod:`treadle.compat.events`'s.
 """
 
 from __future__ import annotations
@@ -21,17 +22,16 @@ import collections
 import inspect
 import traceback
 from collections import abc
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, cast
 
 import torch
 
 from treadle.evaluation import DatasetEvaluator
 from treadle.evaluation.batch import TARGET_KEY, batch_size, forward_batch, move_to_device
 from treadle.evaluation.loss import LOSS_FN, MODEL, as_losses
-from treadle.hooks.base import HookBase
 from treadle.utils import comm
 
-from .names import event_methods, overridden
+from .events import TRAIN_EPOCH_EVENTS, RunEvents, SeedEventCalls, TrainEvents, is_event_callback  # noqa: F401 - their old place
 from .step import TrainerStep, forward_backward  # TrainerStep: importable from its old place too
 from treadle.engine.steps import EagerStep
 
@@ -46,45 +46,6 @@ UPDATE_POINTS = ("train_step", "calculate_train_batch_loss", "backward_step", "o
 #: The methods whose override changes how an evaluation batch is computed.
 EVAL_POINTS = ("eval_step", "calculate_eval_batch_loss", "evaluation_step", "prepare_input_batch",
                "_prepare_batch", "_forward_pass", "_compute_loss")
-#: pytorch-accelerated's events that need epochs.
-TRAIN_EPOCH_EVENTS = ("train_epoch_start", "train_epoch_end", "training_run_epoch_end")
-#: pytorch-accelerated's events, in the order of its loop; the ``Trainer``'s
-#: methods of these names are called with no argument, a callback's
-#: ``on_<event>`` with the trainer.
-_TRAINER_EVENTS = ("training_run_start", "train_epoch_start", "train_epoch_end", "eval_epoch_start",
-                   "eval_epoch_end", "training_run_epoch_end", "training_run_end", "evaluation_run_start",
-                   "evaluation_run_end")
-
-
-class SeedEventCalls:
-    """Who is called at each event (:data:`~treadle.compat.names.CALLBACK_EVENTS`):
-    the ``Trainer`` subclass's methods of the event's name, then each
-    callback's ``on_<event>(trainer, **kwargs)``, in the order given."""
-
-    def __init__(self, trainer: Any = None, base: type = object, callbacks: Sequence[Tuple[Any, str]] = ()) -> None:
-        self.calls: Dict[str, List[Callable[..., Any]]] = collections.defaultdict(list)
-        for event in _TRAINER_EVENTS if trainer is not None else ():
-            if overridden(trainer, event, base):
-                method = getattr(trainer, event)
-                self.calls[event].append(lambda _method=method, **kwargs: _method())
-        for callback, where in callbacks:
-            for event, method in event_methods(callback, where).items():
-                self.calls[event].append(lambda _method=method, _trainer=trainer, **kwargs: _method(_trainer, **kwargs))
-
-    def __contains__(self, event: object) -> bool:
-        return bool(self.calls.get(event)) if isinstance(event, str) else False
-
-    def fire(self, event: str, **kwargs: Any) -> None:
-        for call in self.calls.get(event, ()):
-            call(**kwargs)
-
-
-def is_event_callback(obj: Any) -> bool:
-    """Whether ``obj`` (an entry of ``callbacks=``) is a callback object with
-    ``on_*`` events (pytorch-accelerated's) rather than ``fn(trainer, epoch, metrics)``."""
-    return not callable(obj) and any(name.startswith("on_") for name in dir(type(obj)))
-
-
 class SeedOverrides:
     """The defaults of the seeds' override points on the plain ``Trainer``
     (the table of :mod:`treadle.compat.names` says when each is called).
@@ -304,61 +265,6 @@ def raised_in(error: BaseException, trainer: Any, base: type) -> Optional[str]:
     for frame, _ in traceback.walk_tb(error.__traceback__):
         found = own.get(frame.f_code, found)
     return found
-
-
-class _EventHook(HookBase):
-    """A hook calling pytorch-accelerated's events at the stages of ``STAGES``
-    (stage: event); a stage none of whose events is given is not called."""
-
-    STAGES: Dict[str, str] = {}
-
-    def __init__(self, events: SeedEventCalls) -> None:
-        self.events = events
-
-    def overrides(self, stage: str) -> bool:
-        return self.STAGES.get(stage, "") in self.events
-
-    def active(self) -> bool:
-        """Whether any of its events is given (otherwise it is not registered)."""
-        return any(event in self.events for event in self.STAGES.values())
-
-
-class TrainEvents(_EventHook):
-    """Calls pytorch-accelerated's training events: ``training_run_start``
-    before training, ``train_epoch_start`` when each epoch begins, and
-    ``train_epoch_end`` after each epoch's last iteration (and the run's),
-    before its evaluation: its ``after_step`` declares the epoch as its
-    period. Registered before the ``EvalHook``."""
-
-    STAGES = {"before_train": "training_run_start", "before_epoch": "train_epoch_start",
-              "after_step": "train_epoch_end"}
-
-    def before_train(self) -> None:
-        self.events.fire("training_run_start")
-
-    def before_epoch(self) -> None:
-        self.events.fire("train_epoch_start")
-
-    def after_step_period(self) -> Optional[int]:
-        return self.trainer.epoch_length or 0
-
-    def after_step(self) -> None:
-        self.events.fire("train_epoch_end")
-
-
-class RunEvents(_EventHook):
-    """Calls pytorch-accelerated's ``training_run_epoch_end`` at each epoch's
-    end (after its evaluation) and ``training_run_end`` when training ends.
-    Registered after the ``EvalHook`` and the epoch's history."""
-
-    STAGES = {"after_epoch": "training_run_epoch_end", "after_train": "training_run_end"}
-
-    def after_epoch(self) -> None:
-        self.events.fire("training_run_epoch_end")
-
-    def after_train(self) -> None:
-        if self.trainer.training_error is None:
-            self.events.fire("training_run_end")
 
 
 class PreparedBatches(DatasetEvaluator):

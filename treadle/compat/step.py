@@ -10,20 +10,23 @@ whose update is one straight sequence without such points.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
 import torch
 
-from treadle.engine.steps import _NO_CONTEXT, EagerStep
+from treadle.engine.steps import EagerStep
 from treadle.evaluation.loss import as_losses
 from treadle.events import ScalarKind
 from treadle.utils.torch_internals import foreach_div_
 
 if TYPE_CHECKING:
-    from .overrides import SeedEventCalls
+    from .events import SeedEventCalls
 
 __all__ = ["TrainerStep", "forward_backward"]
+
+_NO_CONTEXT = contextlib.nullcontext()
 
 
 def forward_backward(trainer: Any, step: "TrainerStep", batch: Any) -> Dict[str, torch.Tensor]:

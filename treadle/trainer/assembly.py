@@ -19,7 +19,7 @@ from treadle.events import EventWriter, get_default_writers
 from treadle.hooks import HookBase
 from treadle.utils import comm
 
-from treadle.compat.overrides import RunEvents, SeedEventCalls, TrainEvents, is_event_callback
+from treadle.compat.events import RunEvents, SeedEventCalls, TrainEvents, is_event_callback
 from treadle.engine.build import resolve_scheduler
 from treadle.engine.default_hooks import default_hooks
 from treadle.engine.history import TrainingHistory

@@ -61,7 +61,7 @@ from treadle.config.train_keys import check_options
 from treadle.hooks import HookBase
 
 from treadle.compat.names import check_call
-from treadle.compat.overrides import is_event_callback
+from treadle.compat.events import is_event_callback
 
 if TYPE_CHECKING:
     import torch

@@ -20,7 +20,8 @@ import torch
 from treadle.evaluation.batch import batch_size
 
 from treadle.compat.names import HEZAR, HUGGING_FACE, compute_loss_seed, refuse_seed_methods
-from treadle.compat.overrides import TRAIN_EPOCH_EVENTS, SeedEventCalls, SeedOverrides, is_event_callback
+from treadle.compat.events import TRAIN_EPOCH_EVENTS, SeedEventCalls, is_event_callback
+from treadle.compat.overrides import SeedOverrides
 
 from .settings import TrainerSettings
 
