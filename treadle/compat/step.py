@@ -41,20 +41,20 @@ def forward_backward(trainer: Any, step: "TrainerStep", batch: Any) -> Dict[str,
     # A Trainer without an update override trains with a plain EagerStep: its
     # training_step (called by hand) is then the loss and its backward alone.
     own = isinstance(step, TrainerStep)
-    if own and step._batch_output:
-        with step._autocast():
+    if own and step.needs_batch_output:
+        with step.autocast():
             output = trainer.calculate_train_batch_loss(batch)
             if not isinstance(output, Mapping) or "loss" not in output:
                 raise TypeError(f"{trainer.__class__.__name__}.calculate_train_batch_loss must return a dict with a "
                                 f"'loss' (pytorch-accelerated's contract), got {type(output).__name__}")
             losses = as_losses(output["loss"], f"{trainer.__class__.__name__}.calculate_train_batch_loss")
-        step._events.fire("train_step_end", batch=batch, batch_output=output)
+        step.events.fire("train_step_end", batch=batch, batch_output=output)
     else:
-        with step._autocast():
+        with step.autocast():
             losses = as_losses(trainer.batch_loss(batch), step.loss_source)
-    count = step._count if own else step.grad_accum_steps
+    count = step.micro_batches if own else step.grad_accum_steps
     if own:
-        step._treadle_backward = True
+        step.treadle_backward = True
     trainer.backward_step(losses["total_loss"] if count == 1 else losses["total_loss"] / count)
     return losses
 
@@ -86,18 +86,18 @@ class TrainerStep(EagerStep):
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._owner = owner  # a weak proxy to the Trainer
-        self._events = events
+        self.events = events
         names = ("train_step", "training_step", "optimization_step", "calculate_train_batch_loss",
                  "prepare_input_batch")
         self._overrides = {name: name in overridden for name in names}
         # What a batch's loss needs: the batch output when pytorch-accelerated's
         # calculate_train_batch_loss or on_train_step_end is there.
-        self._batch_output = self._overrides["calculate_train_batch_loss"] or "train_step_end" in events
+        self.needs_batch_output = self._overrides["calculate_train_batch_loss"] or "train_step_end" in events
         self._fires_step_start = "train_step_start" in events
         # The micro-batches of the update in progress (the loss of each is divided by it).
-        self._count = self.grad_accum_steps
+        self.micro_batches = self.grad_accum_steps
         # Whether treadle's backward ran in the last training_step, and whether that step ran its own instead.
-        self._treadle_backward = self._own_backward = False
+        self.treadle_backward = self._own_backward = False
         # Whether an update after a training_step's own backward has been seen to have gradients (checked once).
         self._own_backward_checked = False
 
@@ -129,7 +129,7 @@ class TrainerStep(EagerStep):
         :meth:`step_optimizer`."""
         owner = self._owner
         owner.optimizer_zero_grad()
-        self._count = count
+        self.micro_batches = count
         totals: Dict[str, torch.Tensor] = {}
         data_time = 0.0
         try:
@@ -141,7 +141,7 @@ class TrainerStep(EagerStep):
                     if self._overrides["prepare_input_batch"]:
                         batch = owner.prepare_input_batch(batch)
                     if self._fires_step_start:
-                        self._events.fire("train_step_start")
+                        self.events.fire("train_step_start")
                     losses = self._training_step(batch) if self._overrides["training_step"] else forward_backward(
                         owner, self, batch)
                 for name, value in losses.items():
@@ -159,10 +159,10 @@ class TrainerStep(EagerStep):
         """Hezar's ``training_step(batch)``, under the step's precision, and
         whether it ran its own backward rather than treadle's (``super()``)."""
         owner = self._owner
-        self._treadle_backward = False
-        with self._autocast():
+        self.treadle_backward = False
+        with self.autocast():
             losses = as_losses(owner.training_step(batch), f"{owner.__class__.__name__}.training_step")
-        self._own_backward = not self._treadle_backward
+        self._own_backward = not self.treadle_backward
         return losses
 
     def step_optimizer(self, *, hooks: bool = True) -> Optional[torch.Tensor]:
@@ -202,8 +202,8 @@ class TrainerStep(EagerStep):
                                 "loss.backward() in it (Hezar's accelerator.backward(loss)), or return "
                                 "super().training_step(batch)")
             self._own_backward_checked = True
-        if self._count > 1:
-            foreach_div_([p.grad for p in parameters], self._count)
+        if self.micro_batches > 1:
+            foreach_div_([p.grad for p in parameters], self.micro_batches)
 
     def compute_loss(self, batch: Any) -> Any:
         return self._owner.batch_loss(batch)

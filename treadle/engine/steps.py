@@ -352,14 +352,16 @@ class EagerStep(StepBase):
     def _forward(self, batch: Any) -> Dict[str, torch.Tensor]:
         """The losses of ``batch`` by name, their sum ``total_loss`` included,
         under the step's precision."""
-        with self._autocast():
+        with self.autocast():
             return as_losses(self._loss_output(batch), self.loss_source)
 
     def _loss_output(self, batch: Any) -> Any:
         """What :meth:`compute_loss` returns for ``batch`` (run compiled by CompiledStep)."""
         return self.compute_loss(batch)
 
-    def _autocast(self) -> ContextManager[Any]:
+    def autocast(self) -> ContextManager[Any]:
+        """The context a micro-batch's forward and loss run in: autocast to the
+        step's ``precision`` (nothing with fp32). For a subclass's own update."""
         if self.precision == "fp32":
             return _NO_CONTEXT
         return torch.autocast(device_type=self.device.type, dtype=_AUTOCAST_DTYPES[self.precision])
