@@ -15,7 +15,7 @@ the same class.
 - :mod:`treadle.trainer.data`: what it was given as data, and the loaders;
 - :mod:`treadle.trainer.evaluation`: how it evaluates;
 - :mod:`treadle.trainer.assembly`: its hooks and writers, from its settings;
-- :mod:`treadle.trainer.subclass`: what a subclass's seed methods change
+- :mod:`treadle.trainer.subclass`: what a subclass's methods of other trainers' names change
   (checked when it is built; its evaluation batch);
 - :mod:`treadle.trainer.process`: its process's console, folders and
   process group;

@@ -52,7 +52,7 @@ def trainer_hooks(trainer: BuiltTrainer, s: TrainerSettings, scheduler: Any, eve
                   scheduler_step: Optional[Callable[..., Any]], evaluate: Optional[Callable[[], Any]]) -> List[HookBase]:
     """The default hooks of ``trainer`` for its settings ``s``: the
     ``scheduler`` given (or its subclass's), evaluation by ``evaluate``,
-    checkpoints, early stopping, the epoch history, the writers, the seeds'
+    checkpoints, early stopping, the epoch history, the writers, pytorch-accelerated's
     ``events`` and the user's hooks, in :func:`~treadle.engine.default_hooks.default_hooks`' order."""
     opt, ev, ckpt = s.optimization, s.evaluation, s.checkpoints
     watched, mode = trainer.evaluation.watched(trainer.evaluator, ev.best_metric, ev.best_mode,

@@ -106,7 +106,7 @@ class TrainerEvaluation:
         loss_fn, compute_loss: how training computes the loss
             (``compute_loss``: a subclass's override, which replaces ``loss_fn``).
         generate: ``generate()``'s options with ``evaluate_with_generate``, else None.
-        batch_fn: ``batch_fn(batch) -> (outputs, loss)``, a subclass's seed
+        batch_fn: ``batch_fn(batch) -> (outputs, loss)``, a subclass's
             override of an evaluation batch (pytorch-accelerated's
             ``calculate_eval_batch_loss``, Hezar's ``evaluation_step``): the
             outputs go to the metrics, the loss is the evaluation ``loss``.

@@ -20,8 +20,8 @@ the process group's timeout): the rule and the words come from there.
 anything. A setting given with a value its rule refuses is an error naming
 it; a setting given where it cannot act (``eval_period`` without an
 evaluation set, ``shuffle`` with a ``DataLoader``, ``warmup_iters`` with a
-scheduler object...) is refused in one line, or, where the seeds' users
-commonly pass it harmlessly (``checkpoint_period`` without ``output_dir``,
+scheduler object...) is refused in one line, or, where the users of the
+trainers you may come from commonly pass it harmlessly (``checkpoint_period`` without ``output_dir``,
 ``ddp`` on one process), warned about in one line. No setting is ignored
 without a word. What a setting needs is decided on a :class:`Situation`:
 what the objects given are, before any is built.

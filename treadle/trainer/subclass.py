@@ -1,5 +1,5 @@
-"""What a subclass of the plain ``Trainer`` changes: the seeds' methods it
-overrides, checked when it is built, and an evaluation batch run through them.
+"""What a subclass of the plain ``Trainer`` changes: the methods of other
+trainers' names it overrides, checked when it is built, and an evaluation batch run through them.
 
 A subclass keeps the method names of the trainer its user comes from
 (:mod:`treadle.compat.names`). :class:`SeedSubclass` is the ``Trainer``'s
@@ -78,7 +78,7 @@ class SeedSubclass(SeedOverrides):
                                      "compute_loss(self, batch) and keep treadle's update")
         if opt.compile and self._seed_update():
             raise ValueError(f"compile={opt.compile!r} compiles treadle's loss (compute_loss), and {cls} overrides a "
-                             "seed's point of the update, which would run uncompiled: leave compile out, or "
+                             "point of another trainer's update, which would run uncompiled: leave compile out, or "
                              "override compute_loss(self, batch) alone")
         if self._overrides("eval_step") and "metrics" in self._given_settings:
             raise ValueError(f"{cls}.eval_step computes the evaluation's results (qurious' contract), so metrics="

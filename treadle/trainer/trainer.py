@@ -6,7 +6,7 @@ checkpoints and run session as :class:`~treadle.engine.DefaultTrainer`, from
 objects. Its settings, their defaults and what each needs are one table,
 :mod:`treadle.trainer.settings`; its data, :mod:`treadle.trainer.data`;
 its evaluation, :mod:`treadle.trainer.evaluation`; its hooks and writers,
-:mod:`treadle.trainer.assembly`; what a subclass's seed methods change,
+:mod:`treadle.trainer.assembly`; what a subclass's methods of other trainers' names change,
 :mod:`treadle.trainer.subclass`; its process, :mod:`treadle.trainer.process`;
 its run in its folder, :mod:`treadle.trainer.run` and :mod:`treadle.engine.session`.
 """
@@ -80,10 +80,10 @@ class Trainer(SeedSubclass, TrainerRun):
     Every setting acts, or is refused (a ``ValueError``) or warned about in
     one line when the ``Trainer`` is built, before anything is written: the
     table of :mod:`treadle.trainer.settings`, shown in
-    ``docs/trainer.md``; ``docs/migrating.md`` maps the seeds' names to these.
-    A subclass overrides the methods the seeds document (qurious'
+    ``docs/trainer.md``; ``docs/migrating.md`` maps the names of the trainers you may come from
+    to these. A subclass overrides the methods those trainers document (qurious'
     ``train_step``, pytorch-accelerated's ``calculate_train_batch_loss``,
-    Hezar's ``training_step``...): each is called at the seed's moment, or
+    Hezar's ``training_step``...): each is called at that trainer's moment, or
     refused when the subclass is built (the table of
     :mod:`treadle.compat.names`; the defaults are :class:`~treadle.compat.overrides.SeedOverrides`'s).
     Under ``torchrun`` (or :func:`~treadle.engine.launch`) the same script
@@ -190,7 +190,8 @@ class Trainer(SeedSubclass, TrainerRun):
     def build_step(self, s: TrainerSettings) -> Any:
         """The step object: ``EagerStep``, or ``CompiledStep`` with ``compile``; a
         :class:`~treadle.compat.step.TrainerStep` where a subclass
-        overrides a seed's point of the update."""
+        overrides a point of another trainer's update (pytorch-accelerated's
+        ``backward_step``, Hezar's ``training_step``...)."""
         if self._seed_update():
             return TrainerStep(
                 self.model, self.train_loader, self.optimizer, owner=weakref.proxy(self), events=self._events,
@@ -250,12 +251,12 @@ class Trainer(SeedSubclass, TrainerRun):
             return None
         return self.batch_loss if self._hf_compute_loss else self.compute_loss
 
-    # ------------------------------------------------------------------ the seeds' override points
+    # ------------------------------------------------------------------ other trainers' override points
     def _overrides(self, name: str) -> bool:
         return overridden(self, name, Trainer)
 
     def _seed_update(self) -> bool:
-        """Whether training calls a subclass's seed method (the step is then a ``TrainerStep``)."""
+        """Whether training calls a subclass's method of another trainer's update (the step is then a ``TrainerStep``)."""
         return (any(self._overrides(name) for name in UPDATE_POINTS) or self._hezar_compute_loss
                 or "train_step_start" in self._events or "train_step_end" in self._events)
 
