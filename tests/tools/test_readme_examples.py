@@ -183,4 +183,4 @@ def test_the_quick_start_says_how_many_iterations_the_main_job_runs():
     quick_start = " ".join(README.read_text().split("## Quick start", 1)[1].split("\n## ", 1)[0].split())
     assert f"# install and run the main job: handwritten digits, {max_iter} iterations," in quick_start
     assert f"The main job trains {max_iter} iterations (`train.max_iter` in `configs/digits_mlp.py`)" in quick_start
-    assert f"about {max_iter} times the seconds per iteration" in quick_start
+    assert f"about {max_iter} times its seconds per iteration" in quick_start
