@@ -145,7 +145,7 @@ def test_the_readme_loop_runs_on_its_own_as_a_hand_written_loop(tmp_path, monkey
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
-    for (name, ours), theirs in zip(namespace["model"].state_dict().items(), model.state_dict().values()):
+    for (name, ours), theirs in zip(namespace["model"].state_dict().items(), model.state_dict().values(), strict=True):
         assert torch.equal(ours, theirs), name
 
     rows = [json.loads(line) for line in (tmp_path / "output" / "loop" / "metrics.json").read_text().splitlines()]
