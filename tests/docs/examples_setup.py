@@ -47,7 +47,7 @@ output_dir, max_iter = "output/run1", 20
 """
 
 SETUP: Dict[str, str] = {
-    "README.md": COMMON + DIGITS,
+    "README.md": COMMON,  # its blocks run on their own: no stand-ins (tests/tools/test_readme_examples.py)
     "docs/checkpoints.md": COMMON + DIGITS + TRAINER + """
 # init_weights_from's inputs: a backbone saved from another model.
 model = nn.Sequential()

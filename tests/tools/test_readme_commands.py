@@ -42,6 +42,9 @@ NOT_RUN: List[Tuple[str, str]] = [
     (r"^pip install\b", "installs into the interpreter running the tests; the copy's treadle is imported "
                         "through PYTHONPATH instead (tests/tools/test_install.py installs into a fresh venv)"),
     (r"^python -m pytest\b", "the test suite, which runs this test"),
+    (r"^python -m venv\b|^\. \.venv/bin/activate$", "makes and enters a virtual environment: each command here "
+                                                    "runs in a shell of its own, with the interpreter running the "
+                                                    "tests (tests/tools/test_install.py installs into a fresh venv)"),
     (r"tracking_uri=https?://", "needs an MLflow tracking server at that address, which the README has the user start"),
     (r"train\.device=cuda|gpu_checks\.sh", "needs CUDA: the tests run as on a machine without a GPU"),
 ]
@@ -207,6 +210,17 @@ def test_the_readme_has_commands_to_run_and_each_skip_has_a_reason():
         assert kept or why, command  # nothing vanishes without a reason
         if command.skipped is not None:
             assert command.skipped, f"README line {command.line}: a skip marker without a reason"
+
+
+def test_the_quick_start_enters_a_virtual_environment_before_it_installs():
+    text = README.read_text()
+    quick_start = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    commands = readme_commands(quick_start)
+    assert commands[0].text == "python -m venv .venv && . .venv/bin/activate"
+    assert all("pip install" in c.text for c in commands[1:]), [c.text for c in commands]
+    assert r"on Windows, activate with .venv\Scripts\activate" in quick_start
+    kept, why = runnable_part(commands[0])
+    assert kept == "" and len(why) == 2 and all("makes and enters a virtual environment" in w for w in why), why
 
 
 # ---------------------------------------------------------------------- the run

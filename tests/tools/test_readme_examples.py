@@ -82,20 +82,14 @@ def test_the_optional_cpu_index_is_a_footnote_that_says_it_can_block():
 def test_the_readme_hook_declares_its_period_and_runs(tmp_path, monkeypatch):
     """The README's hook example teaches the hook rule: the period is declared
     (after_step_period), the trainer calls after_step only there, and the
-    hook never checks the iteration itself."""
-    from treadle.data.datasets import DigitsDataset
+    hook never checks the iteration itself. The block runs on its own."""
     from treadle.engine import EagerStep, TrainerBase
 
     code = python_block_after("### Writing a hook")
     assert "def after_step_period" in code and "self.trainer.iter" not in code
     monkeypatch.chdir(tmp_path)
     torch.set_num_threads(1)
-    model = torch.nn.Linear(64, 10)
-    namespace = {
-        "__name__": "readme_example", "torch": torch, "model": model,
-        "train_loader": torch.utils.data.DataLoader(DigitsDataset("train"), batch_size=16, shuffle=True),
-        "optimizer": torch.optim.SGD(model.parameters(), lr=0.05),
-    }
+    namespace = {"__name__": "readme_example"}  # nothing but what the block makes
     exec(compile(code, str(README), "exec"), namespace)
     assert namespace["trainer"].iter == 100  # it ran to the end: the alarm did not stop it
 
@@ -106,7 +100,8 @@ def test_the_readme_hook_declares_its_period_and_runs(tmp_path, monkeypatch):
             calls.append(self.trainer.iter)
             super().after_step()
 
-    step = EagerStep(model, namespace["train_loader"], namespace["optimizer"],
+    model, optimizer = namespace["model"], namespace["optimizer"]
+    step = EagerStep(model, namespace["train_loader"], optimizer,
                      loss_fn=torch.nn.functional.cross_entropy, clip_grad_norm=1.0)
     trainer = TrainerBase(step)
     alarm = Counted(limit=0.0, period=20)
@@ -114,3 +109,78 @@ def test_the_readme_hook_declares_its_period_and_runs(tmp_path, monkeypatch):
     trainer.train(start_iter=0, max_iter=100)
     assert calls == [19] and alarm.alarms == 1  # first called at its period, and it stopped training there
     assert trainer.iter < 100
+
+
+def test_the_readme_loop_runs_on_its_own_as_a_hand_written_loop(tmp_path, monkeypatch):
+    """The tour's loop, run as written in a fresh namespace, ends with the
+    weights of the same loop written by hand in plain PyTorch, writes the
+    metrics.json rows its PeriodicWriter's period says, and trains the digits."""
+    from treadle.data.datasets import DigitsDataset
+    from treadle.models import MLPClassifier
+
+    code = python_block_after("### The loop")
+    monkeypatch.chdir(tmp_path)
+    torch.set_num_threads(1)
+    namespace = {"__name__": "readme_example"}  # nothing but what the block makes
+    exec(compile(code, str(README), "exec"), namespace)
+    max_iter = namespace["trainer"].max_iter
+    assert namespace["trainer"].iter == max_iter == 300
+
+    # The same loop by hand: the same seed, data order, clipping and schedule.
+    torch.manual_seed(0)
+    train_dataset = DigitsDataset("train")
+    model = MLPClassifier(train_dataset.input_dim, train_dataset.num_classes)
+    loader = torch.utils.data.DataLoader(train_dataset, batch_size=64, shuffle=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, max_iter)
+    batches = iter(loader)
+    for _ in range(max_iter):
+        try:
+            images, labels = next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            images, labels = next(batches)
+        optimizer.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(images), labels).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+    for (name, ours), theirs in zip(namespace["model"].state_dict().items(), model.state_dict().values(), strict=True):
+        assert torch.equal(ours, theirs), name
+
+    rows = [json.loads(line) for line in (tmp_path / "output" / "loop" / "metrics.json").read_text().splitlines()]
+    assert [row["iteration"] for row in rows] == list(range(19, max_iter, 20))
+    assert rows[-1]["total_loss"] < rows[0]["total_loss"] / 4
+    test = DigitsDataset("test")
+    model.eval()
+    with torch.no_grad():
+        accuracy = (model(torch.stack([test[i][0] for i in range(len(test))])).argmax(1)
+                    == torch.stack([test[i][1] for i in range(len(test))])).float().mean().item()
+    assert accuracy >= 0.95, accuracy
+
+
+#: The sections of the README whose python block a test of this file runs as written.
+RUN_HERE = ["### The loop", "### Writing a hook", "### Without configs"]
+
+
+def test_every_python_block_of_the_readme_is_run_here():
+    text = README.read_text()
+    headings = []
+    for match in re.finditer(r"^```python$", text, re.M):
+        headings.append(re.findall(r"^#+ .*$", text[: match.start()], re.M)[-1])
+    assert headings == RUN_HERE  # a new block: run it in a test of this file, then name its section here
+    source = Path(__file__).read_text()
+    for heading in RUN_HERE:
+        assert f'python_block_after("{heading}")' in source, heading
+
+
+def test_the_quick_start_says_how_many_iterations_the_main_job_runs():
+    """The quick start's timings scale by the main job's iterations: the
+    number it states is the one configs/digits_mlp.py trains."""
+    from treadle.config import LazyConfig
+
+    max_iter = LazyConfig.load(str(README.parent / "configs" / "digits_mlp.py")).train.max_iter
+    quick_start = " ".join(README.read_text().split("## Quick start", 1)[1].split("\n## ", 1)[0].split())
+    assert f"# install and run the main job: handwritten digits, {max_iter} iterations," in quick_start
+    assert f"The main job trains {max_iter} iterations (`train.max_iter` in `configs/digits_mlp.py`)" in quick_start
+    assert f"about {max_iter} times its seconds per iteration" in quick_start
