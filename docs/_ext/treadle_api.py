@@ -1,19 +1,9 @@
-"""The API reference: autodoc's own directives, listed from the code's ``__all__``.
+"""The API reference: autodoc's own directives, one per name of the code's ``__all__``.
 
-autodoc renders every entry (``autoclass`` and ``autofunction``, with the
-class's ``__signature__`` and docstring). This extension does what it cannot
-(docs/development.md, "The API reference"):
-
-- ``.. treadle-api:: PACKAGE`` writes one entry per name of the package's
-  ``__all__``, at the name users import (``treadle.engine.Trainer``). An
-  object whose full entry is on another page (``treadle.engine.HookBase`` is
-  :class:`treadle.hooks.HookBase`) gets a one-line entry linking there, where
-  ``automodule :members:`` would render it again; a constant shows the ``#:``
-  comment where it is assigned, which autodoc reads in the package only.
-- ``.. treadle-api::`` without a package: the modules page, each module with
-  the names of its ``__all__`` that no package page holds.
-- :func:`resolve_by_import` links a docstring's reference as the code names
-  it (``HookBase`` in a module that imports it) to the object's one entry.
+``.. treadle-api:: PACKAGE`` writes a package page, ``.. treadle-api::`` the
+modules page, and :func:`resolve_by_import` links a docstring's reference as
+the code names it. docs/development.md ("The API reference") says why stock
+``automodule`` and ``autosummary`` do not do these.
 """
 
 from __future__ import annotations
@@ -41,24 +31,18 @@ PACKAGES = ["treadle.engine", "treadle.hooks", "treadle.events", "treadle.checkp
 UTILS_MODULES = ["treadle.utils." + name for name in
                  ("comm", "logger", "file_io", "env", "device", "rng", "atomic", "run_folder")]
 PAGES = PACKAGES + UTILS_MODULES
-ROLES = {"class": "class", "function": "func", "data": "data"}
 
 
 def public_names(module_name: str) -> List[str]:
-    """The names ``module_name``'s ``__all__`` exports (an error if it has none)."""
-    names = getattr(importlib.import_module(module_name), "__all__", None)
-    if names is None:
-        raise ValueError(f"{module_name} has no __all__: the reference documents the names of an __all__")
-    return list(names)
+    """The names ``module_name``'s ``__all__`` exports (an AttributeError without one)."""
+    return list(importlib.import_module(module_name).__all__)
 
 
 def kind_of(value: Any) -> str:
     """How the reference documents ``value``: ``module``, ``class``, ``function`` or ``data``."""
     if isinstance(value, types.ModuleType):
         return "module"
-    if inspect.isclass(value):
-        return "class"
-    return "function" if inspect.isroutine(value) else "data"
+    return "class" if inspect.isclass(value) else "function" if inspect.isroutine(value) else "data"
 
 
 def data_doc(name: str, value: Any) -> Tuple[Optional[str], List[str]]:
@@ -73,13 +57,6 @@ def data_doc(name: str, value: Any) -> Tuple[Optional[str], List[str]]:
             if lines and "".join(lines).strip():
                 return module_name, list(lines)
     return None, []
-
-
-def docstring_of(module_name: str, name: str) -> Optional[str]:
-    """The text ``module_name.name``'s entry shows (a constant's ``#:`` comment), or None."""
-    value = getattr(importlib.import_module(module_name), name)
-    text = "\n".join(data_doc(name, value)[1]) if kind_of(value) == "data" else inspect.getdoc(value)
-    return (text or "").strip() or None
 
 
 @functools.lru_cache(maxsize=None)
@@ -108,7 +85,7 @@ def entry_lines(module_name: str, name: str) -> List[str]:
         return head + ["", f"   The :mod:`{value.__name__}` package, also importable from here.", ""]
     if home is not None and home != (module_name, name):
         return head + ["   :no-index:", "",
-                f"   Another name for :{ROLES[kind]}:`{'.'.join(home)}`, documented there.", ""]
+                f"   Another name for :{'func' if kind == 'function' else kind}:`{'.'.join(home)}`, documented there.", ""]
     if kind == "data":
         doc = data_doc(name, value)[1]
         return head + [""] + [f"   {line}".rstrip() for line in doc] + [""]
@@ -117,10 +94,7 @@ def entry_lines(module_name: str, name: str) -> List[str]:
 
 def reference_lines(module_name: str) -> List[str]:
     """The reStructuredText of a package's page: an entry per name of its ``__all__``."""
-    lines = [f".. automodule:: {module_name}", ""]
-    for name in public_names(module_name):
-        lines += entry_lines(module_name, name)
-    return lines
+    return [f".. automodule:: {module_name}", ""] + sum((entry_lines(module_name, n) for n in public_names(module_name)), [])
 
 
 def submodules() -> List[str]:
@@ -136,14 +110,12 @@ def module_names(module_name: str) -> List[str]:
     """The names of ``module_name``'s ``__all__`` that the modules page documents:
     defined there, and on no package page."""
     module = importlib.import_module(module_name)
-    names = []
-    for name in getattr(module, "__all__", []):
-        value = getattr(module, name)
-        kind = kind_of(value)
-        home = data_doc(name, value)[0] if kind == "data" else getattr(value, "__module__", None)
-        if kind != "module" and home in (module_name, None) and full_entry(name, value) is None:
-            names.append(name)
-    return names
+
+    def home(name: str, value: Any) -> Optional[str]:
+        return data_doc(name, value)[0] if kind_of(value) == "data" else getattr(value, "__module__", None)
+
+    return [name for name, value in ((n, getattr(module, n)) for n in getattr(module, "__all__", []))
+            if kind_of(value) != "module" and home(name, value) in (module_name, None) and full_entry(name, value) is None]
 
 
 def module_lines() -> List[str]:
@@ -160,8 +132,7 @@ def module_lines() -> List[str]:
         # the name is the function's target.
         shadowed = not isinstance(getattr(sys.modules[parent], leaf, sys), types.ModuleType)
         lines += [f".. automodule:: {module_name}"] + (["   :no-index:"] if shadowed else []) + [""]
-        for name in module_names(module_name):
-            lines += entry_lines(module_name, name)
+        lines += sum((entry_lines(module_name, name) for name in module_names(module_name)), [])
     return lines
 
 
@@ -190,47 +161,40 @@ def _import(path: str) -> Any:
     return importlib.import_module(path)
 
 
-def _documented(app: Sphinx, obj: Any, name: str) -> Optional[str]:
-    """The documented name of ``obj`` (a constant: of that ``name`` and value), or None."""
-    objects = app.env.get_domain("py").objects  # type: ignore[attr-defined]
+def _key(name: str, obj: Any) -> Any:
+    """What identifies ``obj`` among the entries: itself, or a constant its name
+    and value (equal constants need not be one object)."""
+    return (name.rpartition(".")[2], repr(obj)) if isinstance(obj, (int, float, str, bool, tuple)) else id(obj)
+
+
+def _documented(app: Sphinx, key: Any) -> Optional[str]:
+    """The name of the entry that documents the object of ``key``, or None."""
     if not hasattr(app.env, "treadle_api_index"):
-        index: Dict[int, str] = {}
-        for full_name in objects:
+        index: Dict[Any, str] = {}
+        for full_name in app.env.get_domain("py").objects:  # type: ignore[attr-defined]
             try:
-                index.setdefault(id(_import(full_name)), full_name)
+                index.setdefault(_key(full_name, _import(full_name)), full_name)
             except Exception:  # noqa: BLE001 - not importable: an entry written by hand
                 continue
         app.env.treadle_api_index = index  # type: ignore[attr-defined]
-    if not isinstance(obj, (int, float, str, bool, tuple)):
-        return app.env.treadle_api_index.get(id(obj))  # type: ignore[attr-defined]
-    for full_name, entry in objects.items():  # equal constants need not be one object
-        if entry.objtype in ("data", "attribute") and full_name.endswith("." + name):
-            try:
-                if _import(full_name) == obj:
-                    return full_name
-            except Exception:  # noqa: BLE001
-                continue
-    return None
+    return app.env.treadle_api_index.get(key)  # type: ignore[attr-defined]
 
 
 def _scopes(node: Any) -> List[str]:
     """Where ``node``'s target may be named: the docstring's own class and module
     (a docstring shown as ``treadle.engine.Trainer`` is written in its module), then the page's."""
-    scopes = []
     parent = node
     while parent is not None and not getattr(parent, "source", None):
         parent = parent.parent
     match = re.search(r"docstring of ([\w.]+)$", getattr(parent, "source", "") or "")
     try:
-        written_in = _import(match.group(1)) if match else None
+        written_in = getattr(_import(match.group(1)), "fget", None) or _import(match.group(1)) if match else None
     except Exception:  # noqa: BLE001 - not importable: no scope from it
         written_in = None
-    function = getattr(written_in, "fget", written_in)
-    qualname, module = getattr(function, "__qualname__", ""), getattr(function, "__module__", None)
-    if isinstance(module, str) and module.startswith("treadle"):
-        if "." in qualname or inspect.isclass(written_in):
-            scopes.append(f"{module}.{qualname if inspect.isclass(written_in) else qualname.rsplit('.', 1)[0]}.")
-        scopes.append(f"{module}.")
+    qualname, module = getattr(written_in, "__qualname__", ""), getattr(written_in, "__module__", "")
+    if not inspect.isclass(written_in):
+        qualname = qualname.rpartition(".")[0]
+    scopes = [f"{module}.{qualname}."] * bool(qualname) + [f"{module}."] if str(module).startswith("treadle") else []
     module, klass = node.get("py:module"), node.get("py:class")
     return scopes + ([f"{module}.{klass}."] if module and klass else []) + ([f"{module}."] if module else []) + [""]
 
@@ -239,31 +203,22 @@ def resolve_by_import(app: Sphinx, env: Any, node: Any, contnode: Any) -> Option
     """A Python reference Sphinx's lookup missed, linked to the entry of the object its name imports."""
     if node.get("refdomain") != "py":
         return None
-    for scope in _scopes(node):
-        path = scope + node["reftarget"]
+    py = env.get_domain("py")
+    for path in (scope + node["reftarget"] for scope in _scopes(node)):
         try:
             obj = _import(path)
         except Exception:  # noqa: BLE001 - not in this scope
             continue
         module = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", None)
-        theirs = isinstance(module, str) and not module.startswith("treadle") and not isinstance(obj, tuple)
+        theirs = not path.startswith("treadle.") if isinstance(obj, (int, float, str, bool, tuple)) else (
+            isinstance(module, str) and not module.startswith("treadle"))
         if isinstance(obj, TypeVar) or re.search(r"(^|\.)_(?!_)", path) or theirs:
             return contnode  # no entry of its own: shown as code, as conf.py shows other packages' names
-        owner, _, member = path.rpartition(".")
-        documented = _documented(app, obj, member)
-        owner_obj = _import(owner) if owner and documented is None else None
-        for base in inspect.getmro(owner_obj) if inspect.isclass(owner_obj) else ():
-            # A member (an instance attribute's ``#:`` comment too) documented under its class.
-            found = _documented(app, base, "")
-            if found and f"{found}.{member}" in env.get_domain("py").objects:
-                documented = f"{found}.{member}"
-                break
-        if documented is None:
-            continue
-        py = env.get_domain("py")
-        resolved = py.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], documented, node, contnode)
-        found_any = None if resolved else py.resolve_any_xref(env, node["refdoc"], app.builder, documented, node, contnode)
-        return resolved or (found_any[0][1] if found_any else None)
+        documented = _documented(app, _key(path, obj))
+        if documented is not None:
+            # Any role: ``:func:`` may name a class, as Python calls one.
+            found = py.resolve_any_xref(env, node["refdoc"], app.builder, documented, node, contnode)
+            return found[0][1] if found else None
     return None
 
 
