@@ -1,14 +1,9 @@
-"""The API reference: autodoc's own directives, one per name of the code's ``__all__``.
-
-``.. treadle-api:: PACKAGE`` writes a package page, ``.. treadle-api::`` the
-modules page, and :func:`resolve_by_import` links a docstring's reference as
-the code names it. docs/development.md ("The API reference") says why stock
-``automodule`` and ``autosummary`` do not do these.
-"""
+"""The API reference: autodoc's directives, an entry per name of an ``__all__``
+(``.. treadle-api:: PACKAGE``; without one, the modules page), and references
+resolved by import. docs/development.md ("The API reference") says why."""
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
 import pkgutil
@@ -18,11 +13,10 @@ import types
 from typing import Any, Dict, List, Optional, Tuple, TypeVar
 
 from docutils import nodes
-from docutils.statemachine import StringList
 from sphinx.application import Sphinx
 from sphinx.pycode import ModuleAnalyzer
 from sphinx.util.docutils import SphinxDirective
-from sphinx.util.nodes import nested_parse_with_titles
+from sphinx.util.nodes import get_node_source
 
 #: The packages of the reference, each a page docs/api/<last part>.rst.
 PACKAGES = ["treadle.engine", "treadle.hooks", "treadle.events", "treadle.checkpoint", "treadle.config",
@@ -40,9 +34,8 @@ def public_names(module_name: str) -> List[str]:
 
 def kind_of(value: Any) -> str:
     """How the reference documents ``value``: ``module``, ``class``, ``function`` or ``data``."""
-    if isinstance(value, types.ModuleType):
-        return "module"
-    return "class" if inspect.isclass(value) else "function" if inspect.isroutine(value) else "data"
+    return ("module" if isinstance(value, types.ModuleType) else "class" if inspect.isclass(value)
+            else "function" if inspect.isroutine(value) else "data")
 
 
 def data_doc(name: str, value: Any) -> Tuple[Optional[str], List[str]]:
@@ -59,7 +52,6 @@ def data_doc(name: str, value: Any) -> Tuple[Optional[str], List[str]]:
     return None, []
 
 
-@functools.lru_cache(maxsize=None)
 def _exports() -> List[Tuple[str, str, Any]]:
     return [(page, name, getattr(importlib.import_module(page), name)) for page in PAGES for name in public_names(page)]
 
@@ -98,11 +90,9 @@ def reference_lines(module_name: str) -> List[str]:
 
 
 def submodules() -> List[str]:
-    """Every public module of treadle below the packages of the reference, sorted."""
-    import treadle
-
-    return sorted(info.name for info in pkgutil.walk_packages(treadle.__path__, "treadle.")
-                  if info.name not in PACKAGES and not info.name.split(".")[-1].startswith("_")
+    """Every public module of treadle that is no page of its own, sorted."""
+    return sorted(info.name for info in pkgutil.walk_packages(importlib.import_module("treadle").__path__, "treadle.")
+                  if info.name not in PAGES and not info.name.split(".")[-1].startswith("_")
                   and ".model_zoo.configs" not in info.name)
 
 
@@ -124,12 +114,8 @@ def module_lines() -> List[str]:
     for module_name in submodules():
         title = f"``{module_name}``"
         lines += [title, "-" * len(title), ""]
-        if module_name in UTILS_MODULES:
-            lines += [f"Documented on :doc:`the utils page <utils>`: :mod:`{module_name}`.", ""]
-            continue
         parent, leaf = module_name.rsplit(".", 1)
-        # A module named as the function its package exports (treadle.config.instantiate):
-        # the name is the function's target.
+        # A module named as the function its package exports (treadle.config.instantiate): the function's name.
         shadowed = not isinstance(getattr(sys.modules[parent], leaf, sys), types.ModuleType)
         lines += [f".. automodule:: {module_name}"] + (["   :no-index:"] if shadowed else []) + [""]
         lines += sum((entry_lines(module_name, name) for name in module_names(module_name)), [])
@@ -143,10 +129,7 @@ class TreadleAPI(SphinxDirective):
 
     def run(self) -> List[nodes.Node]:
         lines = reference_lines(self.arguments[0]) if self.arguments else module_lines()
-        container = nodes.section()
-        container.document = self.state.document
-        nested_parse_with_titles(self.state, StringList(lines, source="<treadle-api>"), container)
-        return container.children
+        return self.parse_text_to_nodes("\n".join(lines), allow_section_headings=True)
 
 
 def _import(path: str) -> Any:
@@ -162,8 +145,7 @@ def _import(path: str) -> Any:
 
 
 def _key(name: str, obj: Any) -> Any:
-    """What identifies ``obj`` among the entries: itself, or a constant its name
-    and value (equal constants need not be one object)."""
+    """What identifies ``obj``: itself, or a constant's name and value (equal constants need not be one object)."""
     return (name.rpartition(".")[2], repr(obj)) if isinstance(obj, (int, float, str, bool, tuple)) else id(obj)
 
 
@@ -183,13 +165,10 @@ def _documented(app: Sphinx, key: Any) -> Optional[str]:
 def _scopes(node: Any) -> List[str]:
     """Where ``node``'s target may be named: the docstring's own class and module
     (a docstring shown as ``treadle.engine.Trainer`` is written in its module), then the page's."""
-    parent = node
-    while parent is not None and not getattr(parent, "source", None):
-        parent = parent.parent
-    match = re.search(r"docstring of ([\w.]+)$", getattr(parent, "source", "") or "")
     try:
+        match = re.search(r"docstring of ([\w.]+)$", get_node_source(node))
         written_in = getattr(_import(match.group(1)), "fget", None) or _import(match.group(1)) if match else None
-    except Exception:  # noqa: BLE001 - not importable: no scope from it
+    except Exception:  # noqa: BLE001 - no docstring, or not importable: no scope from it
         written_in = None
     qualname, module = getattr(written_in, "__qualname__", ""), getattr(written_in, "__module__", "")
     if not inspect.isclass(written_in):
