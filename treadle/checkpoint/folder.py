@@ -31,6 +31,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: The file of the checkpoint folder naming its newest checkpoint
+#: (detectron2's ``last_checkpoint``): where a resume starts.
 POINTER_FILE = "last_checkpoint"
 #: The name of a ``"dcp"`` checkpoint (a directory) ends so.
 DCP_SUFFIX = ".dcp"

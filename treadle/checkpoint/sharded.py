@@ -86,6 +86,9 @@ __all__ = [
     "write_dcp",
 ]
 
+#: The file of a ``"dcp"`` checkpoint's directory that records each file's
+#: checksum and size, written when the checkpoint is published: a directory
+#: without it is not a complete checkpoint.
 CHECKSUM_FILE = "checksums.json"
 #: The key of the record holding everything that is neither model nor optimizer.
 STATE_KEY = "treadle"

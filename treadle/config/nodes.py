@@ -27,6 +27,7 @@ def raw_value(node: Any) -> Any:
 
 
 def is_none(node: Any) -> bool:
+    """Whether the node's value is None (a ``None`` written in the config)."""
     return bool(node._is_none())
 
 
@@ -36,14 +37,17 @@ def is_missing(node: Any) -> bool:
 
 
 def is_interpolation(node: Any) -> bool:
+    """Whether the value is an interpolation (``"${...}"``), not yet resolved."""
     return bool(node._is_interpolation())
 
 
 def key_of(node: Any) -> Any:
+    """The node's key in its parent (a key of a dict, an index of a list)."""
     return node._key()
 
 
 def parent_of(node: Any) -> Optional[Any]:
+    """The node that holds this one, or None for the config's root."""
     return node._get_parent()
 
 

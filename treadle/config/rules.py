@@ -36,6 +36,8 @@ __all__ = [
     "anything",
 ]
 
+#: A check of one config value: called with the key's dotted path and the
+#: value, it raises a one-line ValueError naming the key when the value is wrong.
 Rule = Callable[[str, Any], None]
 
 

@@ -59,6 +59,7 @@ __all__ = [
 
 #: ``train.step.precision``: full precision, bfloat16 autocast, float16 autocast with a GradScaler.
 PRECISIONS = ("fp32", "bf16", "fp16")
+#: ``train.step.kind``: the eager step, or the step compiled with ``torch.compile``.
 STEP_KINDS = ("eager", "compiled")
 _COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 _MODES = (None, "max", "min")

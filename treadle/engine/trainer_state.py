@@ -61,6 +61,9 @@ def capture_state(
 
 
 def restore_hook_states(hooks: Sequence[HookBase], states: Dict[str, Any]) -> None:
+    """Give each hook its state from a checkpoint's ``states`` (keyed as
+    :func:`hook_state_keys` keys them), when a run resumes; a state of a hook
+    that is not registered is ignored with a warning."""
     keyed = hook_state_keys(hooks)
     for key, hook_state in states.items():
         if key in keyed:

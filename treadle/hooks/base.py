@@ -10,6 +10,8 @@ __all__ = ["HookBase", "HOOK_STAGES", "TrainerProtocol"]
 
 H = TypeVar("H", bound="HookBase")
 
+#: The methods of a hook the loop calls, in the order it calls them: the
+#: stages a hook may override, and the columns of the engine's hook table.
 HOOK_STAGES: Tuple[str, ...] = (
     "before_train",
     "before_epoch",

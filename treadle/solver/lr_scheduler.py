@@ -35,10 +35,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: The schedules build_lr_multiplier builds by name.
 SCHEDULE_NAMES = ("constant", "cosine", "linear", "step")
 #: The options a named schedule takes (see build_lr_multiplier).
 SCHEDULE_OPTIONS = ("steps", "gamma", "end_value")
-# What a warm-up means (see build_lr_multiplier): detectron2's, or transformers' get_*_schedule_with_warmup.
+#: What a warm-up means (see build_lr_multiplier): detectron2's, or transformers' get_*_schedule_with_warmup.
 WARMUP_STYLES = ("detectron2", "huggingface")
 
 class LRMultiplier(torch.optim.lr_scheduler.LRScheduler):

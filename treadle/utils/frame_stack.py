@@ -30,8 +30,9 @@ __all__ = ["FRAME_ROOM_BYTES", "call_with_frame_room"]
 
 _T = TypeVar("_T")
 
-# Room for ~2000 frames of the usual size: deep models (a transformer's
-# nested modules, gradient checkpointing) stay well inside it.
+#: The room (bytes) :func:`call_with_frame_room` keeps free above the call:
+#: ~2000 frames of the usual size; deep models (a transformer's nested
+#: modules, gradient checkpointing) stay well inside it.
 FRAME_ROOM_BYTES = 128 * 1024
 
 

@@ -47,8 +47,11 @@ __all__ = [
 VOCAB: str = "\t\n" + "".join(chr(c) for c in range(32, 127))
 """The characters of ids ``0 .. len(VOCAB) - 1``; id ``len(VOCAB)`` is the unknown token."""
 
+#: The id of a character outside :data:`VOCAB` (the last id).
 UNK_ID: int = len(VOCAB)
+#: The character :func:`decode_ids` writes for :data:`UNK_ID`.
 UNK_CHAR: str = "\ufffd"
+#: How many ids there are: a text model's embedding and output size.
 VOCAB_SIZE: int = len(VOCAB) + 1
 
 # Code point -> id for ASCII; everything else maps to UNK_ID.
