@@ -23,11 +23,11 @@ Systems, each run in its own process, in interleaved rounds:
   warm-up, an ``LRMultiplier``): what a schedule costs (its weights are
   not the hand loop's, which has a constant rate);
 - ``treadle-tour``: the README tour's loop (``### The loop``):
-  ``EagerStep(..., clip_grad_norm=1.0, precision="bf16")`` with
+  ``EagerStep(..., clip_grad_norm=1.0)`` with
   ``IterationTimer``, ``LRScheduler`` (a torch ``CosineAnnealingLR``) and
   ``PeriodicWriter`` every 20 iterations with ``CommonMetricPrinter`` and
   ``JSONWriter``: what a reader of the README runs (its weights are not
-  the hand loop's: bf16 autocast, clipping and a schedule);
+  the hand loop's: clipping and a schedule);
 - ``treadle-trainer``: the plain ``Trainer(...)`` with an ``output_dir``
   (its default hooks and writers: timer, LR schedule, checkpoint at the
   end, JSON and TensorBoard, console lines, run summary);
@@ -428,8 +428,7 @@ def run_treadle_tour(work: Workload, workdir: str) -> Run:
     # README.md's "### The loop", at this workload's length.
     setup_logger()
     model, optimizer, loader = work.fresh()
-    step = EagerStep(model, loader, optimizer, loss_fn=F.cross_entropy, grad_accum_steps=1, clip_grad_norm=1.0,
-                     precision="bf16")
+    step = EagerStep(model, loader, optimizer, loss_fn=F.cross_entropy, grad_accum_steps=1, clip_grad_norm=1.0)
     trainer = TrainerBase(step)
     trainer.register_hooks([
         IterationTimer(),

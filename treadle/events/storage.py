@@ -162,11 +162,14 @@ class EventStorage:
         self._series_of_tensors: Set[str] = set()
         # The values of the last deferred flush, on their way to host memory (see flush).
         self._reading: Optional[_Reading] = None
-        # Inside as_of(): reads resolve nothing; writers' rows end at _rows_through,
-        # evaluation results at _results_through (None: every one).
+        # Inside as_of(): reads resolve nothing; writers' rows end at rows_through,
+        # evaluation results at results_through (None: every one). Plain attributes,
+        # not properties: each writer reads them at every write.
         self._reads_record = True
-        self._rows_through: Optional[int] = None
-        self._results_through: Optional[int] = None
+        #: Inside :meth:`as_of`, the iteration writers' rows of training values end at; else None (every value recorded).
+        self.rows_through: Optional[int] = None
+        #: Inside :meth:`as_of`, the iteration writers' evaluation results end at; else None (every result recorded).
+        self.results_through: Optional[int] = None
         # Counts the reads that recorded something: what the values of
         # latest_with_smoothing_hint are cached by, so that the writers of
         # one flush compute each median once between them.
@@ -420,22 +423,12 @@ class EventStorage:
         ``every_result=True``: the training rows end at ``iteration``, and
         every evaluation result recorded is written (a stop to be resumed:
         the resumed run never writes them)."""
-        self._reads_record, self._rows_through = False, iteration
-        self._results_through = None if every_result else iteration
+        self._reads_record, self.rows_through = False, iteration
+        self.results_through = None if every_result else iteration
         try:
             yield
         finally:
-            self._reads_record, self._rows_through, self._results_through = True, None, None
-
-    @property
-    def rows_through(self) -> Optional[int]:
-        """Inside :meth:`as_of`, the iteration writers' rows of training values end at; else None (every value recorded)."""
-        return self._rows_through
-
-    @property
-    def results_through(self) -> Optional[int]:
-        """Inside :meth:`as_of`, the iteration writers' evaluation results end at; else None (every result recorded)."""
-        return self._results_through
+            self._reads_record, self.rows_through, self.results_through = True, None, None
 
     def point_through(self, name: str, iteration: int, window_size: int) -> Optional[Tuple[float, int]]:
         """``name``'s point as a read at ``iteration`` saw it: its newest

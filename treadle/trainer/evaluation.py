@@ -37,10 +37,11 @@ __all__ = ["TrainerEvaluation", "watches_training", "EVAL_PREFIXES", "TRAIN_PREF
 
 logger = logging.getLogger(__name__)
 
-# Prefixes other trainers put on the metric to watch (Hezar's
-# "evaluation.f1", HF's "eval_loss", Lightning's "val/..."): the name in
-# treadle's storage is what follows. "train" ones name a training scalar.
+#: Prefixes other trainers put on the metric to watch (Hezar's
+#: "evaluation.f1", the Hugging Face Trainer's "eval_loss"): the name in
+#: treadle's storage is what follows.
 EVAL_PREFIXES = ("eval/", "evaluation/", "eval.", "evaluation.", "eval_")
+#: Prefixes naming a training scalar to watch ("train_loss"): the name in treadle's storage is what follows.
 TRAIN_PREFIXES = ("train/", "train.", "train_")
 
 

@@ -102,6 +102,7 @@ _T = TypeVar("_T", bound=type)
 #: trackers (optional extras, with their defaults: MLflow's default store,
 #: W&B online; give a writer object to choose).
 LOGGERS = ("json", "tensorboard", "csv", "mlflow", "wandb")
+#: The loggers of LOGGERS that write files into the logs folder.
 FILE_LOGGERS = ("json", "tensorboard", "csv")
 
 
