@@ -59,6 +59,12 @@ autodoc_default_options = {"exclude-members": "__init__, __new__"}
 
 html_theme = "furo"
 html_title = f"treadle {release}"
+# The pages' text holds code without backticks in tables ('cosine', torchrun
+# --nproc-per-node): shown as written, not with curly quotes and an en dash.
+smartquotes = False
+# Wide tables and code blocks at a laptop's width (docs/_static/treadle.css).
+html_static_path = ["_static"]
+html_css_files = ["treadle.css"]
 
 # Nitpicky references to other packages: no intersphinx (nothing is fetched at
 # build time), so their names stay unlinked. Only external packages are listed:

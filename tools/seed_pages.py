@@ -79,6 +79,47 @@ def _table(header: List[str], rows: List[List[str]]) -> List[str]:
             *("| " + " | ".join(row) + " |" for row in rows)]
 
 
+#: The longest text a cell of a settings table holds whole: a longer one
+#: would make its row many lines tall at a laptop's width (4 columns in the
+#: page's ~46em), so the cell keeps its first clause and the whole text is
+#: written under the table.
+CELL_LIMIT = 120
+
+
+def _gist(text: str) -> str:
+    """``text`` if short enough for a cell, else its first clause (to the first
+    ". ", "; " or ": " outside brackets and quotes) marked "(below)", or only
+    "(below)" when that is long too."""
+    if len(text) <= CELL_LIMIT:
+        return text
+    depth, quoted = 0, False
+    for i, char in enumerate(text[:CELL_LIMIT]):
+        if char == "'" and (quoted or i == 0 or text[i - 1] in " ([{=,"):
+            quoted = not quoted  # a quote opens after a space or a bracket: "torch's" is no quote
+        elif not quoted and char in "([{":
+            depth += 1
+        elif not quoted and char in ")]}":
+            depth -= 1
+        elif not quoted and depth == 0 and i > 0 and text[i:i + 2] in (". ", "; ", ": "):
+            return f"{text[:i]}… *(below)*"
+    return "*(below)*"
+
+
+def _settings_table(seed: str, rows: List[List[str]]) -> List[str]:
+    """``seed``'s settings table (:func:`setting_rows`), each cell too long
+    for the table given whole in a list under it (a description once)."""
+    lines = _table([seed, "treadle", "what treadle's does", "note"],
+                   [[name, treadle, _gist(does), _gist(note)] for name, treadle, does, note in rows])
+    below: List[str] = []
+    for name, treadle, does, note in rows:
+        described = f"- {treadle}: {does}"
+        if len(does) > CELL_LIMIT and described not in below:
+            below.append(described)
+        if len(note) > CELL_LIMIT:
+            below.append(f"- {name} (note): {note}")
+    return [*lines, "", "In full, the cells marked *(below)*:", "", *below] if below else lines
+
+
 def _events() -> List[str]:
     return _table(["callback event", "called"],
                   [[f"`{name}(trainer, **kwargs)`", when] for name, when in CALLBACK_EVENTS.items()])
@@ -103,7 +144,7 @@ def render_block(name: str) -> str:
         lines = _table(["name", "on", "treadle"], override_rows(name[len("overrides of "):]))
     elif name.startswith("settings of ") and setting_rows(name[len("settings of "):]):
         seed = name[len("settings of "):]
-        lines = _table([seed, "treadle", "what treadle's does", "note"], setting_rows(seed))
+        lines = _settings_table(seed, setting_rows(seed))
     else:
         raise ValueError(f"no generated block named {name!r}: 'override-points', 'callback events', "
                          f"'overrides of SEED' or 'settings of SEED', SEED one of {', '.join(_all_seeds())}")
