@@ -12,6 +12,7 @@ resolve (``-n``), or the build fails (``-W``).
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -62,9 +63,11 @@ html_title = f"treadle {release}"
 # The pages' text holds code without backticks in tables ('cosine', torchrun
 # --nproc-per-node): shown as written, not with curly quotes and an en dash.
 smartquotes = False
-# Wide tables and code blocks at a laptop's width (docs/_static/treadle.css).
+# Wide tables and code blocks at a laptop's width (docs/_static/treadle.css,
+# treadle.js: a code block wider than the column is wrapped line by line).
 html_static_path = ["_static"]
 html_css_files = ["treadle.css"]
+html_js_files = ["treadle.js"]
 
 # Nitpicky references to other packages: no intersphinx (nothing is fetched at
 # build time), so their names stay unlinked. Only external packages are listed:
@@ -93,9 +96,15 @@ def _on_source_read(app, docname, source):  # type: ignore[no-untyped-def]
     source[0] = _site_links(source[0], "../")
 
 
+# The README (GitHub reads it) writes a link to a page with the page's path
+# as its text, [docs/engine.md](docs/engine.md); on the site the link shows
+# the page's title instead (an empty text: MyST writes the target's title).
+_PATH_TEXT_LINK = re.compile(r"\[`?(?:docs/)?[\w/.-]+\.md`?\]\(((?:docs/)?[\w/.-]+\.md(?:#[\w-]+)?)\)")
+
+
 def _on_include_read(app, relative_path, parent_docname, content):  # type: ignore[no-untyped-def]
     if relative_path.name == "README.md":
-        content[0] = _site_links(content[0], "")
+        content[0] = _PATH_TEXT_LINK.sub(r"[](\1)", _site_links(content[0], ""))
 
 
 def setup(app):  # type: ignore[no-untyped-def]

@@ -17,14 +17,19 @@ import os
 import re
 import subprocess
 from pathlib import Path
-from typing import List
+from typing import List, Tuple
 
 #: Heights are measured by the browser: Chromium's headless screenshot has a
 #: fixed window, so a page is shot once tall enough for the longest page and
 #: cropped to the height the page's own layout reports (its <title> carries it).
 MAX_HEIGHT = 30000
-_MEASURE = ("<script>window.addEventListener('load',function(){"
-            "document.title='height='+document.documentElement.scrollHeight;});</script>")
+#: The title also counts the code blocks and tables wider than the page's
+#: column (they scroll sideways: what is past the edge is not seen at first),
+#: measured after the page's own load handlers (docs/_static/treadle.js).
+_MEASURE = ("<script>window.addEventListener('load',function(){setTimeout(function(){"
+            "var wide=Array.from(document.querySelectorAll('article pre, article .table-wrapper'))"
+            ".filter(function(e){return e.scrollWidth>e.clientWidth+1;}).length;"
+            "document.title='height='+document.documentElement.scrollHeight+';wide='+wide;},0);});</script>")
 
 
 def site_pages(site: Path) -> List[Path]:
@@ -40,8 +45,9 @@ def _chromium(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-def page_height(page: Path, width: int) -> int:
-    """The page's full height in pixels at ``width``, as Chromium lays it out."""
+def measure(page: Path, width: int) -> Tuple[int, int]:
+    """The page's full height in pixels at ``width``, as Chromium lays it out,
+    and how many of its code blocks and tables scroll sideways."""
     html = page.read_text(encoding="utf-8").replace("</head>", _MEASURE + "</head>", 1)
     probe = page.with_name(f".measure-{page.name}")
     probe.write_text(html, encoding="utf-8")
@@ -50,15 +56,17 @@ def page_height(page: Path, width: int) -> int:
                         probe.as_uri()).stdout
     finally:
         probe.unlink()
-    match = re.search(r"<title>height=(\d+)</title>", dom)
-    return min(int(match.group(1)), MAX_HEIGHT) if match else 900
+    match = re.search(r"<title>height=(\d+);wide=(\d+)</title>", dom)
+    return (min(int(match.group(1)), MAX_HEIGHT), int(match.group(2))) if match else (900, 0)
 
 
-def screenshot(page: Path, out: Path, width: int) -> None:
-    """One PNG of ``page`` at ``width`` and its full height."""
-    height = page_height(page, width)
+def screenshot(page: Path, out: Path, width: int) -> int:
+    """One PNG of ``page`` at ``width`` and its full height; the number of its
+    code blocks and tables that scroll sideways."""
+    height, wide = measure(page, width)
     _chromium(f"--window-size={width},{height}", f"--screenshot={out}", "--virtual-time-budget=3000",
               page.as_uri())
+    return wide
 
 
 def main() -> None:
@@ -72,8 +80,8 @@ def main() -> None:
     pages = [args.site / p for p in args.pages] or site_pages(args.site)
     for page in pages:
         out = args.out / (str(page.relative_to(args.site).with_suffix("")).replace(os.sep, "__") + ".png")
-        screenshot(page, out, args.width)
-        print(out)
+        wide = screenshot(page, out, args.width)
+        print(f"{out}" + (f"  ({wide} code blocks or tables scroll sideways)" if wide else ""))
 
 
 if __name__ == "__main__":
