@@ -1,10 +1,11 @@
+import os
 import re
 
 from setuptools import find_packages, setup
 
 # One source of truth: the version users see as treadle.__version__ (read, not
 # imported: importing treadle needs torch, which may not be installed yet).
-with open("treadle/__init__.py", encoding="utf-8") as f:
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "treadle", "__init__.py"), encoding="utf-8") as f:
     VERSION = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
 
 setup(
