@@ -83,3 +83,14 @@ def test_the_old_module_paths_import_the_moved_modules():
         "print(a is b, SeedOverrides is o.SeedOverrides, Trainer is t.Trainer, SETTINGS is s.SETTINGS)\n"
     )
     assert _output_of(code).split() == ["True"] * 4
+
+
+def test_the_pages_generator_that_left_the_package_is_refused_naming_where_it_went():
+    code = (
+        "try:\n"
+        "    import treadle.engine.seed_pages\n"
+        "except ModuleNotFoundError as error:\n"
+        "    print(error)\n"
+    )
+    assert _output_of(code).strip() == ("treadle.engine.seed_pages is no longer a module of treadle: the pages "
+                                        "generator is the documentation tool tools/seed_pages.py")
