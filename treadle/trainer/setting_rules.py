@@ -160,7 +160,7 @@ def _options_dict(key: str, value: Any) -> None:
 
 
 def device(key: str, value: Any) -> None:
-    """A device that exists here; said as every entry point says it (:func:`resolve_device`)."""
+    """A device that exists here; said as every entry point says it (:func:`~treadle.utils.device.resolve_device`)."""
     from treadle.utils.device import resolve_device
 
     if not isinstance(value, str) and type(value).__name__ != "device":
