@@ -1,8 +1,16 @@
+import os
+import re
+
 from setuptools import find_packages, setup
+
+# One source of truth: the version users see as treadle.__version__ (read, not
+# imported: importing treadle needs torch, which may not be installed yet).
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "treadle", "__init__.py"), encoding="utf-8") as f:
+    VERSION = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
 
 setup(
     name="treadle",
-    version="0.1.0",
+    version=VERSION,
     description="A hook-based training iteration engine for PyTorch",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",

@@ -21,7 +21,8 @@ sys.path.insert(0, str(ROOT))  # this checkout's treadle, also without an instal
 sys.path.insert(0, str(Path(__file__).resolve().parent / "_ext"))
 
 import treadle  # noqa: E402
-from treadle.trainer.settings import GROUPS, section_title  # noqa: E402
+from treadle.trainer.settings import GROUPS  # noqa: E402
+from treadle.trainer.settings_docs import section_title  # noqa: E402
 
 project = "treadle"
 author = "treadle's authors"

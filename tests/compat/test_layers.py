@@ -54,6 +54,13 @@ def test_the_walk_sees_a_chain_through_another_module(tmp_path):
     assert "pkg.compat" in _reached(_treadle_imports(package), "pkg.core")
 
 
+def _output_of(code):
+    """What ``code`` prints in a fresh interpreter, whose modules are only those it imports."""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
 def test_importing_the_engine_and_running_its_jobs_loads_nothing_of_the_layer():
     code = (
         "import sys, treadle.engine, treadle.engine.defaults, treadle.engine.default_hooks, treadle.hooks, "
@@ -63,9 +70,7 @@ def test_importing_the_engine_and_running_its_jobs_loads_nothing_of_the_layer():
         "from treadle.engine import Trainer\n"
         "print(Trainer.__module__, 'treadle.compat.overrides' in sys.modules)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.splitlines() == ["[]", "treadle.trainer.trainer True"]
+    assert _output_of(code).splitlines() == ["[]", "treadle.trainer.trainer True"]
 
 
 def test_the_old_module_paths_import_the_moved_modules():
@@ -77,6 +82,15 @@ def test_the_old_module_paths_import_the_moved_modules():
         "import treadle.compat.overrides as o, treadle.trainer as t, treadle.trainer.settings as s\n"
         "print(a is b, SeedOverrides is o.SeedOverrides, Trainer is t.Trainer, SETTINGS is s.SETTINGS)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split() == ["True"] * 4
+    assert _output_of(code).split() == ["True"] * 4
+
+
+def test_the_pages_generator_that_left_the_package_is_refused_naming_where_it_went():
+    code = (
+        "try:\n"
+        "    import treadle.engine.seed_pages\n"
+        "except ModuleNotFoundError as error:\n"
+        "    print(error)\n"
+    )
+    assert _output_of(code).strip() == ("treadle.engine.seed_pages is no longer a module of treadle: the pages "
+                                        "generator is the documentation tool tools/seed_pages.py")

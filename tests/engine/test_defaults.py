@@ -125,6 +125,15 @@ def test_argument_parser_defaults_and_intermixed_options():
     assert (args.num_gpus, args.num_machines, args.machine_rank, args.dist_url) == (1, 1, 0, "auto")
 
 
+def test_version_option_prints_treadle_and_its_version(capsys):
+    import treadle
+
+    with pytest.raises(SystemExit) as exit_info:
+        default_argument_parser().parse_intermixed_args(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"treadle {treadle.__version__}\n"
+
+
 def test_missing_or_null_ddp_section_means_defaults(tmp_path):
     from omegaconf import open_dict
 

@@ -13,7 +13,8 @@ from torch import nn
 from torch.utils.data import DataLoader, default_collate
 
 from treadle.engine import Trainer
-from treadle.trainer.settings import SETTINGS, describe
+from treadle.trainer.settings import SETTINGS
+from treadle.trainer.settings_docs import describe
 
 from tests.tiny_models import CountingTokens, classification, tiny_gpt2
 
@@ -504,7 +505,7 @@ def test_the_signature_docstring_and_table_name_the_same_settings_with_the_same_
     assert documented[:3] == ["model", "optimizer", "train_loader"]
     assert documented[3:] == [row.name for row in SETTINGS]
     page = (ROOT / "docs" / "trainer.md").read_text()
-    start = page.index("<!-- settings table: treadle.trainer.settings.describe() -->\n")
+    start = page.index("<!-- settings table: treadle.trainer.settings_docs.describe() -->\n")
     table = page[page.index("\n", start) + 1:page.index("\n<!-- end of settings table -->")]
     assert table == describe()
 
@@ -635,7 +636,8 @@ def test_the_trainers_api_entry_is_its_arguments_then_its_settings_by_group():
     section per group (named in docs/conf.py) listing its settings; docs/trainer.md a table per group."""
     import inspect
 
-    from treadle.trainer.settings import GROUPS, section_title
+    from treadle.trainer.settings import GROUPS
+    from treadle.trainer.settings_docs import section_title
 
     doc = inspect.getdoc(Trainer)
     assert doc.splitlines()[0] == "Trainer(model, optimizer, train_loader, **settings)"

@@ -70,4 +70,4 @@ keep_old_paths({
     "treadle.engine.trainer_eval": "treadle.trainer.evaluation",
     "treadle.engine.seed_names": "treadle.compat.names",
     "treadle.engine.seed_overrides": "treadle.compat.overrides",
-})
+}, gone={"treadle.engine.seed_pages": "the pages generator is the documentation tool tools/seed_pages.py"})

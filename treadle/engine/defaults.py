@@ -16,6 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+import treadle
 from treadle.checkpoint import Checkpointer, unwrap_model
 from treadle.config import LazyCall, LazyConfig, get_config_file, instantiate
 from treadle.config.top_nodes import step_kind
@@ -98,6 +99,7 @@ def default_argument_parser(epilog: Optional[str] = None) -> argparse.ArgumentPa
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config-file", default=default_config_file(), metavar="FILE", help="path to a config file")
+    parser.add_argument("--version", action="version", version=f"treadle {treadle.__version__}")
     parser.add_argument(
         "--resume",
         action="store_true",

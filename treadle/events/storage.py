@@ -162,13 +162,10 @@ class EventStorage:
         self._series_of_tensors: Set[str] = set()
         # The values of the last deferred flush, on their way to host memory (see flush).
         self._reading: Optional[_Reading] = None
-        # Inside as_of(): reads resolve nothing; writers' rows end at rows_through,
-        # evaluation results at results_through (None: every one). Plain attributes,
-        # not properties: each writer reads them at every write.
-        self._reads_record = True
-        #: Inside :meth:`as_of`, the iteration writers' rows of training values end at; else None (every value recorded).
+        self._reads_record = True  # False inside as_of(): reads resolve nothing
+        #: Inside :meth:`as_of`, where writers' rows of training values end (None: at every value recorded).
         self.rows_through: Optional[int] = None
-        #: Inside :meth:`as_of`, the iteration writers' evaluation results end at; else None (every result recorded).
+        #: Inside :meth:`as_of`, where writers' evaluation results end (None: at every result recorded).
         self.results_through: Optional[int] = None
         # Counts the reads that recorded something: what the values of
         # latest_with_smoothing_hint are cached by, so that the writers of
@@ -422,7 +419,8 @@ class EventStorage:
         its own iteration, which then hold its training values too.
         ``every_result=True``: the training rows end at ``iteration``, and
         every evaluation result recorded is written (a stop to be resumed:
-        the resumed run never writes them)."""
+        the resumed run never writes them). Both are attributes, not
+        properties: each writer reads them at every write."""
         self._reads_record, self.rows_through = False, iteration
         self.results_through = None if every_result else iteration
         try:

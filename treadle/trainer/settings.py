@@ -9,7 +9,7 @@ the ``Trainer`` reads (``trainer.settings.evaluation.eval_period``, checked by
 mypy), its default the setting's, its metadata the rest of the setting's row.
 :data:`SETTINGS`, the table, is those rows; the ``Trainer``'s signature and
 the settings sections of its docstring are made from it
-(:func:`document_settings`).
+(:func:`~treadle.trainer.settings_docs.document_settings`).
 
 It is to :class:`~treadle.engine.Trainer` what :mod:`treadle.config.train_keys`
 is to ``train.*``, and shares that table's rows where a setting means the
@@ -26,22 +26,18 @@ trainers you may come from commonly pass it harmlessly (``checkpoint_period`` wi
 without a word. What a setting needs is decided on a :class:`Situation`:
 what the objects given are, before any is built.
 
-:func:`describe` gives the table as ``docs/trainer.md`` shows it.
+:mod:`treadle.trainer.settings_docs` shows the table to readers: the
+``Trainer``'s docstring and signature, and ``docs/trainer.md``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 import logging
 import os
-import re
-import textwrap
-import types
 import typing
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Optional, Sequence, Tuple, TypeVar, Union
 
 from treadle.config.errors import ConfigError
 from treadle.config.rules import (
@@ -53,15 +49,13 @@ from treadle.config.rules import (
     non_negative_number,
     path,
     positive_number,
-    shown,
     text,
 )
 from treadle.config.train_keys import KEYS as TRAIN_KEYS
-from treadle.config.train_keys import check_options
 from treadle.hooks import HookBase
 
-from treadle.compat.names import check_call
-from treadle.compat.events import is_event_callback
+from . import setting_rules as rules
+from .setting_rules import FILE_LOGGERS, LOGGERS
 
 if TYPE_CHECKING:
     import torch
@@ -89,21 +83,12 @@ __all__ = [
     "checked_settings",
     "wrapper_of",
     "setting",
-    "describe",
-    "document_settings",
-    "section_title",
 ]
 
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T", bound=type)
 
-#: What ``loggers=`` may name: files written into the logs folder, and the
-#: trackers (optional extras, with their defaults: MLflow's default store,
-#: W&B online; give a writer object to choose).
-LOGGERS = ("json", "tensorboard", "csv", "mlflow", "wandb")
-#: The loggers of LOGGERS that write files into the logs folder.
-FILE_LOGGERS = ("json", "tensorboard", "csv")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,147 +160,6 @@ class Setting:
     needs: Tuple[Need, ...] = ()
     train_key: Optional[str] = None
     group: str = ""
-
-
-# ---------------------------------------------------------------------- rules the train table has no use for
-def _callable(key: str, value: Any) -> None:
-    if value is not None and not callable(value):
-        raise ConfigError(f"{key} must be a function or None, got {type(value).__name__}")
-
-
-def _sequence(key: str, value: Any) -> None:
-    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
-        raise ConfigError(f"{key} must be a list, got {shown(value)}")
-
-
-def _as_code(cls: type) -> str:
-    """How a user's code names ``cls``: ``nn.CrossEntropyLoss`` for torch's modules."""
-    return f"nn.{cls.__name__}" if cls.__module__.startswith("torch.nn.") else cls.__name__
-
-
-def _loss_fn(key: str, value: Any) -> None:
-    """A loss module's class, which would be called as ``CrossEntropyLoss(outputs, targets)``
-    (its constructor) and fail at the first iteration, is refused."""
-    from torch import nn
-
-    if isinstance(value, type) and issubclass(value, nn.Module):
-        raise ConfigError(f"{key}={_as_code(value)} is a class: give an instance, {key}={_as_code(value)}()")
-
-
-def _metrics(key: str, value: Any) -> None:
-    """A list; a function (the Hugging Face ``compute_metrics``) and a metric's class are pointed to what
-    evaluation takes."""
-    if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
-        raise ConfigError(
-            f"{key}={getattr(value, '__name__', 'partial')} is a function, which treadle does not call (Hugging Face's "
-            "compute_metrics(eval_pred)): give metric names (metrics=['accuracy', 'f1']), torchmetrics objects or "
-            "DatasetEvaluators; a function of your own is registered as a metric (register_metric, docs/evaluation.md)"
-        )
-    _sequence(key, value)
-    for metric in value:
-        if isinstance(metric, type):
-            raise ConfigError(f"{key}: {metric.__name__} is a class: give an instance, {key}=[{metric.__name__}(...)]")
-
-
-def _hooks(key: str, value: Any) -> None:
-    """Each entry a hook instance; a callback (a function, an object with
-    on_* events) is pointed to ``callbacks=``."""
-    _sequence(key, value)
-    for hook in value:
-        if isinstance(hook, HookBase):
-            continue
-        name = getattr(hook, "__name__", type(hook).__name__)
-        if isinstance(hook, type) and issubclass(hook, HookBase):
-            raise ConfigError(f"{key}: {name} is a class: give an instance, {key}=[{name}(...)]")
-        if callable(hook) or is_event_callback(hook):
-            given = f"{name}()" if isinstance(hook, type) or is_event_callback(hook) else name
-            given = "..." if given.startswith("<") else given  # a lambda
-            raise ConfigError(f"{key}: {name} is a callback, not a hook (HookBase): give it as callbacks=[{given}] "
-                              "(fn(trainer, epoch, metrics) at each epoch's end, or an object with "
-                              "pytorch-accelerated's on_* events)")
-        raise ConfigError(f"{key} must be hooks (HookBase instances), got {type(hook).__name__}: {hook!r}")
-
-
-def check_epoch_callback(fn: Any, where: str = "callbacks") -> None:
-    """Refuses, in one line, what :class:`~treadle.engine.history.EpochHistory` could not call as
-    ``fn(trainer, epoch, metrics)`` at an epoch's end: checked when the
-    trainer is built, not after its first epoch trained. ``where`` names the
-    setting it was given in."""
-    name = getattr(fn, "__name__", type(fn).__name__)
-    if isinstance(fn, type):
-        # Called, a class would only be built with (trainer, epoch, metrics): its instance was meant.
-        raise TypeError(f"{where}: {name} is a class: give an instance, {where}=[{name}()] (a callback object's "
-                        "on_* events are called with the trainer)")
-    if isinstance(fn, HookBase):
-        raise TypeError(f"{where}: {name} is a hook (HookBase): give it as hooks=[{name}(...)]")
-    if not callable(fn):
-        raise TypeError(f"{where} must be functions fn(trainer, epoch, metrics) or objects with pytorch-accelerated's "
-                        f"on_* events, got {fn!r}")
-    check_call(f"{where}: {name}", fn, ("trainer", "epoch", "metrics"), {},
-               "qurious' callback at each epoch's end; or an object with pytorch-accelerated's on_* events")
-
-
-def _callbacks(key: str, value: Any) -> None:
-    """Each entry callable as the ``Trainer`` calls it (see :func:`check_epoch_callback`;
-    an object's on_* events are checked with the subclass's overrides)."""
-    _sequence(key, value)
-    for fn in value:
-        if not is_event_callback(fn):
-            check_epoch_callback(fn, key)
-
-
-def _bool_or_dict(key: str, value: Any) -> None:
-    if not isinstance(value, (bool, dict)):
-        raise ConfigError(f"{key} must be True, False or a dict of options, got {shown(value)}")
-
-
-def _loggers(key: str, value: Any) -> None:
-    _sequence(key, value)
-    from treadle.events import EventWriter
-
-    unknown = [name for name in value if not isinstance(name, EventWriter) and name not in LOGGERS]
-    if unknown:
-        raise ConfigError(f"Unknown loggers {unknown}; choose from {list(LOGGERS)}")
-
-
-def _ddp(key: str, value: Any) -> None:
-    kind = value.get("kind", "ddp") if isinstance(value, Mapping) else value
-    if not isinstance(value, (str, Mapping)):
-        raise ConfigError(f"{key} must be 'ddp', 'fsdp' or a dict of train.ddp options, got {shown(value)}")
-    if kind not in ("ddp", "fsdp"):
-        raise ConfigError(f"{key}: the model wrapper must be 'ddp' or 'fsdp', got {kind!r}")
-    if isinstance(value, Mapping):  # also on one process, where nothing is wrapped: said before a job uses it
-        check_options(key, value, "ddp")
-
-
-def _compile(key: str, value: Any) -> None:
-    _bool_or_dict(key, value)
-    if isinstance(value, dict):  # CompiledStep's: torch.compile's options
-        check_options(key, value, "step.compile", more={"options": _options_dict})
-        if value.get("mode") is not None and value.get("options") is not None:
-            raise ConfigError(f"{key}: torch.compile takes either mode or options, not both")
-
-
-def _options_dict(key: str, value: Any) -> None:
-    if value is not None and not isinstance(value, dict):
-        raise ConfigError(f"{key} must be a dict of inductor options or None, got {shown(value)}")
-
-
-def _device(key: str, value: Any) -> None:
-    """A device that exists here; said as every entry point says it (:func:`resolve_device`)."""
-    from treadle.utils.device import resolve_device
-
-    if not isinstance(value, str) and type(value).__name__ != "device":
-        raise ConfigError(f"{key} must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {shown(value)}")
-    try:
-        resolve_device(value)
-    except RuntimeError:  # torch's own "Expected one of cpu, cuda, ..."
-        raise ConfigError(f"{key}={str(value)!r} is not a device; use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'") from None
-
-
-def _seed(key: str, value: Any) -> None:
-    if not is_int(value):
-        raise ConfigError(f"{key} must be an integer or None, got {shown(value)}")
 
 
 # ---------------------------------------------------------------------- needs
@@ -403,7 +247,7 @@ class DataSettings:
         Need("a dataset", _TRAIN_DATASET, "shuffle is for a dataset the Trainer batches; " + _MAKES_ITS_OWN +
              " in its own order (DataLoader(..., shuffle=...))"))
     collate_fn: Optional[Callable[[list], Any]] = _row(
-        None, _callable, "Turns a list of samples into a batch (Hezar's data_collator).",
+        None, rules.callable_or_none, "Turns a list of samples into a batch (Hezar's data_collator).",
         Need("a dataset", _ANY_DATASET, "collate_fn is for a dataset; " + _MAKES_ITS_OWN))
     num_workers: int = _row(0, integer(0), "Data-loading processes for a dataset the Trainer batches.",
         Need("a dataset", _ANY_DATASET, "num_workers is for a dataset the Trainer batches; " + _MAKES_ITS_OWN +
@@ -415,7 +259,7 @@ class OptimizationSettings:
     """The loss, the run's length, the optimizer given by name, its schedule and the update of each step."""
 
     loss_fn: Optional[Callable[[Any, Any], torch.Tensor]] = _shared(
-        "step.loss_fn", rule=_loss_fn, doc="Hugging Face's rule for dict batches; a subclass may override "
+        "step.loss_fn", rule=rules.loss_fn, doc="Hugging Face's rule for dict batches; a subclass may override "
         "compute_loss instead.")
     max_iter: Optional[int] = _row(None, integer(1), "Iterations to train (one iteration = one optimizer update).")
     max_epochs: Optional[int] = _row(None, integer(1), "Passes over the data; with max_iter, whichever comes first.",
@@ -462,7 +306,7 @@ class OptimizationSettings:
              "clip_grad_norm={value} and clip_grad_value={clip_grad_value}: clip by norm or by value, not both"))
     clip_grad_value: Optional[float] = _shared("step.clip_grad_value")
     compile: Union[bool, Dict[str, Any]] = _row(
-        False, _compile, "Run each step through torch.compile (CompiledStep); a dict is "
+        False, rules.compile_options, "Run each step through torch.compile (CompiledStep); a dict is "
         "passed to torch.compile.")
     ema_decay: Optional[float] = _shared("ema.decay",
         Need("not FSDP", lambda s, v: wrapper_of(s["ddp"])[0] != "fsdp",
@@ -477,7 +321,7 @@ class EvaluationSettings:
     eval_loader: Optional[Iterable[Any]] = _row(
         None, None, "What evaluation reads: batches, or a dataset batched by eval_batch_size.")
     metrics: Sequence[Any] = _row(
-        (), _metrics, "What evaluation computes (default ['loss']): metric names, (name, options), "
+        (), rules.metrics, "What evaluation computes (default ['loss']): metric names, (name, options), "
         "torchmetrics objects or DatasetEvaluators; also what evaluate(loader) computes.",
         Need("an evaluation set", lambda s, v: s.eval != "none",
              "metrics={value} are computed by evaluation, and no eval_loader is given: they act only in "
@@ -507,7 +351,7 @@ class EvaluationSettings:
         Need("an evaluation set", _watches_an_evaluation,
              "best_metric and early_stopping_patience watch an evaluation: give eval_loader"))
     evaluate_with_generate: Union[bool, Dict[str, Any]] = _row(
-        False, _bool_or_dict, "Score the metrics on model.generate()'s outputs; a dict "
+        False, rules.bool_or_dict, "Score the metrics on model.generate()'s outputs; a dict "
         "is passed to generate(). The evaluation 'loss', where asked for, is the forward's.",
         Need("a model that generates", lambda s, v: not v or s.generates,
              "evaluate_with_generate needs a model with a generate() method; this model has none"),
@@ -556,16 +400,16 @@ class LoggingSettings:
         Need("output_dir", _OUTPUT_DIR, "checkpoints_dir/logs_dir ({value}) are folders inside output_dir: give "
              "output_dir"))
     loggers: Sequence[Any] = _row(
-        ("json", "tensorboard"), _loggers, "The files written ('json', 'tensorboard', 'csv'), "
+        ("json", "tensorboard"), rules.loggers, "The files written ('json', 'tensorboard', 'csv'), "
         "trackers ('mlflow', 'wandb') or EventWriter objects.",
         Need("output_dir", lambda s, v: s["output_dir"] is not None or not any(n in FILE_LOGGERS for n in v),
              "loggers={value} names files, and " + _NOT_WRITTEN, refuse=False))
     log_period: int = _shared("log_period")
     progress_bar: Optional[bool] = _row(
         None, choice((None, True, False)), "A tqdm bar; None: shown when stderr is a terminal.")
-    hooks: Sequence[HookBase] = _row((), _hooks, "More hooks (HookBase), placed by docs/defaults.md's rule.")
+    hooks: Sequence[HookBase] = _row((), rules.hooks, "More hooks (HookBase), placed by docs/defaults.md's rule.")
     callbacks: Sequence[EpochCallback] = _row(
-        (), _callbacks, "fn(trainer, epoch, metrics) at each epoch's end, with that epoch's row.",
+        (), rules.callbacks, "fn(trainer, epoch, metrics) at each epoch's end, with that epoch's row.",
         Need("epochs", _EPOCHS,
              "callbacks are called at each epoch's end, and this train_loader has no length (no epochs)"))
 
@@ -574,12 +418,12 @@ class LoggingSettings:
 class ProcessSettings:
     """Where the run trains: the device, the random seed, and the model's wrapper and timeout on several processes."""
 
-    device: Union[str, torch.device] = _shared("device", rule=_device, doc="A torch.device is taken too.")
+    device: Union[str, torch.device] = _shared("device", rule=rules.device, doc="A torch.device is taken too.")
     seed: Optional[int] = _row(
-        None, _seed, "Seeds python, numpy and torch before training, and the data order; None: not seeded "
+        None, rules.seed, "Seeds python, numpy and torch before training, and the data order; None: not seeded "
         "(the data order then uses 0).")
     ddp: Union[str, Dict[str, Any]] = _row(
-        "ddp", _ddp, "How the model is wrapped when several processes train: 'ddp', 'fsdp' or a dict of "
+        "ddp", rules.ddp, "How the model is wrapped when several processes train: 'ddp', 'fsdp' or a dict of "
         "train.ddp's options with its kind.",
         Need("several processes", _SEVERAL_PROCESSES, "ddp={value} wraps the model when several processes train; "
              "this is one process, so nothing is wrapped", refuse=False))
@@ -675,7 +519,7 @@ def check_settings(situation: Situation, given: FrozenSet[str]) -> Dict[str, Any
             row.rule(row.name, value)
             if isinstance(value, os.PathLike):  # a path setting's pathlib.Path is used as its string
                 values[row.name] = value = os.fspath(value)
-            if row.rule is not _seed and is_int(value) and isinstance(value, float) and isinstance(row.default, int):
+            if row.rule is not rules.seed and is_int(value) and isinstance(value, float) and isinstance(row.default, int):
                 values[row.name] = int(value)
     situation = dataclasses.replace(situation, values=values)
     warnings = []
@@ -784,68 +628,3 @@ def processes_to_come() -> int:
     if comm.get_world_size() > 1:
         return comm.get_world_size()
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
-
-
-def section_title(group: str) -> str:
-    """The heading of ``group``'s settings (``"Checkpoint settings"``: its
-    dataclass's name), in the ``Trainer``'s docstring and in ``docs/trainer.md``."""
-    name = dict(GROUPS)[group].__name__
-    return f"{name[:-len('Settings')]} settings"
-
-
-def _types() -> Dict[str, str]:
-    """Each setting's type, as its group's field declares it."""
-    return {f.name: str(f.type) for _, group in GROUPS for f in dataclasses.fields(group)}
-
-
-def document_settings(cls: _T) -> _T:
-    """Gives ``cls`` (the ``Trainer``) its settings from the table: its
-    ``__init__``'s signature (``**settings`` shown as each setting, with its
-    type and default, for ``inspect.signature`` and ``help``) and, ending its
-    docstring, a section per group that lists each setting (for the API
-    reference; ``docs/conf.py`` names the sections)."""
-    init: Any = cls.__init__  # type: ignore[misc]
-    signature = inspect.signature(init)
-    types_ = _types()
-    parameters = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD] + [
-        inspect.Parameter(row.name, inspect.Parameter.KEYWORD_ONLY, default=row.default, annotation=types_[row.name])
-        for row in SETTINGS
-    ]
-    init.__signature__ = signature.replace(parameters=parameters)
-    sections = []
-    for group, _ in GROUPS:
-        lines = [f"{section_title(group)}:"]
-        for row in SETTINGS:
-            if row.group == group:
-                shared = f" As ``train.{row.train_key}``." if row.train_key else ""
-                text = f"{row.name}: ``{types_[row.name]}``, default ``{row.default!r}``. {_rst(row.doc)}{shared}"
-                lines += textwrap.wrap(text, 116, initial_indent=" " * 4, subsequent_indent=" " * 8,
-                                       break_on_hyphens=False, break_long_words=False)
-        sections.append("\n".join(lines))
-    cls.__doc__ = inspect.cleandoc(cls.__doc__ or "") + "\n\n" + "\n\n".join(sections)
-    return cls
-
-
-def _rst(text: str) -> str:
-    """``text`` as reStructuredText reads it literally: a ``*`` or a word's last ``_`` is not markup."""
-    return re.sub(r"(?<=\w)_(?!\w)", r"\\_", text.replace("*", r"\*"))
-
-
-def describe() -> str:
-    """The table in Markdown, as ``docs/trainer.md`` shows it, a table per
-    group: each setting, its default, what it does (the ``train.*`` key it
-    shares its meaning with) and what it needs to act (refused or warned
-    without it)."""
-    lines: List[str] = []
-    for group, cls in GROUPS:
-        purpose = inspect.cleandoc(cls.__doc__ or "").replace("\n", " ").replace("``", "`")
-        lines += [f"### {section_title(group)}", "", purpose, "",
-                  "| setting | default | what it does | needs, or else |", "|---|---|---|---|"]
-        for row in SETTINGS:
-            if row.group != group:
-                continue
-            doc = row.doc + (f" As `train.{row.train_key}`." if row.train_key else "")
-            needs = "; ".join(f"{need.key}: {'refused' if need.refuse else 'warned'}" for need in row.needs)
-            lines.append(f"| `{row.name}` | `{row.default!r}` | {doc} | {needs} |")
-        lines.append("")
-    return "\n".join(lines[:-1])

@@ -49,7 +49,8 @@ from .data import as_eval_loader, as_train_loader, check_batch_sizes, run_length
 from .evaluation import TrainerEvaluation
 from .process import inside, join_processes, start_console
 from .run import TrainerRun
-from .settings import LOGGERS, TrainerSettings, checked_settings, document_settings, given_settings, wrapper_of
+from .settings import LOGGERS, TrainerSettings, checked_settings, given_settings, wrapper_of
+from .settings_docs import document_settings
 from .subclass import SeedSubclass, check_epoch_events
 
 __all__ = ["Trainer", "TrainingHistory", "LOGGERS", "SEED_METHODS"]

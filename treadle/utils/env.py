@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from tabulate import tabulate
 
+import treadle
+
 __all__ = ["seed_all_rng", "collect_env_info", "import_fvcore_nn"]
 
 logger = logging.getLogger(__name__)
@@ -51,6 +53,7 @@ def collect_env_info() -> str:
     """A table of the software and devices this process runs with."""
     rows = [
         ("sys.platform", sys.platform),
+        ("treadle", f"{treadle.__version__} @{os.path.dirname(treadle.__file__)}"),
         ("Python", sys.version.replace("\n", " ")),
         ("numpy", np.__version__),
         ("PyTorch", f"{torch.__version__} @{os.path.dirname(torch.__file__)}"),
