@@ -112,22 +112,16 @@ class SeedOverrides:
     def backward_step(self, loss: torch.Tensor) -> None:
         """pytorch-accelerated's: the backward of a batch's loss (divided by
         ``grad_accum_steps``), scaled by the step's grad scaler under fp16."""
-        scaler = self._own_step().grad_scaler
-        (loss if scaler is None else scaler.scale(loss)).backward()
+        self._own_step().update.backward(loss, micro_batches=1)  # the loss comes divided
 
     def optimizer_step(self) -> None:
         """pytorch-accelerated's: the optimizer's step, through the step's grad
         scaler under fp16 (which skips a step whose gradients are not finite)."""
-        step = self._own_step()
-        if step.grad_scaler is None:
-            step.optimizer.step()
-        else:
-            step.grad_scaler.step(step.optimizer)
-            step.grad_scaler.update()
+        self._own_step().update.optimizer_step()
 
     def optimizer_zero_grad(self) -> None:
         """pytorch-accelerated's: the gradients set to None."""
-        self._own_step().optimizer.zero_grad(set_to_none=True)
+        self._own_step().update.zero_grad()
 
     def scheduler_step(self) -> None:
         """pytorch-accelerated's: the schedule's step (``self.scheduler.step()``)."""

@@ -10,7 +10,6 @@ whose update is one straight sequence without such points.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
@@ -26,7 +25,6 @@ if TYPE_CHECKING:
 
 __all__ = ["TrainerStep", "forward_backward"]
 
-_NO_CONTEXT = contextlib.nullcontext()
 
 
 def forward_backward(trainer: Any, step: "TrainerStep", batch: Any) -> Dict[str, torch.Tensor]:
@@ -103,8 +101,12 @@ class TrainerStep(EagerStep):
 
     def run_step(self) -> None:
         if not self._overrides["train_step"] or not self.model.training:
-            super().run_step()  # the seeds' update, or the step's message about eval mode
+            super().run_step()  # the other trainers' update (_update), or the step's message about eval mode
             return
+        self._run_train_step()
+
+    def _run_train_step(self) -> None:
+        """qurious' ``train_step(batch)``: the whole update, returning floats."""
         owner, storage = self._owner, self.storage
         start = time.perf_counter()
         batch = self.next_batch()
@@ -117,43 +119,35 @@ class TrainerStep(EagerStep):
             storage.put_scalar("total_loss" if name == "loss" else name, value, kind=ScalarKind.LOSS)
         storage.put_scalar("data_time", data_time, kind=ScalarKind.TIME)
 
-    def _update(
-        self, next_batch: Callable[[], Any], count: int, *, hooks: bool = True
-    ) -> Tuple[Dict[str, torch.Tensor], Optional[torch.Tensor], float]:
-        """The seeds' update (``run_step`` and ``train_on_batch``), returning
-        what :meth:`EagerStep._update <treadle.engine.EagerStep._update>` returns:
-        ``optimizer_zero_grad()``; for each of ``count`` micro-batches,
-        gradients synced across ranks on the last one only,
+    def _update(self, next_batch: Callable[[], Any], count: int, *, hooks: bool = True
+                ) -> Tuple[Dict[str, torch.Tensor], Optional[torch.Tensor], float]:
+        """The other trainers' update, on the step's :class:`~treadle.engine.Update`'s parts:
+        ``optimizer_zero_grad()``; :meth:`Update.accumulate
+        <treadle.engine.Update.accumulate>` over ``count`` micro-batches, each
         ``prepare_input_batch``, ``on_train_step_start``, then
-        ``training_step`` or :func:`forward_backward`; then
-        :meth:`step_optimizer`."""
-        owner = self._owner
+        ``training_step`` or :func:`forward_backward` (which run their
+        backward); then :meth:`Update.step <treadle.engine.Update.step>` with
+        ``optimization_step()`` (Hezar's) or ``optimizer_step()`` as its
+        optimizer step. Returns the losses averaged over the micro-batches,
+        the gradient norm before clipping and the seconds spent waiting for data."""
+        owner, update = self._owner, self.update
         owner.optimizer_zero_grad()
         self.micro_batches = count
-        totals: Dict[str, torch.Tensor] = {}
-        data_time = 0.0
-        try:
-            for micro in range(count):
-                start = time.perf_counter()
-                batch = next_batch()
-                data_time += time.perf_counter() - start
-                with self._gradient_sync(micro == count - 1) if count > 1 else _NO_CONTEXT:
-                    if self._overrides["prepare_input_batch"]:
-                        batch = owner.prepare_input_batch(batch)
-                    if self._fires_step_start:
-                        self.events.fire("train_step_start")
-                    losses = self._training_step(batch) if self._overrides["training_step"] else forward_backward(
-                        owner, self, batch)
-                for name, value in losses.items():
-                    value = self._published(value)
-                    totals[name] = value if micro == 0 else totals[name] + value
-        except BaseException:
-            self._sync_after_error(count)
-            raise
-        grad_norm = self.step_optimizer(hooks=hooks)
-        if count > 1:
-            totals = {name: value / count for name, value in totals.items()}
-        return totals, grad_norm, data_time
+        losses, data_time = update.accumulate(next_batch, self._micro_batch, count, self._published, backward=False)
+        if self._own_backward:
+            self._average_own_gradients()
+        optimizer_step = owner.optimization_step if self._overrides["optimization_step"] else owner.optimizer_step
+        grad_norm = update.step(self.after_backward if hooks else None, optimizer_step)
+        return losses, grad_norm, data_time
+
+    def _micro_batch(self, batch: Any) -> Dict[str, torch.Tensor]:
+        """One micro-batch's forward and backward, through the other trainers' points."""
+        owner = self._owner
+        if self._overrides["prepare_input_batch"]:
+            batch = owner.prepare_input_batch(batch)
+        if self._fires_step_start:
+            self.events.fire("train_step_start")
+        return self._training_step(batch) if self._overrides["training_step"] else forward_backward(owner, self, batch)
 
     def _training_step(self, batch: Any) -> Dict[str, torch.Tensor]:
         """Hezar's ``training_step(batch)``, under the step's precision, and
@@ -164,29 +158,6 @@ class TrainerStep(EagerStep):
             losses = as_losses(owner.training_step(batch), f"{owner.__class__.__name__}.training_step")
         self._own_backward = not self.treadle_backward
         return losses
-
-    def step_optimizer(self, *, hooks: bool = True) -> Optional[torch.Tensor]:
-        """The end of the seeds' update: after a ``training_step``'s own
-        backward, the gradients made the micro-batches' mean; unscale them
-        (fp16), the trainer's ``after_backward`` (with ``hooks``), clip them,
-        then ``optimization_step()`` (Hezar's) or ``optimizer_step()``."""
-        owner, optimizer, scaler = self._owner, self.optimizer, self.grad_scaler
-        if self._own_backward:
-            self._average_own_gradients()
-        if scaler is not None:
-            scaler.unscale_(optimizer)  # hooks and clipping see true gradients
-        if hooks:
-            self._after_backward()
-        grad_norm = None
-        if self.clip_grad_norm is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters(), self.clip_grad_norm)
-        elif self.clip_grad_value is not None:
-            torch.nn.utils.clip_grad_value_(self._parameters(), self.clip_grad_value)
-        if self._overrides["optimization_step"]:
-            owner.optimization_step()
-        else:
-            owner.optimizer_step()
-        return grad_norm
 
     def _average_own_gradients(self) -> None:
         """The sum of the micro-batches' whole-loss gradients of a

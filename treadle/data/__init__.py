@@ -8,9 +8,11 @@ from .iterable import ShardedIterable
 from .per_sample import SeededMapDataset, StreamBatchSampler
 from .samplers import InferenceSampler, TrainingSampler
 from .seeding import sample_seed, seed_cpu_rngs
+from .stream import DataStream
 from .train_loader import TrainLoader
 
 __all__ = [
+    "DataStream",
     "TrainingSampler",
     "InferenceSampler",
     "TrainLoader",

@@ -3,7 +3,8 @@
 A torch ``DataLoader`` keeps no position a checkpoint can hold (treadle's
 :class:`~treadle.data.TrainLoader` does). Its pass over the data is a
 function of the random generators it draws from when the pass starts,
-where its sampler is one of torch's: the loader's ``generator`` (the seed of
+where its sampler is one of torch's (a ``DistributedSampler``'s order is
+its seed's and the epoch :class:`~treadle.data.DataStream` sets): the loader's ``generator`` (the seed of
 its workers) and the sampler's (the order), each the global CPU generator
 when not given. So a step records those generators' states when it starts
 a pass (:func:`generator_states`, once per pass, never per batch), and a
@@ -25,6 +26,7 @@ import torch
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
+    DistributedSampler,
     IterableDataset,
     RandomSampler,
     SequentialSampler,
@@ -58,7 +60,7 @@ def why_not_restorable(loader: Any) -> Optional[str]:
     sampler = _sampler(loader)
     if type(sampler) is SequentialSampler:
         return None
-    if type(sampler) not in _RANDOM_SAMPLERS:
+    if type(sampler) not in _RANDOM_SAMPLERS and type(sampler) is not DistributedSampler:
         return f"treadle cannot restore the order of its sampler, {type(sampler).__name__}"
     if loader.num_workers > 0 and loader.persistent_workers:
         return "it shuffles with persistent_workers=True"

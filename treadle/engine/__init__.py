@@ -18,6 +18,7 @@ from treadle.utils.lazy_exports import lazy_exports
 from treadle.utils.moved_modules import keep_old_paths
 
 from .steps import PRECISIONS, CompiledStep, EagerStep, StepBase
+from .update import Update
 from treadle.solver import build_optimizer, get_param_groups
 
 from .build import build_step, resolve_scheduler
@@ -50,6 +51,7 @@ __all__ = [
     "StepBase",
     "EagerStep",
     "CompiledStep",
+    "Update",
     "PRECISIONS",
     "Trainer",
     "TrainingHistory",

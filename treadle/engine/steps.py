@@ -4,38 +4,40 @@ The trainer calls ``step.run_step()`` once per iteration and knows nothing
 else of it. Assigning ``trainer.step = MyStep(...)`` replaces the iteration
 (a GAN with two optimizers, custom accumulation, ...) while every hook,
 writer and checkpoint keeps working.
+
+A step is made of parts any step can hold: its data, a
+:class:`~treadle.data.DataStream` (batches without end, with a position a
+checkpoint keeps), and one :class:`~treadle.engine.Update` per optimizer
+(backward, accumulation, precision, clipping, the optimizer step). A step
+saves and restores the parts it holds as attributes by itself.
 """
 
 from __future__ import annotations
 
-import contextlib
+import collections.abc
 import functools
 import logging
-import time
 import warnings
-from typing import Any, Callable, ContextManager, Dict, Iterable, Iterator, List, Optional, Tuple, cast
+from typing import Any, Callable, ContextManager, Dict, Iterable, List, Optional, Tuple
 
 import torch
 from torch import nn
 
-from treadle.checkpoint.fsdp import is_fsdp_model
-from treadle.config.rules import is_number
 from treadle.config.train_keys import PRECISIONS
-from treadle.data.dataloader_position import generator_states, order_generators, restore_pass, why_cannot_restore
+from treadle.data.stream import DataStream
 from treadle.evaluation.loss import LOSS_FN, MODEL, as_losses, forward_loss, loss_source
 from treadle.events import ScalarKind, get_event_storage
 from treadle.events.storage import EventStorage
 from treadle.hooks.base import TrainerProtocol
 from treadle.utils.device import to_device
-from treadle.utils.torch_internals import dataloader_batches_taken, dynamo_supported
+from treadle.utils.torch_internals import dynamo_supported
+
+from .update import Update, check_update_settings
 
 
-__all__ = ["StepBase", "EagerStep", "CompiledStep", "PRECISIONS"]
+__all__ = ["StepBase", "EagerStep", "CompiledStep", "PRECISIONS", "unknown_data_position"]
 
 logger = logging.getLogger(__name__)
-
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-_NO_CONTEXT = contextlib.nullcontext()
 
 
 def _three_positional(init: Callable[..., None]) -> Callable[..., None]:
@@ -58,23 +60,9 @@ def _three_positional(init: Callable[..., None]) -> Callable[..., None]:
     return checked
 
 
-def _check_update_settings(
-    grad_accum_steps: int, clip_grad_norm: Optional[float], clip_grad_value: Optional[float], precision: str
-) -> None:
-    """Refuses an :class:`EagerStep`'s update settings that it cannot train
-    with, when the step is built (one line naming the argument)."""
-    if not isinstance(grad_accum_steps, int) or grad_accum_steps < 1:
-        raise ValueError(f"grad_accum_steps must be an integer >= 1, got {grad_accum_steps!r}")
-    if clip_grad_norm is not None and not (is_number(clip_grad_norm) and clip_grad_norm > 0):
-        raise ValueError(f"clip_grad_norm must be positive or None, got {clip_grad_norm!r}")
-    if clip_grad_value is not None and not (is_number(clip_grad_value) and clip_grad_value > 0):
-        raise ValueError(f"clip_grad_value must be a positive number or None, got {clip_grad_value!r}")
-    if clip_grad_norm is not None and clip_grad_value is not None:
-        raise ValueError(
-            f"Give clip_grad_norm ({clip_grad_norm!r}) or clip_grad_value ({clip_grad_value!r}), not both"
-        )
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+
+#: The parts a step holds as attributes, which it saves and restores by itself.
+STEP_PARTS = (DataStream, Update)
 
 
 class StepBase:
@@ -83,10 +71,14 @@ class StepBase:
     ``run_step`` fetches data, computes losses, updates the parameters and
     publishes what it measured to the event storage (tensors, never read on
     the host). Between backward and the optimizer step it calls
-    ``self.trainer.after_backward()`` so that hooks can inspect gradients.
+    :meth:`after_backward` so that hooks can inspect gradients.
 
-    ``state_dict`` returns what a resume needs (data position, grad scaler),
-    as plain data; it is saved with the trainer's state.
+    ``state_dict`` returns what a resume needs, as plain data; it is saved
+    with the trainer's state, each rank's on its rank. By default it is the
+    state of the step's parts: each :class:`~treadle.data.DataStream` (the
+    data position) and :class:`~treadle.engine.Update` (the grad scaler) held
+    as an attribute, by the attribute's name. A step with state of its own
+    (a queue, a memory bank) adds it to ``super().state_dict()``.
 
     ``self.trainer`` is set (as a weak proxy) when the step is assigned to
     ``trainer.step``; it is ``None`` for a step run on its own.
@@ -101,17 +93,52 @@ class StepBase:
     def storage(self) -> EventStorage:
         return get_event_storage()
 
-    def state_dict(self) -> Dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        if state:
-            raise KeyError(f"{type(self).__name__} keeps no state but got keys {sorted(state)}")
-
-    def _after_backward(self) -> None:
-        """The trainer's ``after_backward``, when the step runs in a trainer."""
+    def after_backward(self) -> None:
+        """Runs the trainer's ``after_backward`` hooks, when the step runs in a
+        trainer: call it between backward and the optimizer step (or give it
+        to :meth:`Update.step <treadle.engine.Update.step>`)."""
         if self.trainer is not None:
             self.trainer.after_backward()
+
+    _after_backward = after_backward  # its name before it was public
+
+    def parts(self) -> Dict[str, Any]:
+        """The step's parts by attribute name: each
+        :class:`~treadle.data.DataStream` and :class:`~treadle.engine.Update`
+        it holds, which :meth:`state_dict` saves."""
+        # By type, not isinstance: the trainer is a weak proxy, which a dead referent makes raise.
+        return {name: value for name, value in vars(self).items() if issubclass(type(value), STEP_PARTS)}
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {name: state for name, part in self.parts().items() if (state := part.state_dict())}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        parts = self.parts()
+        unknown = sorted(set(state) - set(parts))
+        if unknown:
+            raise KeyError(f"{type(self).__name__} keeps no state under {unknown} (its parts: {sorted(parts)}); "
+                           f"a step with state of its own loads it in its load_state_dict")
+        for name, part_state in state.items():
+            parts[name].load_state_dict(part_state)
+
+
+def unknown_data_position(step: StepBase) -> Optional[str]:
+    """Why a checkpoint of ``step`` holds no position of its data, in one line,
+    or None: a step that reads batches from something other than a
+    :class:`~treadle.data.DataStream` (a DataLoader, an iterator,
+    ``itertools.cycle``) and saves no ``data`` state of its own."""
+    types = [type(value) for value in vars(step).values()]  # the trainer is a weak proxy: no isinstance
+    if any(issubclass(kind, DataStream) for kind in types):
+        return None
+    sources = [kind for kind in types if issubclass(kind, (collections.abc.Iterator, torch.utils.data.DataLoader))]
+    if not sources:
+        return None
+    state = step.state_dict()
+    if any(key in state for key in ("data", "data_pass")):
+        return None
+    return (f"{type(step).__name__} reads its batches from a {sources[0].__name__}, whose position no "
+            f"checkpoint keeps: a resumed run starts its data again at the first batch. Read them from a "
+            f"treadle.data.DataStream (self.data = DataStream(loader); next(self.data)) for an exact resume")
 
 
 class EagerStep(StepBase):
@@ -139,6 +166,11 @@ class EagerStep(StepBase):
     update, fed by ``grad_accum_steps`` micro-batches; each micro-batch loss
     is divided by ``grad_accum_steps``, so with mean-reduced losses the update
     equals that of one batch ``grad_accum_steps`` times larger.
+
+    The step holds its data as ``self.data``, a
+    :class:`~treadle.data.DataStream`, and its update as ``self.update``, an
+    :class:`~treadle.engine.Update`: a subclass's own ``run_step`` calls their
+    parts (``next(self.data)``, ``self.update.apply(loss)``).
 
     Args:
         model: the module to train; its mode must be ``train``.
@@ -182,43 +214,48 @@ class EagerStep(StepBase):
         device: Optional[torch.device | str] = None,
         compute_loss: Optional[Callable[[Any], Any]] = None,
     ) -> None:
-        _check_update_settings(grad_accum_steps, clip_grad_norm, clip_grad_value, precision)
+        check_update_settings(grad_accum_steps, clip_grad_norm, clip_grad_value, precision)
         self.model = model
-        self.data_loader = data_loader
-        self.optimizer = optimizer
         self.loss_fn = loss_fn
-        self.grad_accum_steps = grad_accum_steps
-        self.clip_grad_norm = clip_grad_norm
-        self.clip_grad_value = clip_grad_value
-        self.precision = precision
         self._device = torch.device(device) if device is not None else None
-        if precision == "fp16":
-            if self.device.type != "cuda":
-                raise ValueError(
-                    f"precision='fp16' needs CUDA (it trains with a GradScaler), but the model is on "
-                    f"{self.device.type}. Use precision='bf16' on CPU."
-                )
-            grad_scaler = grad_scaler if grad_scaler is not None else torch.amp.GradScaler("cuda")
-        elif grad_scaler is not None:
-            raise ValueError(f"grad_scaler is used only with precision='fp16', not {precision!r}")
-        # With fp32 and bf16 there is no scaler: the update sequence checks for None.
-        self.grad_scaler = grad_scaler
+        if precision == "fp16" and self.device.type != "cuda":
+            raise ValueError(
+                f"precision='fp16' needs CUDA (it trains with a GradScaler), but the model is on "
+                f"{self.device.type}. Use precision='bf16' on CPU."
+            )
+        self.update = Update(
+            optimizer, model=model, grad_accum_steps=grad_accum_steps, clip_grad_norm=clip_grad_norm,
+            clip_grad_value=clip_grad_value, precision=precision, grad_scaler=grad_scaler,
+            device=self.device if precision == "fp16" else device,
+        )
+        # The device is the model's, found at the first batch (the model may move after the step is built).
+        self.data = DataStream(data_loader)
         if compute_loss is not None:
             if not callable(compute_loss):
                 raise TypeError(f"compute_loss must be callable, got {type(compute_loss).__name__}")
             self.compute_loss = compute_loss  # type: ignore[method-assign,assignment]
-        self._data_iter: Optional[Iterator[Any]] = None
-        self._warned_no_data_state = False
-        # The pass over a torch DataLoader that _data_iter reads (0 for the first), and the
-        # states of the generators its order came from, for a resume inside it (data_pass).
-        self._passes = 0
-        self._pass_start: Optional[List[torch.Tensor]] = None
-        # Whether the model is sharded by FSDP2, found at the first accumulated
-        # step (fully_shard may be applied after the step is built).
-        self._fsdp2: Optional[bool] = None
         # The storage series this step appends to by name (see _publish), and their storage.
         self._series: Dict[str, List[Tuple[Any, int]]] = {}
         self._series_storage: Optional[EventStorage] = None
+
+    # The update's settings, read and set on the step as before it held an Update.
+    optimizer = property(lambda self: self.update.optimizer, lambda self, v: setattr(self.update, "optimizer", v))
+    grad_scaler = property(lambda self: self.update.grad_scaler,
+                           lambda self, v: setattr(self.update, "grad_scaler", v))
+    grad_accum_steps = property(lambda self: self.update.grad_accum_steps)
+    clip_grad_norm = property(lambda self: self.update.clip_grad_norm)
+    clip_grad_value = property(lambda self: self.update.clip_grad_value)
+    precision = property(lambda self: self.update.precision)
+
+    @property
+    def data_loader(self) -> Iterable[Any]:
+        """The loader ``self.data`` reads; setting it replaces the loader (the
+        next batch comes from the new one's first pass... call :meth:`restart_data`)."""
+        return self.data.loader
+
+    @data_loader.setter
+    def data_loader(self, loader: Iterable[Any]) -> None:
+        self.data.loader = loader
 
     @property
     def device(self) -> torch.device:
@@ -247,7 +284,7 @@ class EagerStep(StepBase):
                 "evaluation did not restore model.train()."
             )
         storage = get_event_storage()
-        losses, grad_norm, data_time = self._update(self.next_batch, self.grad_accum_steps)
+        losses, grad_norm, data_time = self._update(self.next_batch, self.update.grad_accum_steps)
         self._publish(storage, losses, data_time)
         if grad_norm is not None:
             storage.put_scalar("grad_norm", grad_norm)
@@ -267,92 +304,30 @@ class EagerStep(StepBase):
     def _update(
         self, next_batch: Callable[[], Any], count: int, *, hooks: bool = True
     ) -> Tuple[Dict[str, torch.Tensor], Optional[torch.Tensor], float]:
-        """The update sequence, written once for every precision and for
-        accumulation: zero the gradients; for each of ``count`` micro-batches
-        (``next_batch()``), forward and backward of its loss divided by
-        ``count``, gradients synced across ranks on the last one only; then
-        :meth:`step_optimizer`: unscale them (fp16); the trainer's
-        ``after_backward`` (with ``hooks``); clip them (by norm or by value);
-        the optimizer step. One straight sequence, without override points: a
-        method per point would be paid by every iteration of every user. (The
-        plain ``Trainer`` writes the seeds' own sequence in
-        :class:`~treadle.compat.step.TrainerStep`.)
-
-        Returns the losses averaged over the micro-batches (detached), the
-        gradient norm before clipping (``None`` without ``clip_grad_norm``)
-        and the seconds spent waiting in ``next_batch``.
-        """
-        optimizer, scaler = self.optimizer, self.grad_scaler
-        optimizer.zero_grad(set_to_none=True)
-        totals: Dict[str, torch.Tensor] = {}
-        data_time = 0.0
-        try:
-            for micro in range(count):
-                start = time.perf_counter()
-                batch = next_batch()
-                data_time += time.perf_counter() - start
-                with self._gradient_sync(micro == count - 1) if count > 1 else _NO_CONTEXT:
-                    losses = self._forward(batch)
-                    loss = losses["total_loss"] if count == 1 else losses["total_loss"] / count
-                    (loss if scaler is None else scaler.scale(loss)).backward()
-                for name, value in losses.items():
-                    value = self._published(value)
-                    totals[name] = value if micro == 0 else totals[name] + value
-        except BaseException:
-            self._sync_after_error(count)
-            raise
-        grad_norm = self.step_optimizer(hooks=hooks)
-        if count > 1:
-            totals = {name: value / count for name, value in totals.items()}
-        return totals, grad_norm, data_time
+        """One update on ``count`` micro-batches (``next_batch()``): the
+        gradients of their losses (:meth:`Update.accumulate
+        <treadle.engine.Update.accumulate>`), then :meth:`Update.step
+        <treadle.engine.Update.step>` with the trainer's ``after_backward``
+        (with ``hooks``). Returns the losses averaged over the micro-batches
+        (detached), the gradient norm before clipping (``None`` without
+        ``clip_grad_norm``) and the seconds spent waiting in ``next_batch``.
+        (The plain ``Trainer``'s step for other trainers' override points
+        calls the same parts in their order.)"""
+        update = self.update
+        losses, data_time = update.accumulate(next_batch, self._forward, count, self._published)
+        return losses, update.step(self.after_backward if hooks else None), data_time
 
     def step_optimizer(self, *, hooks: bool = True) -> Optional[torch.Tensor]:
-        """The end of every update, once the gradients are computed: unscale
-        them (fp16), the trainer's ``after_backward`` (with ``hooks``), clip
-        them (by norm or by value), the optimizer step (through the grad
-        scaler with fp16). Returns the gradient norm before clipping (None
-        without ``clip_grad_norm``). A research step that computes its
-        gradients its own way (SAM's two passes) ends its update with it."""
-        optimizer, scaler = self.optimizer, self.grad_scaler
-        if scaler is not None:
-            scaler.unscale_(optimizer)  # hooks and clipping see true gradients
-        if hooks:
-            self._after_backward()
-        grad_norm = None
-        if self.clip_grad_norm is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters(), self.clip_grad_norm)
-        elif self.clip_grad_value is not None:
-            torch.nn.utils.clip_grad_value_(self._parameters(), self.clip_grad_value)
-        if scaler is None:
-            optimizer.step()
-        else:
-            scaler.step(optimizer)
-            scaler.update()
-        return grad_norm
-
-    def _sync_after_error(self, count: int) -> None:
-        """Gradient sync back on after an error in an update of ``count``
-        micro-batches: under FSDP2 an error mid-accumulation must not leave it
-        off for whatever backward runs after it, outside this step."""
-        if count > 1 and self._fsdp2:
-            cast(Any, self.model).set_requires_gradient_sync(True)
-
-    def _gradient_sync(self, sync: bool) -> ContextManager[Any]:
-        """A micro-batch's backward, all-reducing gradients across ranks only
-        where ``sync``. DDP skips the all-reduce inside ``no_sync()``; FSDP2
-        has no ``no_sync()`` and takes a flag, which the last micro-batch sets
-        back to True for whatever runs next."""
-        if self._fsdp2 is None:
-            self._fsdp2 = is_fsdp_model(self.model)
-        if self._fsdp2:
-            cast(Any, self.model).set_requires_gradient_sync(sync)
-            return _NO_CONTEXT
-        return cast(Any, self.model).no_sync() if not sync and hasattr(self.model, "no_sync") else _NO_CONTEXT
+        """The end of an update whose gradients the step computed its own way
+        (SAM's two passes): :meth:`Update.step <treadle.engine.Update.step>`,
+        with the trainer's ``after_backward`` hooks (``hooks``). Returns the
+        gradient norm before clipping (None without ``clip_grad_norm``)."""
+        return self.update.step(self.after_backward if hooks else None)
 
     def _forward(self, batch: Any) -> Dict[str, torch.Tensor]:
         """The losses of ``batch`` by name, their sum ``total_loss`` included,
         under the step's precision."""
-        with self.autocast():
+        with self.update.autocast():
             return as_losses(self._loss_output(batch), self.loss_source)
 
     def _loss_output(self, batch: Any) -> Any:
@@ -362,9 +337,7 @@ class EagerStep(StepBase):
     def autocast(self) -> ContextManager[Any]:
         """The context a micro-batch's forward and loss run in: autocast to the
         step's ``precision`` (nothing with fp32). For a subclass's own update."""
-        if self.precision == "fp32":
-            return _NO_CONTEXT
-        return torch.autocast(device_type=self.device.type, dtype=_AUTOCAST_DTYPES[self.precision])
+        return self.update.autocast()
 
     def compute_loss(self, batch: Any) -> Any:
         """The loss of one (micro-)batch, already on the device: the one method
@@ -383,70 +356,12 @@ class EagerStep(StepBase):
         """The next training batch, on the model's device; a new pass over
         the data loader starts when one ends (iterations, not epochs, bound
         training). For a subclass's own ``run_step`` (LiBai's and
-        detectron2's ``next(self._data_loader_iter)``)."""
-        if self._data_iter is None:
-            self._data_iter = self._start_pass()
-        try:
-            batch = next(self._data_iter)
-        except StopIteration:
-            self._passes += 1
-            self._data_iter = self._start_pass()
-            try:
-                batch = next(self._data_iter)
-            except StopIteration:
-                raise RuntimeError("The training data loader yields no batches.") from None
-        return self._to_device(batch)
-
-    def _start_pass(self) -> Iterator[Any]:
-        """A new pass over ``data_loader``; once per pass, never per batch: the
-        states its order comes from are recorded first, for a resume inside it."""
-        generators = order_generators(self.data_loader)
-        self._pass_start = generator_states(generators) if generators is not None else None
-        return iter(self.data_loader)
-
-    def _data_pass_state(self) -> Optional[Dict[str, Any]]:
-        """Where a torch ``DataLoader`` is: ``epoch`` (its pass, from 0), ``batch``
-        (those taken in it) and, where its order can be restored, the states
-        of its generators when the pass began (:mod:`treadle.data.dataloader_position`)."""
-        loader, iterator = self.data_loader, self._data_iter
-        if not isinstance(loader, torch.utils.data.DataLoader):
-            return None
-        taken = dataloader_batches_taken(iterator) if iterator is not None else 0
-        if taken is None:
-            return None
-        generators = order_generators(loader)
-        if generators is not None and iterator is not None and taken == len(loader):
-            # A pass read to its end is ended here, which draws what its end draws (RandomSampler's
-            # generator), so that what is saved is where the next pass starts: else a resume would
-            # read a whole pass again to get there.
-            next(iterator, None)
-            self._data_iter, self._passes, taken = None, self._passes + 1, 0
-        state: Dict[str, Any] = {"epoch": self._passes, "batch": taken}
-        if generators is not None:
-            state["generators"] = self._pass_start if taken else generator_states(generators)
-        return state
-
-    def _continue_pass(self, saved: Dict[str, Any]) -> None:
-        """Puts a torch ``DataLoader`` back where the checkpoint's ``data_pass``
-        says it was, at resume (reading the batches of the pass already trained
-        once); where its order cannot be restored, says so in one line."""
-        self._passes, taken = int(saved["epoch"]), int(saved["batch"])
-        states: List[torch.Tensor] = list(saved.get("generators") or ())
-        why = why_cannot_restore(self.data_loader, states, taken)
-        if why is not None:
-            if taken:
-                where = f"iteration {self.trainer.iter + 1}, " if self.trainer is not None else ""
-                logger.warning(
-                    "Resuming at %sbatch %d of epoch %d: this DataLoader cannot be put back at that batch (%s), "
-                    "so it starts again at its first batch; give the dataset with batch_size= "
-                    "(treadle.data.build_train_loader) for an exact resume", where, taken, self._passes, why,
-                )
-            return
-        if taken:
-            logger.info("Resuming the DataLoader at batch %d of epoch %d: reading the %d batches before it",
-                        taken, self._passes, taken)
-        self._data_iter = restore_pass(cast(torch.utils.data.DataLoader, self.data_loader), states, taken)
-        self._pass_start = states
+        detectron2's ``next(self._data_loader_iter)``); ``next(self.data)``
+        is the same."""
+        data = self.data
+        if data.device is None:
+            data.device = self.device
+        return next(data)
 
     def _to_device(self, batch: Any) -> Any:
         # A CPU model takes the batch as it is: walking it costs microseconds.
@@ -479,53 +394,36 @@ class EagerStep(StepBase):
         return value.detach()
 
     def _parameters(self) -> List[torch.Tensor]:
-        """The optimizer's parameters that have a gradient now (what clipping
-        sees; subclasses such as the SAM example stack their gradients)."""
-        return [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+        """The optimizer's parameters that have a gradient now (what clipping sees)."""
+        return self.update.parameters()
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> Dict[str, Any]:
-        state: Dict[str, Any] = {}
-        if hasattr(self.data_loader, "state_dict"):
-            state["data"] = self.data_loader.state_dict()
-        else:
-            data_pass = self._data_pass_state()
-            if data_pass is not None:
-                state["data_pass"] = data_pass
-        if self.grad_scaler is not None:
-            state["grad_scaler"] = self.grad_scaler.state_dict()
+        """The data position (``data`` or ``data_pass``) and the grad scaler
+        (``grad_scaler``) at the top, as before the step held parts; any other
+        part of a subclass by its name."""
+        state = super().state_dict()
+        state.update(state.pop("data", {}))
+        state.update(state.pop("update", {}))
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        if "data" in state:
-            if hasattr(self.data_loader, "load_state_dict"):
-                self.data_loader.load_state_dict(state["data"])
-            else:
-                logger.warning(
-                    "The checkpoint has a data position, but the data loader (%s) cannot load it: "
-                    "the data stream restarts from its beginning.",
-                    type(self.data_loader).__name__,
-                )
-        elif (not hasattr(self.data_loader, "load_state_dict") and "data_pass" not in state
-              and not self._warned_no_data_state):
-            self._warned_no_data_state = True
-            logger.warning(
-                "The data loader (%s) has no state_dict(): a resumed run restarts its data stream. "
-                "Use treadle.data.build_train_loader for an exact resume.",
-                type(self.data_loader).__name__,
-            )
-        if "grad_scaler" in state and self.grad_scaler is not None:
-            self.grad_scaler.load_state_dict(state["grad_scaler"])
-        # The next batch must come from the restored position.
-        self.restart_data()
-        if "data_pass" in state and not hasattr(self.data_loader, "load_state_dict"):
-            self._continue_pass(state["data_pass"])
+        own = {"data", "data_pass", "grad_scaler"}
+        super().load_state_dict({key: value for key, value in state.items() if key not in own})
+        where = f"iteration {self.trainer.iter + 1}, " if "data_pass" in state and self.trainer is not None else ""
+        # The next batch comes from the restored position.
+        self.data.load_state_dict({key: value for key, value in state.items() if key in ("data", "data_pass")},
+                                  where=where)
+        self.update.load_state_dict(state)
 
     def restart_data(self) -> None:
         """Has the next batch come from a new iterator over ``data_loader``
         (a loader replaced, or its position restored)."""
-        self._data_iter = None
+        self.data.restart()
 
+    @property
+    def _data_iter(self) -> Any:
+        return self.data._iter
 
 
 def _describe_compile_error(error: BaseException) -> str:
