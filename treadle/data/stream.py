@@ -67,7 +67,8 @@ class DataStream:
         self.loader = loader
         self.device: Optional[torch.device] = torch.device(device) if device is not None else None
         self.passes = 0
-        self._iter: Optional[Iterator[Any]] = None
+        #: The iterator over the pass being read; None until its first batch is taken.
+        self.iterator: Optional[Iterator[Any]] = None
         # The states of the generators the pass being read drew its order from (a resume inside it).
         self._pass_start: Optional[List[torch.Tensor]] = None
         self._warned_no_state = False
@@ -77,15 +78,15 @@ class DataStream:
 
     def __next__(self) -> Any:
         """The next batch, on ``device``; a new pass starts when one ends."""
-        if self._iter is None:
-            self._iter = self._start_pass()
+        if self.iterator is None:
+            self.iterator = self._start_pass()
         try:
-            batch = next(self._iter)
+            batch = next(self.iterator)
         except StopIteration:
             self.passes += 1
-            self._iter = self._start_pass()
+            self.iterator = self._start_pass()
             try:
-                batch = next(self._iter)
+                batch = next(self.iterator)
             except StopIteration:
                 raise RuntimeError(f"The training data ({type(self.loader).__name__}) yields no batches.") from None
         device = self.device
@@ -95,7 +96,7 @@ class DataStream:
     def restart(self) -> None:
         """Has the next batch come from a new pass over ``loader`` (a loader
         replaced, or its position restored)."""
-        self._iter = None
+        self.iterator = None
 
     @property
     def resumes_exactly(self) -> bool:
@@ -151,7 +152,7 @@ class DataStream:
         """Where a torch ``DataLoader`` is: ``epoch`` (its pass, from 0), ``batch``
         (those taken in it) and, where its order can be restored, the states
         of its generators when the pass began (:mod:`treadle.data.dataloader_position`)."""
-        loader, iterator = self.loader, self._iter
+        loader, iterator = self.loader, self.iterator
         if not isinstance(loader, torch.utils.data.DataLoader):
             return None
         taken = dataloader_batches_taken(iterator) if iterator is not None else 0
@@ -163,7 +164,7 @@ class DataStream:
             # generator), so that what is saved is where the next pass starts: else a resume would
             # read a whole pass again to get there.
             next(iterator, None)
-            self._iter, self.passes, taken = None, self.passes + 1, 0
+            self.iterator, self.passes, taken = None, self.passes + 1, 0
         state: Dict[str, Any] = {"epoch": self.passes, "batch": taken}
         if generators is not None:
             state["generators"] = self._pass_start if taken else generator_states(generators)
@@ -190,7 +191,7 @@ class DataStream:
             sampler = _sampler_with_epoch(self.loader)
             if sampler is not None:
                 sampler.set_epoch(self.passes)
-        self._iter = restore_pass(cast(torch.utils.data.DataLoader, self.loader), states, taken)
+        self.iterator = restore_pass(cast(torch.utils.data.DataLoader, self.loader), states, taken)
         self._pass_start = states
 
 

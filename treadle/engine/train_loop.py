@@ -22,7 +22,7 @@ from treadle.utils.run_start import training_starts
 from treadle.utils.signatures import required_positional
 
 from .hook_table import HookOrderError, HookTable, note_origin
-from .steps import StepBase
+from .steps import StepBase, unknown_data_position
 from .time_table import log_time_table
 from .trainer_state import capture_state, hook_state_keys, restore_hook_states, restore_rng
 
@@ -99,6 +99,8 @@ class TrainerBase:
         self._loaded_finished: Optional[bool] = None
         self._loaded_max_iter: Optional[int] = None
         self._restored_storage: Optional[Dict[str, Any]] = None
+        # The step whose data position the first checkpoint checked (unknown_data_position).
+        self._data_position_checked: Optional[StepBase] = None
         self.iter_start_time = 0.0
         self.step_end_time = 0.0
         self._loop_started: Optional[float] = None
@@ -445,7 +447,13 @@ class TrainerBase:
         """The last iteration run, hook states, step state (data position, grad
         scaler) and RNG states (of every rank, when there are several: then
         every rank must call this at the same point). Resuming continues at
-        ``iteration + 1``."""
+        ``iteration + 1``. The first one of a step whose data position no
+        checkpoint keeps says so in one line (:func:`~treadle.engine.steps.unknown_data_position`)."""
+        if self._step is not None and self._step is not self._data_position_checked:
+            self._data_position_checked = self._step
+            why = unknown_data_position(self._step)
+            if why is not None:
+                logger.warning(why)
         return capture_state(
             last_run_iter=self._last_run_iter, finished=self.finished, max_iter=self.max_iter,
             hooks=self._table.hooks, step=self._step, storage=getattr(self, "storage", None),
