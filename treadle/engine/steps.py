@@ -141,6 +141,18 @@ def unknown_data_position(step: StepBase) -> Optional[str]:
             f"treadle.data.DataStream (self.data = DataStream(loader); next(self.data)) for an exact resume")
 
 
+def _of_update(name: str, doc: str, *, settable: bool = False) -> Any:
+    """A property of :class:`EagerStep` that is its update's attribute ``name``."""
+
+    def get(step: "EagerStep") -> Any:
+        return getattr(step.update, name)
+
+    def set_(step: "EagerStep", value: Any) -> None:
+        setattr(step.update, name, value)
+
+    return property(get, set_ if settable else None, doc=doc)
+
+
 class EagerStep(StepBase):
     """The standard iteration, run eagerly.
 
@@ -238,14 +250,14 @@ class EagerStep(StepBase):
         self._series: Dict[str, List[Tuple[Any, int]]] = {}
         self._series_storage: Optional[EventStorage] = None
 
-    # The update's settings, read and set on the step as before it held an Update.
-    optimizer = property(lambda self: self.update.optimizer, lambda self, v: setattr(self.update, "optimizer", v))
-    grad_scaler = property(lambda self: self.update.grad_scaler,
-                           lambda self, v: setattr(self.update, "grad_scaler", v))
-    grad_accum_steps = property(lambda self: self.update.grad_accum_steps)
-    clip_grad_norm = property(lambda self: self.update.clip_grad_norm)
-    clip_grad_value = property(lambda self: self.update.clip_grad_value)
-    precision = property(lambda self: self.update.precision)
+    # The update's settings, read (and the optimizer and scaler set) on the step as before it held an Update.
+    optimizer = _of_update("optimizer", "The optimizer the step's :class:`~treadle.engine.Update` steps.", settable=True)
+    grad_scaler = _of_update("grad_scaler", "The fp16 ``GradScaler`` of the step's update (None otherwise).",
+                             settable=True)
+    grad_accum_steps = _of_update("grad_accum_steps", "Micro-batches per optimizer update.")
+    clip_grad_norm = _of_update("clip_grad_norm", "The total gradient norm clipped to (None: no clipping by norm).")
+    clip_grad_value = _of_update("clip_grad_value", "The gradient elements' bound (None: no clipping by value).")
+    precision = _of_update("precision", "``fp32``, ``bf16`` or ``fp16``.")
 
     @property
     def data_loader(self) -> Iterable[Any]:
