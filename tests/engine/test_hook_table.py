@@ -152,3 +152,30 @@ def test_a_trainers_own_after_epoch_runs_at_every_epoch_end_with_no_hook_registe
     # Every epoch ends in the loop, at its last iteration: the run's last one too.
     assert ends == [(0, 2), (1, 5), (2, 8)]
     assert trainer.hooks == []
+
+
+class Publishes(HookBase):
+    """Declares the scalars it puts, as their one producer."""
+
+    def __init__(self, *names):
+        self.names = names
+
+    def scalar_names(self):
+        return self.names
+
+    def after_step(self):
+        for name in self.names:
+            self.trainer.storage.put_scalar(name, 1.0)
+
+
+def test_two_hooks_declaring_one_scalar_name_are_refused_at_registration():
+    trainer = TrainerBase(Step())
+    trainer.register_hooks([Publishes("a", "a", "b"), Periodic(2, True)])  # one hook may put a name twice
+    with pytest.raises(ValueError) as refused:
+        trainer.register_hooks([Publishes("c"), Publishes("b")])
+    assert str(refused.value) == (
+        "Publishes and Publishes#3 both publish the scalar 'b': writers keep one value per name and iteration, "
+        "so one of the two would be lost; give each its own name, or register one of them"
+    )
+    assert [type(h) for h in trainer.hooks] == [Publishes, Periodic]
+

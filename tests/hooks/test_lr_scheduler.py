@@ -1,3 +1,4 @@
+import json
 import logging
 import math
 import types
@@ -13,9 +14,11 @@ from fvcore.common.param_scheduler import (
 )
 from torch import nn
 
-from treadle.engine import EagerStep, TrainerBase
+from treadle.engine import EagerStep, StepBase, TrainerBase, Update
+from treadle.events import JSONWriter
+from treadle.hooks import PeriodicWriter
 from treadle.hooks.callback import CallbackHook
-from treadle.hooks.lr_scheduler import LRMultiplier, LRScheduler, build_lr_multiplier
+from treadle.hooks.lr_scheduler import LRMonitor, LRMultiplier, LRScheduler, build_lr_multiplier
 
 
 def make_trainer(scheduler_factory, lr=1.0, **hook_options):
@@ -285,3 +288,79 @@ def test_an_unknown_warmup_style_is_a_config_error_naming_the_choices():
 
     with pytest.raises(ConfigError, match="warmup_style must be one of detectron2, huggingface, got 'hf'"):
         build_lr_multiplier("cosine", max_iter=10, warmup_iters=2, warmup_style="hf")
+
+
+class TwoOptimizerStep(StepBase):
+    """A GAN-like step: a generator and a discriminator, each updated by its own optimizer."""
+
+    def __init__(self):
+        torch.manual_seed(0)
+        self.g, self.d = nn.Linear(2, 2), nn.Linear(2, 1)
+        self.opt_g = torch.optim.SGD(self.g.parameters(), lr=1.0)
+        self.opt_d = torch.optim.SGD(self.d.parameters(), lr=0.1)
+        self.update_g, self.update_d = Update(self.opt_g), Update(self.opt_d)
+
+    def run_step(self):
+        noise = torch.randn(4, 2)
+        self.update_d.apply(self.d(self.g(noise).detach()).mean() - self.d(noise).mean())
+        self.update_g.apply(-self.d(self.g(noise)).mean())
+
+
+def _gan_trainer():
+    step = TwoOptimizerStep()
+    sched_g = torch.optim.lr_scheduler.StepLR(step.opt_g, step_size=2, gamma=0.5)
+    sched_d = torch.optim.lr_scheduler.ExponentialLR(step.opt_d, gamma=0.9)
+    return TrainerBase(step), step, sched_g, sched_d
+
+
+def test_two_schedules_each_publish_their_rate_under_their_own_name(tmp_path):
+    trainer, step, sched_g, sched_d = _gan_trainer()
+    trainer.register_hooks([
+        LRScheduler(step.opt_g, sched_g, name="lr_g"),
+        LRScheduler(step.opt_d, sched_d, name="lr_d"),
+        PeriodicWriter([JSONWriter(str(tmp_path / "metrics.json"), window_size=1)], period=1),
+    ])
+    trainer.train(0, 6)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.json").read_text().splitlines()]
+    # The rate each iteration ran with: StepLR halves every 2 iterations, ExponentialLR takes 0.9 each.
+    assert [(r["iteration"], r["lr_g"], r["lr_d"]) for r in rows] == [
+        (i, pytest.approx(1.0 * 0.5 ** (i // 2)), pytest.approx(0.1 * 0.9**i)) for i in range(6)
+    ]
+    assert all("lr" not in r for r in rows)
+
+
+def test_two_hooks_publishing_lr_are_refused_before_anything_is_written(tmp_path):
+    trainer, step, sched_g, sched_d = _gan_trainer()
+    with pytest.raises(ValueError) as refused:
+        trainer.register_hooks([
+            LRScheduler(step.opt_g, sched_g),
+            LRScheduler(step.opt_d, sched_d),
+            PeriodicWriter([JSONWriter(str(tmp_path / "metrics.json"))], period=1),
+        ])
+    assert str(refused.value) == (
+        "LRScheduler and LRScheduler#2 both publish the scalar 'lr': writers keep one value per name and "
+        "iteration, so one of the two would be lost; give each its own name, e.g. "
+        'LRScheduler(opt_g, sched_g, name="lr_g")'
+    )
+    assert trainer.hooks == [] and list(tmp_path.iterdir()) == []
+
+
+def test_a_monitor_and_a_schedule_on_one_name_are_refused_when_added_later():
+    trainer, step, sched_g, _ = _gan_trainer()
+    trainer.register_hooks([LRScheduler(step.opt_g, sched_g, name="rate")])
+    with pytest.raises(ValueError, match=(
+        r"^LRScheduler and LRMonitor both publish the scalar 'rate': .*"
+        r'give each its own name, e.g. LRMonitor\(opt_g, name="lr_g"\)$'
+    )):
+        trainer.register_hooks([LRMonitor(step.opt_d, name="rate")])
+    assert [type(h) for h in trainer.hooks] == [LRScheduler]
+
+
+@pytest.mark.parametrize("hook", [LRScheduler, LRMonitor])
+@pytest.mark.parametrize("name", ["", None, 3])
+def test_the_name_is_checked_when_the_hook_is_built(hook, name):
+    with pytest.raises(ValueError) as refused:
+        hook(name=name)
+    assert str(refused.value) == (
+        f"{hook.__name__} name must be a non-empty str (the scalar its rate is published under), got {name!r}"
+    )

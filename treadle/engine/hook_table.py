@@ -6,7 +6,8 @@ list, constrained only by the dependencies hook classes declare
 hook's ``after_step`` and ``after_iteration`` run at the iterations its
 :meth:`HookBase.after_step_period` and :meth:`HookBase.after_iteration_period`
 declare (the last one where :attr:`HookBase.runs_at_last_iteration`), and
-nowhere else.
+nowhere else. Two hooks that declare one scalar name
+(:meth:`HookBase.scalar_names`) are refused at registration too.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from treadle.hooks.base import HOOK_STAGES, HookBase
 
-__all__ = ["HookOrderError", "HookTable", "HookCall", "PERIODIC_STAGES", "note_origin"]
+from .trainer_state import hook_state_keys
+
+__all__ = ["HookOrderError", "HookTable", "HookCall", "PERIODIC_STAGES", "check_scalar_names", "note_origin"]
 
 # An iteration no training reaches.
 _NEVER = 2**62
@@ -122,6 +125,7 @@ class HookTable:
         Raises:
             TypeError: an entry is not a :class:`HookBase`.
             HookOrderError: a hook would run before a hook it must follow.
+            ValueError: two hooks declare one scalar name (:func:`check_scalar_names`).
         """
         added = [h for h in hooks if h is not None]
         for h in added:
@@ -129,6 +133,7 @@ class HookTable:
                 raise TypeError(f"Hooks must be HookBase instances, got {type(h).__name__}: {h!r}")
         candidate = self.hooks + added
         check_order(candidate)
+        check_scalar_names(candidate)
         self.hooks = candidate
         for h in candidate:
             declared = (*h.runs_after, *h.uses)
@@ -193,6 +198,22 @@ def check_order(hooks: Sequence[HookBase]) -> None:
                     f"{type(h).__name__} must be registered after {required.__name__}: {reason}. "
                     f"Got the order [{order}]."
                 )
+
+
+def check_scalar_names(hooks: Sequence[HookBase]) -> None:
+    """Raises ``ValueError`` where two hooks declare one scalar name
+    (:meth:`HookBase.scalar_names`), naming both by their state keys."""
+    producers: Dict[str, str] = {}  # name -> the key of the first hook declaring it
+    for key, h in hook_state_keys(hooks).items():
+        for name in h.scalar_names():
+            first = producers.setdefault(name, key)
+            if first == key:
+                continue
+            hint = h.rename_hint or "give each its own name, or register one of them"
+            raise ValueError(
+                f"{first} and {key} both publish the scalar {name!r}: writers keep one value per name "
+                f"and iteration, so one of the two would be lost; {hint}"
+            )
 
 
 def note_origin(error: BaseException, where: str) -> None:

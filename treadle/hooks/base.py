@@ -148,6 +148,9 @@ class HookBase:
     #: iteration's work (``model_final``). Read when
     #: training starts, after every ``before_train`` (a hook may set it there).
     runs_at_last_iteration: bool = True
+    #: How to give this hook another scalar name (a call to write), for the
+    #: message that refuses two hooks declaring one name (:meth:`scalar_names`).
+    rename_hint: str = ""
     # The registered hooks of the declared classes (attach_peers).
     _peers: Sequence["HookBase"] = ()
 
@@ -201,6 +204,19 @@ class HookBase:
         """The iterations where :meth:`after_iteration` runs: as
         :meth:`after_step_period` says for ``after_step``."""
         return None
+
+    def scalar_names(self) -> Tuple[str, ...]:
+        """The scalar names this hook puts into the storage as their one producer.
+
+        Read once, by ``register_hooks``, which refuses two registered hooks
+        that declare one name: their values would land in one series, and
+        writers keep one value per name and iteration (one of the two rates
+        of a GAN's two ``LRScheduler`` hooks would be lost without a word).
+        Empty by default: a hook whose names are known only when it runs
+        declares none. Names put by ``put_scalar`` are not checked as they are
+        put (see ``docs/engine.md``, "One name, one producer").
+        """
+        return ()
 
     def hooks_of(self, kind: Type[H]) -> List[H]:
         """The registered hooks of class ``kind``, in call order.

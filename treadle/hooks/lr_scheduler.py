@@ -49,6 +49,7 @@ class _StepsOptimizer:
     _param_groups: List[Dict[str, Any]]
     _group_index: int
     _lrs: Optional[List[Any]]
+    name: str
     trainer: Any
 
     @property
@@ -64,11 +65,14 @@ class _StepsOptimizer:
             # A series rather than put_scalar: this runs every iteration.
             self._lrs.append((lr, self.trainer.iter))
         else:  # a tensor rate is read at the flush, with the losses
-            self.trainer.storage.put_scalar("lr", lr, smoothing_hint=False)
+            self.trainer.storage.put_scalar(self.name, lr, smoothing_hint=False)
+
+    def scalar_names(self) -> Tuple[str, ...]:
+        return (self.name,)
 
 
 class LRScheduler(_StepsOptimizer, HookBase):
-    """Publishes ``lr`` and steps the learning-rate scheduler after every iteration.
+    """Publishes ``lr`` (or ``name``) and steps the learning-rate scheduler after every iteration.
 
     Accepts any ``torch.optim.lr_scheduler.LRScheduler`` stepped per
     iteration, or an fvcore ``ParamScheduler``, which becomes an
@@ -91,7 +95,14 @@ class LRScheduler(_StepsOptimizer, HookBase):
     ``stepper``, where given, is called instead of ``scheduler.step()``
     wherever the schedule steps (the plain ``Trainer`` gives a subclass's
     ``scheduler_step``, pytorch-accelerated's override point).
+
+    ``name`` is the scalar the rate is published under: a step with two
+    optimizers (a GAN's) registers one hook per optimizer, each with its own
+    name (``name="lr_g"``, ``name="lr_d"``); two hooks publishing one name
+    are refused at registration.
     """
+
+    rename_hint = 'give each its own name, e.g. LRScheduler(opt_g, sched_g, name="lr_g")'
 
     def __init__(
         self,
@@ -101,7 +112,9 @@ class LRScheduler(_StepsOptimizer, HookBase):
         max_iter: Optional[int] = None,
         interval: str = "iter",
         stepper: Optional[Callable[[], None]] = None,
+        name: str = "lr",
     ) -> None:
+        self.name = _checked_name("LRScheduler", name)
         if interval not in ("iter", "epoch"):
             raise ValueError(f"LRScheduler interval must be 'iter' or 'epoch', got {interval!r}")
         if interval == "epoch" and isinstance(scheduler, ParamScheduler):
@@ -162,7 +175,7 @@ class LRScheduler(_StepsOptimizer, HookBase):
             # The optimizer's rates must match the restored position before the next iteration.
             for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
                 group["lr"] = lr
-        self._param_groups, self._group_index, self._lrs = _lr_series(self.trainer, self.optimizer)
+        self._param_groups, self._group_index, self._lrs = _lr_series(self.trainer, self.optimizer, self.name)
         self._stepped_to = self.scheduler.last_epoch
         self._step_per_iter = self.interval == "iter"
         if not self._step_per_iter and not self.trainer.epoch_length:
@@ -290,15 +303,21 @@ class LRMonitor(_StepsOptimizer, HookBase):
     ``initial_lr`` where none is (as torch's schedulers do): a resume tells
     by it the rate the run started from, which a new trainer may change,
     from the rate where the run was, which the checkpoint brings back.
+
+    ``name`` is the scalar the rate is published under, as for
+    :class:`LRScheduler` (one per optimizer of a step that has several).
     """
 
-    def __init__(self, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
+    rename_hint = 'give each its own name, e.g. LRMonitor(opt_g, name="lr_g")'
+
+    def __init__(self, optimizer: Optional[torch.optim.Optimizer] = None, *, name: str = "lr") -> None:
+        self.name = _checked_name("LRMonitor", name)
         self._optimizer = optimizer
         self._lrs: Optional[List[Any]] = None
 
     def before_train(self) -> None:
         _note_initial_lrs(self.optimizer)
-        self._param_groups, self._group_index, self._lrs = _lr_series(self.trainer, self.optimizer)
+        self._param_groups, self._group_index, self._lrs = _lr_series(self.trainer, self.optimizer, self.name)
 
     def after_step(self) -> None:
         self._publish_lr()
@@ -313,11 +332,20 @@ def _note_initial_lrs(optimizer: torch.optim.Optimizer) -> None:
             group["initial_lr"] = lr.clone() if isinstance(lr, torch.Tensor) else lr
 
 
-def _lr_series(trainer: Any, optimizer: torch.optim.Optimizer) -> Tuple[List[Dict[str, Any]], int, Optional[List[Any]]]:
+def _checked_name(hook: str, name: Any) -> str:
+    """``name``, where it can name a scalar: a non-empty ``str``."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{hook} name must be a non-empty str (the scalar its rate is published under), got {name!r}")
+    return name
+
+
+def _lr_series(
+    trainer: Any, optimizer: torch.optim.Optimizer, name: str
+) -> Tuple[List[Dict[str, Any]], int, Optional[List[Any]]]:
     """The param groups, the index of the one whose rate is published, and the
-    storage's ``lr`` series (None outside ``train()``), for ``after_step``."""
+    storage's series ``name`` (None outside ``train()``), for ``after_step``."""
     storage = getattr(trainer, "storage", None)
-    lrs = storage.open_series("lr", smoothing_hint=False, tensors=False) if storage is not None else None
+    lrs = storage.open_series(name, smoothing_hint=False, tensors=False) if storage is not None else None
     return optimizer.param_groups, _largest_group(optimizer), lrs
 
 
