@@ -32,7 +32,7 @@ from treadle.hooks.base import TrainerProtocol
 from treadle.utils.device import to_device
 from treadle.utils.torch_internals import dynamo_supported
 
-from .update import Update, check_update_settings
+from .update import Update
 
 
 __all__ = ["StepBase", "EagerStep", "CompiledStep", "PRECISIONS", "unknown_data_position"]
@@ -226,15 +226,10 @@ class EagerStep(StepBase):
         device: Optional[torch.device | str] = None,
         compute_loss: Optional[Callable[[Any], Any]] = None,
     ) -> None:
-        check_update_settings(grad_accum_steps, clip_grad_norm, clip_grad_value, precision)
         self.model = model
         self.loss_fn = loss_fn
         self._device = torch.device(device) if device is not None else None
-        if precision == "fp16" and self.device.type != "cuda":
-            raise ValueError(
-                f"precision='fp16' needs CUDA (it trains with a GradScaler), but the model is on "
-                f"{self.device.type}. Use precision='bf16' on CPU."
-            )
+        # The update checks its settings (fp16 against the model's device) before anything else is built.
         self.update = Update(
             optimizer, model=model, grad_accum_steps=grad_accum_steps, clip_grad_norm=clip_grad_norm,
             clip_grad_value=clip_grad_value, precision=precision, grad_scaler=grad_scaler,
