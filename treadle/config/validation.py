@@ -13,7 +13,8 @@ can be read (no unresolvable ``${...}`` interpolation, no ``???``); every key
 of ``train`` by its rule in the table of keys (:mod:`treadle.config.train_keys`);
 the device, the precision, the world size and the batch size against it; the
 metric names of a ``build_evaluator`` node and the metrics that the best
-checkpointer and early stopping watch. What needs the built objects (the
+checkpointer and early stopping watch; a ``loss_fn`` for an evaluation of
+``loss`` where the step is a class of the user's that takes none. What needs the built objects (the
 evaluator's result names of a custom evaluator, a model that cannot be built)
 is checked by ``DefaultTrainer`` when it builds them, still before writing.
 """
