@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import logging
 import os
 import re
 import subprocess
@@ -34,7 +35,7 @@ from treadle.engine.data_parallel import create_fsdp_model
 from treadle.engine.defaults import DefaultTrainer
 from treadle.engine.launch import launch
 from treadle.evaluation import build_evaluator, inference_on_dataset
-from treadle.events import EventStorage, JSONWriter, ScalarKind
+from treadle.events import CommonMetricPrinter, CSVWriter, EventStorage, JSONWriter, ScalarKind, TensorboardWriter
 from treadle.events.distributed import ScalarMismatchError, reduce_across_ranks
 from treadle.hooks import EvalHook, IterationTimer, LRScheduler, PeriodicWriter
 from treadle.utils import comm
@@ -406,6 +407,59 @@ def test_collectives_happen_only_at_flushes(tmp_path, older_torch):
     # The main process alone wrote, once per flush.
     lines = (tmp_path / "metrics.json").read_text().splitlines()
     assert [json.loads(line)["iteration"] for line in lines] == flushes
+
+
+def _same_writers_worker(rank: int, tmp: str) -> None:
+    """A plain ``TrainerBase`` script as a user writes it: the same writers on every rank, no guard."""
+    with _process_group(rank, 2, tmp):
+        torch.manual_seed(0)
+        model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        loader = build_train_loader(_Regression(), total_batch_size=8)
+        trainer = TrainerBase(EagerStep(model, loader, optimizer, loss_fn=nn.functional.mse_loss))
+        out = os.path.join(tmp, "out")
+        lines: list = []
+        printed = logging.getLogger("treadle.events.printer")
+        printed.setLevel(logging.INFO)
+        printed.addHandler(_ListHandler(lines))
+        trainer.register_hooks([PeriodicWriter([
+            CommonMetricPrinter(MAX_ITER),
+            JSONWriter(os.path.join(out, "metrics.json"), window_size=1),
+            CSVWriter(os.path.join(out, "metrics.csv"), window_size=1),
+            TensorboardWriter(out),
+        ], period=WRITER_PERIOD)])
+        trainer.train(0, MAX_ITER)
+        losses = trainer.storage.history("total_loss").values()
+        _dump(tmp, rank, {"losses": losses, "printed": lines})
+
+
+class _ListHandler(logging.Handler):
+    def __init__(self, lines: list) -> None:
+        super().__init__()
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_the_same_writers_on_every_rank_write_each_row_once(tmp_path):
+    """A script that gives every rank the same writers: metrics.json, metrics.csv
+    and the event file hold each flush's row once, the main process's values,
+    and only the main process prints."""
+    _spawn(_same_writers_worker, 2, str(tmp_path))
+    r0, r1 = _load_ranks(tmp_path, 2)
+    flushes = [4, 9, 14, 19, 22]
+    out = tmp_path / "out"
+    rows = [json.loads(line) for line in (out / "metrics.json").read_text().splitlines()]
+    assert [row["iteration"] for row in rows] == flushes
+    main_losses = dict((it, v) for v, it in r0["losses"])
+    assert [row["total_loss"] for row in rows] == [main_losses[it] for it in flushes]
+    csv_lines = (out / "metrics.csv").read_text().splitlines()
+    assert [line.split(",")[0] for line in csv_lines] == ["iteration"] + [str(it) for it in flushes]
+    assert len(list(out.glob("events.out.tfevents.*"))) == 1
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith("events.")) == ["metrics.csv", "metrics.json"]
+    assert len([line for line in r0["printed"] if "iter: " in line]) == len(flushes)
+    assert r1["printed"] == []
 
 
 # ---------------------------------------------------------------------------- samplers, evaluation

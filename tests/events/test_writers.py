@@ -11,6 +11,7 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 from treadle.events import EventStorage, NonFiniteLossError, ScalarKind
 from treadle.events import printer as printer_module
 from treadle.events import writers as writers_module
+from treadle.utils import comm
 from treadle.events.writers import (
     CommonMetricPrinter,
     CSVWriter,
@@ -681,3 +682,67 @@ def test_file_writers_hand_lines_over_at_most_flush_secs_apart_and_all_at_flush(
     writer.close()
     with pytest.raises(ValueError, match="flush_secs"):
         getattr(writers_module, writer_class)(str(path), flush_secs=-1)
+
+
+# -------------------------------------------------------------------- ranks
+
+
+def _same_writers(tmp_path):
+    return [
+        CommonMetricPrinter(max_iter=10, color=False),
+        JSONWriter(str(tmp_path / "metrics.json")),
+        CSVWriter(str(tmp_path / "metrics.csv")),
+        TensorboardWriter(str(tmp_path / "tb")),
+    ]
+
+
+def _train_and_write(writers, calls):
+    """Iterations 0..9 with a write after each fifth, under a storage whose
+    cross-rank reducer (here: one that only counts its calls) is a collective."""
+    for w in writers:
+        w.set_start_iter(0)
+    with EventStorage(0) as s:
+        s.reducer = lambda entries: calls.append(len(entries)) or [float(v) for _, v, _ in entries]
+        for it in range(10):
+            s.iter = it
+            put_training_scalars(s, it)
+            if it % 5 == 4:
+                s.put_scalar("eval/acc", it / 100, smoothing_hint=False, kind=ScalarKind.METRIC)
+                for w in writers:
+                    w.write()
+    for w in writers:
+        w.close()
+
+
+def test_writers_off_the_main_process_write_no_file_and_print_nothing(tmp_path, monkeypatch, treadle_caplog):
+    (tmp_path / "metrics.json").write_text('{"iteration": 3}\n')  # the main process's file: left alone
+    monkeypatch.setattr(comm, "get_rank", lambda: 1)
+    rank1_calls: list = []
+    _train_and_write(_same_writers(tmp_path), rank1_calls)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]
+    assert (tmp_path / "metrics.json").read_text() == '{"iteration": 3}\n'
+    assert printed(treadle_caplog) == []
+    # The storage is read as on the main process: the reducer ran at the same writes.
+    monkeypatch.setattr(comm, "get_rank", lambda: 0)
+    main = tmp_path / "main"
+    main_calls: list = []
+    _train_and_write(_same_writers(main), main_calls)
+    assert rank1_calls == main_calls == [16, 16]
+    assert [row["iteration"] for row in read_json_lines(main / "metrics.json")] == [4, 9]
+    assert len(printed(treadle_caplog)) == 4  # two training lines, two evaluation lines
+
+
+def test_trackers_off_the_main_process_send_nothing(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
+    from treadle.events.mlflow_writer import MLflowWriter
+    from treadle.events.wandb_writer import WandbWriter
+
+    monkeypatch.setattr(comm, "get_rank", lambda: 1)
+    writers = [
+        MLflowWriter(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", experiment_name="e"),
+        WandbWriter(project="p", mode="offline", dir=str(tmp_path)),
+    ]
+    _train_and_write(writers, [])
+    assert list(tmp_path.iterdir()) == []
+    assert [w.run_id for w in writers] == [None, None]

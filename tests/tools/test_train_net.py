@@ -12,6 +12,9 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from treadle.config import LazyConfig
+from treadle.data import DataStream
+from treadle.engine import StepBase, Update
+from treadle.events import ScalarKind
 from treadle.tools.train_net import cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -375,6 +378,58 @@ def test_sam_ends_its_update_as_every_step_does_clipping_by_value_included():
     TrainerBase(step).train(0, 2)
     # Each element's gradient is clamped to 1e-4, so two updates at lr 1 move it by 2e-4 at most.
     assert max(float((p.detach() - q).abs().max()) for p, q in zip(model.parameters(), before)) <= 2e-4 + 1e-7
+
+
+class CriterionStep(StepBase):
+    """A research step that computes its loss with its own criterion: it takes no loss_fn."""
+
+    def __init__(self, model, data_loader, optimizer, *, criterion) -> None:
+        self.model, self.criterion = model, criterion
+        self.data = DataStream(data_loader)
+        self.update = Update(optimizer, model=model)
+
+    def run_step(self) -> None:
+        inputs, targets = next(self.data)
+        loss = self.criterion(self.model(inputs), targets)
+        self.update.apply(loss)
+        self.storage.put_scalar("total_loss", loss.detach(), kind=ScalarKind.LOSS)
+
+
+def _research_step_job(tmp_path, *evaluator):
+    """digits_sam.py with train.step a CriterionStep, evaluated after its 4 iterations."""
+    config = tmp_path / "research.py"
+    config.write_text(
+        "import torch\nfrom treadle.config import LazyCall as L, LazyConfig\n"
+        "from tests.tools.test_train_net import CriterionStep\n"
+        f"_base = LazyConfig.load({str(ROOT / 'configs' / 'digits_sam.py')!r})\n"
+        "model, optimizer, lr_multiplier, dataloader, train = _base.model, _base.optimizer, _base.lr_multiplier, "
+        "_base.dataloader, _base.train\n"
+        "train.step = L(CriterionStep)(criterion=L(torch.nn.CrossEntropyLoss)())\n"
+    )
+    out = tmp_path / "run"
+    code = cli(["--config-file", str(config), f"train.output_dir={out}", "train.max_iter=4", "train.eval_period=0",
+                "lr_multiplier.warmup_iters=1", *evaluator])
+    return code, out
+
+
+def test_a_research_step_without_loss_fn_is_evaluated_with_the_evaluators(tmp_path):
+    """The step takes no loss_fn; the evaluation feeds the model as the evaluator's loss_fn needs."""
+    code, out = _research_step_job(tmp_path)
+    assert code == 0
+    evaluations = [line for line in metrics(out) if "accuracy" in line]
+    assert [line["iteration"] for line in evaluations] == [4]
+    assert 0 < evaluations[0]["loss"] < 10
+
+
+def test_a_research_step_and_an_evaluator_without_loss_fn_are_refused_before_anything_is_written(tmp_path, capsys):
+    code, out = _research_step_job(tmp_path, "dataloader.evaluator.loss_fn=None")
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].split(": error: ", 1)[1] == (
+        "dataloader.evaluator computes 'loss' and has no loss_fn, and train.step (CriterionStep) computes its loss "
+        "its own way: set dataloader.evaluator.loss_fn (e.g. L(torch.nn.CrossEntropyLoss)())"
+    )
+    assert not out.exists()
 
 
 def test_libai_graph_enabled_trains_with_the_compiled_step(tmp_path, capsys):

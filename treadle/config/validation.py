@@ -13,7 +13,8 @@ can be read (no unresolvable ``${...}`` interpolation, no ``???``); every key
 of ``train`` by its rule in the table of keys (:mod:`treadle.config.train_keys`);
 the device, the precision, the world size and the batch size against it; the
 metric names of a ``build_evaluator`` node and the metrics that the best
-checkpointer and early stopping watch. What needs the built objects (the
+checkpointer and early stopping watch; a ``loss_fn`` for an evaluation of
+``loss`` where the step is a class of the user's that takes none. What needs the built objects (the
 evaluator's result names of a custom evaluator, a model that cannot be built)
 is checked by ``DefaultTrainer`` when it builds them, still before writing.
 """
@@ -21,6 +22,7 @@ is checked by ``DefaultTrainer`` when it builds them, still before writing.
 from __future__ import annotations
 
 import difflib
+import inspect
 import logging
 from typing import Any, Dict, Iterable, List, Optional
 
@@ -29,7 +31,7 @@ from omegaconf import DictConfig, ListConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import ConfigError, first_line
-from .locate import target_name
+from .locate import locate, target_name
 from .nodes import child_node, is_missing, is_none, raw_value
 from .rules import integer, is_int, is_number, shown
 from .top_nodes import check_top_level_nodes
@@ -294,6 +296,8 @@ def _check_evaluation(cfg: DictConfig, eval_only: bool) -> None:
     has_test = cfg.dataloader.get("test") is not None
     if has_test:
         _check_loader_is_a_call("dataloader.test", cfg.dataloader.test)
+        if known is not None and "loss" in known:
+            _check_evaluation_loss(cfg)
     for section in ("best_checkpointer", "early_stopping"):
         metric = train_setting(cfg, f"{section}.metric")
         if metric and not has_test and not eval_only:
@@ -308,6 +312,39 @@ def _check_evaluation(cfg: DictConfig, eval_only: bool) -> None:
 
             warn_contradicting_mode(f"train.{section}.mode", train_setting(cfg, f"{section}.mode"),
                                     f"train.{section}.metric", metric, known_metric_mode(metric))
+
+
+def _takes_loss_fn(target: Any) -> bool:
+    """Whether a step class follows the loss contract: it takes a ``loss_fn``
+    (or passes keywords on, as an ``EagerStep`` subclass does). Unknown (a
+    target that cannot be imported or inspected, reported when it is built): True."""
+    try:
+        parameters = inspect.signature(locate(target_name(target))).parameters.values()
+    except (ConfigError, TypeError, ValueError):
+        return True
+    return any(p.name == "loss_fn" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def _check_evaluation_loss(cfg: DictConfig) -> None:
+    """An evaluation that computes ``loss`` has a loss to compute it with.
+
+    A research step whose class takes no ``loss_fn`` computes its loss its
+    own way, which the evaluation cannot call; without a ``loss_fn`` of the
+    evaluator's, the evaluation would feed the model the whole batch and read
+    its outputs as the loss, and fail at the first evaluation. (A step with a
+    ``loss_fn`` parameter and none given follows the contract: the model
+    computes its own loss, in training and in evaluation alike.)"""
+    step, evaluator = cfg.train.get("step"), cfg.dataloader.evaluator
+    if not (isinstance(step, DictConfig) and "_target_" in step) or step.get("loss_fn") is not None:
+        return
+    if evaluator.get("loss_fn") is not None or evaluator.get("compute_loss") is not None:
+        return
+    if not _takes_loss_fn(step._target_):
+        name = target_name(step._target_).rsplit(".", 1)[-1]
+        raise ConfigError(
+            f"dataloader.evaluator computes 'loss' and has no loss_fn, and train.step ({name}) computes its loss "
+            "its own way: set dataloader.evaluator.loss_fn (e.g. L(torch.nn.CrossEntropyLoss)())"
+        )
 
 
 def enabled_trackers(cfg: Any) -> List[str]:

@@ -21,7 +21,7 @@ from treadle.checkpoint import Checkpointer, unwrap_model
 from treadle.config import LazyCall, LazyConfig, get_config_file, instantiate
 from treadle.config.top_nodes import step_kind
 from treadle.config.train_keys import train_section, train_setting
-from treadle.evaluation import inference_on_dataset
+from treadle.evaluation import evaluator_loss_fn, inference_on_dataset
 from treadle.evaluation.batch import training_forward
 from treadle.events import get_default_writers
 from treadle.events.tracking import flatten_params
@@ -519,6 +519,9 @@ class DefaultTrainer(TrainerBase):
         evaluator = evaluator if evaluator is not None else cls.build_evaluator(cfg)
         device = next(iter(model.parameters())).device
         # The model is fed as the training step feeds it: a model that computes
-        # its own loss (no train.step.loss_fn) gets the whole batch; with one, a dict without its labels.
+        # its own loss (no loss_fn) gets the whole batch; with one, a dict without its labels.
+        # A step without one (a research step with its own criterion) leaves it to the evaluator's.
         loss_fn = train_setting(cfg, "step.loss_fn")
+        if loss_fn is None:
+            loss_fn = evaluator_loss_fn(evaluator)
         return inference_on_dataset(model, loader, evaluator, device=device, forward=training_forward(loss_fn))

@@ -36,7 +36,7 @@ from .statistics import StatisticsEvaluator, all_reduce_statistics, float_accumu
 
 # The built-in evaluators register their metric names when imported.
 from .classification import ClassificationEvaluator
-from .loss import LossEvaluator, as_losses, forward_loss
+from .loss import LossEvaluator, as_losses, evaluator_loss_fn, forward_loss
 from .perplexity import PerplexityEvaluator
 from .regression import RegressionEvaluator
 from .sequence import SequenceEvaluator, edit_distance
@@ -77,6 +77,7 @@ __all__ = [
     "RegressionEvaluator",
     "LossEvaluator",
     "as_losses",
+    "evaluator_loss_fn",
     "forward_loss",
     "SequenceEvaluator",
     "SeqevalEvaluator",

@@ -29,12 +29,12 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 import torch
 
 from .batch import TARGET_KEY, batch_size, forward_batch, get_targets
-from .evaluator import metric_names
+from .evaluator import DatasetEvaluators, metric_names
 from .registry import register_metric
 from .results import Results
 from .statistics import StatisticsEvaluator, float_accumulator_dtype
 
-__all__ = ["LossEvaluator", "forward_loss", "as_losses"]
+__all__ = ["LossEvaluator", "forward_loss", "as_losses", "evaluator_loss_fn"]
 
 LossFn = Callable[[Any, Any], Any]
 
@@ -224,3 +224,19 @@ class LossEvaluator(StatisticsEvaluator):
         if count == 0:
             raise ValueError(f"{type(self).__name__}: no samples were processed; is the data loader empty?")
         return {"loss": stats["loss_sum"] / count}
+
+
+def evaluator_loss_fn(evaluator: Any) -> Optional[LossFn]:
+    """The ``loss_fn`` of the :class:`LossEvaluator` in ``evaluator`` (itself,
+    or one of a :class:`~treadle.evaluation.DatasetEvaluators`), or None:
+    what an evaluation feeds the model by when the step has no ``loss_fn``
+    (a model whose outputs a ``loss_fn`` reads returns predictions, and gets
+    the inputs without the targets)."""
+    members = evaluator.evaluators if isinstance(evaluator, DatasetEvaluators) else [evaluator]
+    for member in members:
+        found = member.loss_fn if isinstance(member, LossEvaluator) else (
+            evaluator_loss_fn(member) if isinstance(member, DatasetEvaluators) else None
+        )
+        if found is not None:
+            return found
+    return None

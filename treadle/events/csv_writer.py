@@ -55,6 +55,8 @@ class CSVWriter(AppendingFileWriter):
         self._columns: Optional[List[str]] = None
 
     def write(self) -> None:
+        if self._only_reads_here():  # not the main process: it writes
+            return
         rows = self._new_rows(get_event_storage())
         if not rows:
             return
@@ -74,6 +76,8 @@ class CSVWriter(AppendingFileWriter):
     def set_start_iter(self, start_iter: int) -> None:
         """Drops rows of iterations ``>= start_iter`` and a torn last row; see the class."""
         super().set_start_iter(start_iter)
+        if not self._is_main_process():
+            return  # its file is the main process's
         self.close()
         self._columns = None  # no file or no header yet: read at the next write
         if not PathManager.exists(self._path):

@@ -61,6 +61,8 @@ class JSONWriter(AppendingFileWriter):
         self._keys: Dict[str, str] = {}
 
     def write(self) -> None:
+        if self._only_reads_here():  # not the main process: it writes
+            return
         rows = self._new_rows(get_event_storage())
         if not rows:
             return
@@ -96,6 +98,8 @@ class JSONWriter(AppendingFileWriter):
         dropped.
         """
         super().set_start_iter(start_iter)
+        if not self._is_main_process():
+            return  # its file is the main process's
         self.close()  # the file may be replaced: do not keep a handle on the old one
         if not PathManager.exists(self._path):
             return

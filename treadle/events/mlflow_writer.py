@@ -118,6 +118,8 @@ class MLflowWriter(IterationRowWriter):
 
     # ------------------------------------------------------------------ writing
     def write(self) -> None:
+        if self._only_reads_here():  # not the main process: it writes
+            return
         storage = get_event_storage()
         rows = self._new_rows(storage)
         images = [(name, _image_hwc(img), it) for name, img, it in storage.images]

@@ -150,6 +150,8 @@ class CommonMetricPrinter(EventWriter):
         self._clock_anchor = (_now(), start_iter - 1)
 
     def write(self) -> None:
+        if self._only_reads_here():  # not the main process: it prints
+            return
         storage = get_event_storage()
         latest = storage.latest()
         kinds = storage.kinds()

@@ -129,6 +129,8 @@ class TensorboardWriter(IterationRowWriter):
         return self._get_writer()
 
     def write(self) -> None:
+        if self._only_reads_here():  # not the main process: it writes
+            return
         try:
             self._write()
         except OSError as e:

@@ -95,6 +95,8 @@ class WandbWriter(IterationRowWriter):
 
     # ------------------------------------------------------------------ writing
     def write(self) -> None:
+        if self._only_reads_here():  # not the main process: it writes
+            return
         storage = get_event_storage()
         rows = self._new_rows(storage)
         images: Dict[int, Dict[str, Any]] = {}

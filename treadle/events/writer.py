@@ -33,10 +33,11 @@ import time
 from abc import ABC, abstractmethod
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
+from treadle.utils import comm
 from treadle.utils.atomic import atomic_write
 from treadle.utils.file_io import PathManager, describe_os_error
 
-from .storage import EventStorage, ScalarKind
+from .storage import EventStorage, ScalarKind, get_event_storage
 
 __all__ = ["EventWriter", "IterationRowWriter", "AppendingFileWriter", "ITERATION_KEY"]
 
@@ -69,7 +70,18 @@ class EventWriter(ABC):
       at the end of training.
     - :meth:`close` flushes and releases files. A later :meth:`write`
       reopens them, so a writer can serve several ``train()`` calls.
+
+    treadle's writers (the files, the console line, the trackers) write on
+    the main process only (:func:`~treadle.utils.comm.is_main_process`,
+    decided at their first call): a script that builds the same writers on
+    every rank writes each row once, with no guard. On the other processes
+    a write only reads the storage, as the main process's write does, so
+    that a read that is a collective (values reduced across ranks) is met
+    on every rank; no file is opened there.
     """
+
+    # Whether this process writes; decided at the first call (see _only_reads_here).
+    _main_process: Optional[bool] = None
 
     @abstractmethod
     def write(self) -> None:
@@ -84,6 +96,25 @@ class EventWriter(ABC):
 
     def set_start_iter(self, start_iter: int) -> None:
         """Prepares for training that starts at ``start_iter``; the default does nothing."""
+
+    def _is_main_process(self) -> bool:
+        """Whether this process writes (the main one). Decided at the first
+        call, when the process group exists, not at construction: a writer
+        may be built before ``init_process_group``."""
+        main = self._main_process
+        if main is None:
+            main = self._main_process = comm.is_main_process()
+        return main
+
+    def _only_reads_here(self) -> bool:
+        """True on a process other than the main one, after reading the
+        storage as the main process's :meth:`write` does (what is pending is
+        resolved: a collective under a cross-rank reducer, which every rank
+        must run at the same point); the caller then writes nothing."""
+        if self._is_main_process():
+            return False
+        get_event_storage().materialize()
+        return True
 
     def __enter__(self) -> "EventWriter":
         return self

@@ -18,8 +18,9 @@ class PeriodicWriter(HookBase):
     A flush is where published tensors are read: one device-to-host copy
     per flush, none in between. Every rank resolves its storage at the same
     iterations (distributed training reduces scalars across ranks there),
-    so register this hook on every process and give writers only to the
-    main process.
+    so register this hook on every process; treadle's writers write on the
+    main process only by themselves (see
+    :class:`~treadle.events.EventWriter`), so every process may get the same.
 
     **A flush that does not wait for the device.** Where the period's values
     are on an accelerator (``defer=None``, the default), the periodic flush
