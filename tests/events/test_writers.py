@@ -732,6 +732,14 @@ def test_writers_off_the_main_process_write_no_file_and_print_nothing(tmp_path, 
     assert len(printed(treadle_caplog)) == 4  # two training lines, two evaluation lines
 
 
+def test_a_writer_meant_for_every_rank_writes_its_own_file_on_every_rank(tmp_path, monkeypatch):
+    monkeypatch.setattr(comm, "get_rank", lambda: 1)
+    writer = JSONWriter(str(tmp_path / "metrics_rank1.json"))
+    writer.every_rank = True
+    _train_and_write([writer], [])
+    assert [row["iteration"] for row in read_json_lines(tmp_path / "metrics_rank1.json")] == [4, 9]
+
+
 def test_trackers_off_the_main_process_send_nothing(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
     pytest.importorskip("wandb")

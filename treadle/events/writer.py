@@ -77,8 +77,14 @@ class EventWriter(ABC):
     every rank writes each row once, with no guard. On the other processes
     a write only reads the storage, as the main process's write does, so
     that a read that is a collective (values reduced across ranks) is met
-    on every rank; no file is opened there.
+    on every rank; no file is opened there. A writer meant for every
+    process (a file per rank, ``JSONWriter(f"metrics_rank{rank}.json")``)
+    sets :attr:`every_rank`.
     """
+
+    #: Whether this writer writes on every process, not only the main one
+    #: (set it on a writer of per-rank files: ``writer.every_rank = True``).
+    every_rank: bool = False
 
     # Whether this process writes; decided at the first call (see _only_reads_here).
     _main_process: Optional[bool] = None
@@ -103,7 +109,7 @@ class EventWriter(ABC):
         may be built before ``init_process_group``."""
         main = self._main_process
         if main is None:
-            main = self._main_process = comm.is_main_process()
+            main = self._main_process = self.every_rank or comm.is_main_process()
         return main
 
     def _only_reads_here(self) -> bool:
