@@ -76,6 +76,7 @@ class SimpleTrainer(TrainerBase):
     @model.setter
     def model(self, model: nn.Module) -> None:
         self.step.model = model  # type: ignore[attr-defined]
+        self.step.update.model = model  # type: ignore[attr-defined]  # whose gradients accumulation syncs
 
     @property
     def data_loader(self) -> Iterable[Any]:
