@@ -3,6 +3,7 @@ they build, their options, a research run_step, and exact resume."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import pytest
@@ -171,3 +172,23 @@ def test_libai_style_step_subclass_takes_batches_with_next_batch():
         opt.step()
     for a, b in zip(model.parameters(), expected.parameters()):
         assert torch.equal(a, b)
+
+
+def test_a_model_replaced_on_the_trainer_is_the_one_whose_gradients_accumulation_syncs():
+    """detectron2 sets ``trainer.model`` to the DDP-wrapped model: its no_sync() must be the one used."""
+    synced = []
+
+    class Wrapped(LossDictModel):
+        def no_sync(self):
+            synced.append(True)
+            return contextlib.nullcontext()
+
+    torch.manual_seed(0)
+    model = LossDictModel()
+    trainer = SimpleTrainer(model, endless(), torch.optim.SGD(model.parameters(), 0.1))
+    trainer.step.update.grad_accum_steps = 2
+    wrapped = Wrapped()
+    wrapped.load_state_dict(model.state_dict())
+    trainer.model = wrapped
+    trainer.train(0, 1)
+    assert synced == [True]  # the first of two micro-batches, without its all-reduce
