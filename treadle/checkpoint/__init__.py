@@ -16,7 +16,7 @@ from .key_matching import (
     unwrap_model,
 )
 from .weights import init_weights_from
-from .replicas import ReplicasDifferError, check_replicas_agree
+from .replicas import ReplicasDifferError, check_replicas_agree, weights_fingerprint
 from .serialization import (
     CheckpointError,
     ResumeRefusedError,
@@ -39,6 +39,7 @@ __all__ = [
     "ResumeRefusedError",
     "ReplicasDifferError",
     "check_replicas_agree",
+    "weights_fingerprint",
     "LoadReport",
     "ShapeMismatch",
     "init_weights_from",
