@@ -16,8 +16,10 @@ from .key_matching import (
     unwrap_model,
 )
 from .weights import init_weights_from
+from .replicas import ReplicasDifferError, check_replicas_agree, weights_fingerprint
 from .serialization import (
     CheckpointError,
+    ResumeRefusedError,
     UnsafeCheckpointError,
     check_checkpoint_file,
     check_weights_only_loadable,
@@ -34,6 +36,10 @@ __all__ = [
     "DetectionCheckpointer",
     "CheckpointError",
     "UnsafeCheckpointError",
+    "ResumeRefusedError",
+    "ReplicasDifferError",
+    "check_replicas_agree",
+    "weights_fingerprint",
     "LoadReport",
     "ShapeMismatch",
     "init_weights_from",

@@ -33,9 +33,11 @@ from .folder import (
 )
 from .fsdp import full_optimizer_state_dict, is_fsdp_model, load_full_optimizer_state_dict
 from .key_matching import align_by_suffix, extract_model_state, load_model_state, model_state_for_saving, unwrap_model
+from .replicas import check_replicas_agree
 from .safetensors_io import is_safetensors_source, load_safetensors_weights, save_safetensors_weights
 from .serialization import (
     CheckpointError,
+    ResumeRefusedError,
     UnsafeCheckpointError,
     check_checkpoint_file,
     check_weights_only_loadable,
@@ -138,6 +140,7 @@ class Checkpointer:
         # Saves are written in order, one at a time, by one background thread.
         self._background = BackgroundWriter()
         self._dcp_async = dcp_format.AsyncSaver()
+        self._replicas_checked = False
         self.checkpointables: Dict[str, Any] = {}
         for name, obj in checkpointables.items():
             self.add_checkpointable(name, obj)
@@ -252,6 +255,10 @@ class Checkpointer:
                 ``No space left on device (ENOSPC)``. The temporary file is
                 removed; the previous checkpoints and ``last_checkpoint`` are
                 untouched.
+            ReplicasDifferError: at the first save on several processes, the
+                model or a checkpointable ``nn.Module`` has other weights on
+                other ranks (a second model never wrapped in DDP); nothing is
+                written, on any rank.
         """
         sharded = is_fsdp_model(unwrap_model(self.model))
         # With several processes every rank takes part: states may gather
@@ -270,6 +277,7 @@ class Checkpointer:
         for key in extra:
             if key == "model" or key in self.checkpointables:
                 raise ValueError(f"save(..., {key}=...) collides with the checkpointable '{key}'; rename it.")
+        self._check_replicas_once()
 
         filename = self.filename_for(name)
 
@@ -283,6 +291,19 @@ class Checkpointer:
         if filename.endswith(DCP_SUFFIX):
             return self._write_dcp(name, extra, asynchronous=asynchronous, then=finish)
         return self._write(self._path(filename), extra, sharded, asynchronous=asynchronous, then=finish)
+
+    def _check_replicas_once(self) -> None:
+        """At the first save on several processes, where every rank saves
+        together: the model and each checkpointable module hold the same
+        weights on every rank (see :mod:`~treadle.checkpoint.replicas`), else
+        a :class:`~treadle.checkpoint.ReplicasDifferError` on every rank,
+        before anything is written. Once per checkpointer: never per iteration."""
+        if self._replicas_checked or comm.get_world_size() <= 1:
+            return
+        modules = {"model": self.model}
+        modules.update((name, obj) for name, obj in self.checkpointables.items() if isinstance(obj, nn.Module))
+        check_replicas_agree(modules)
+        self._replicas_checked = True
 
     def save_weights(self, name: str, **extra: Any) -> Optional[str]:
         """Writes ``{save_dir}/{name}.pth`` holding ``{"model": weights, **extra}``
@@ -333,6 +354,7 @@ class Checkpointer:
         for key in extra:
             if key == "model" or key in self.checkpointables:
                 raise ValueError(f"save_file(..., {key}=...) collides with the checkpointable '{key}'; rename it.")
+        self._check_replicas_once()
         return self._write(os.fspath(path), extra, sharded, asynchronous=False, then=None)
 
     def _write(
@@ -716,6 +738,8 @@ class Checkpointer:
                 if dcp_dir:
                     return self._restore_dcp(path, list(self.checkpointables), strict=True)
                 return self._restore(checkpoint, path, list(self.checkpointables), strict=True)
+            except ResumeRefusedError:
+                raise  # its message says what to do with this checkpoint
             except CheckpointError as e:
                 # Not a damaged file: the run's model is not the one that was
                 # saved (a changed config). An older checkpoint would not fit either.

@@ -49,6 +49,7 @@ from treadle.utils.torch_internals import weights_only_globals
 
 __all__ = [
     "CheckpointError",
+    "ResumeRefusedError",
     "UnsafeCheckpointError",
     "check_checkpoint_file",
     "check_weights_only_loadable",
@@ -70,6 +71,13 @@ class UnsafeCheckpointError(CheckpointError):
     """A checkpoint file needs arbitrary unpickling (it references functions or
     classes that ``torch.load(weights_only=True)`` does not allow), so it was
     refused: loading it could run code from the file."""
+
+
+class ResumeRefusedError(CheckpointError):
+    """A readable checkpoint that this run cannot continue as it is set up
+    (another number of processes, where each rank saved state of its own);
+    the message says what to do. Said as itself by a resume, never taken for
+    a damaged file or another model."""
 
 
 # Exact types, not isinstance: a subclass (an IntEnum, a defaultdict, a

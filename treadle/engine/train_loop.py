@@ -24,7 +24,7 @@ from treadle.utils.signatures import required_positional
 from .hook_table import HookOrderError, HookTable, note_origin
 from .steps import StepBase, unknown_data_position
 from .time_table import log_time_table
-from .trainer_state import capture_state, hook_state_keys, restore_hook_states, restore_rng
+from .trainer_state import capture_state, hook_state_keys, restore_hook_states, restore_rng, step_state_of_this_rank
 
 __all__ = ["TrainerBase", "HookOrderError"]
 
@@ -445,10 +445,11 @@ class TrainerBase:
 
     def state_dict(self) -> Dict[str, Any]:
         """The last iteration run, hook states, step state (data position, grad
-        scaler) and RNG states (of every rank, when there are several: then
-        every rank must call this at the same point). Resuming continues at
-        ``iteration + 1``. The first one of a step whose data position no
-        checkpoint keeps says so in one line (:func:`~treadle.engine.steps.unknown_data_position`)."""
+        scaler) and RNG states (of every rank, when there are several, and the
+        step state of every rank when the ranks' differ: then every rank must
+        call this at the same point). Resuming continues at ``iteration + 1``.
+        The first one of a step whose data position no checkpoint keeps says
+        so in one line (:func:`~treadle.engine.steps.unknown_data_position`)."""
         if self._step is not None and self._step is not self._data_position_checked:
             self._data_position_checked = self._step
             why = unknown_data_position(self._step)
@@ -460,14 +461,24 @@ class TrainerBase:
         )
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Puts the trainer back where ``state`` (:meth:`state_dict`) says:
+        each rank takes its own step and random states when the checkpoint
+        has one per rank of this world size.
+
+        Raises:
+            ResumeRefusedError: the ranks' step states differ and the
+                checkpoint was saved by another number of processes; nothing
+                of the trainer is loaded.
+        """
+        step_state = step_state_of_this_rank(state)  # first: a refused resume changes nothing
         self.iter = self._last_run_iter = int(state["iteration"])
         self._restored_storage = state.get("storage")
         finished = state.get("finished")
         self._loaded_finished = bool(finished) if finished is not None else None
         self._loaded_max_iter = state.get("max_iter")
         restore_hook_states(self._table.hooks, state.get("hooks", {}))
-        if "step" in state:
-            self.step.load_state_dict(state["step"])
+        if step_state is not None:
+            self.step.load_state_dict(step_state)
         restore_rng(state)
 
 
