@@ -13,7 +13,6 @@ any iteration resumes bit-exact. Run it::
 from __future__ import annotations
 
 import argparse
-import os
 from typing import List, Optional
 
 import torch
@@ -24,8 +23,9 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from treadle.checkpoint import Checkpointer
 from treadle.data import DataStream
 from treadle.engine import StepBase, TrainerBase, Update, create_ddp_model, launch
-from treadle.events import JSONWriter, ScalarKind
-from treadle.hooks import LRScheduler, PeriodicCheckpointer, PeriodicWriter
+from treadle.events import ScalarKind
+from treadle.examples.research import job
+from treadle.hooks import LRScheduler
 from treadle.utils import comm
 from treadle.utils.env import seed_all_rng
 
@@ -86,34 +86,18 @@ def train(args: argparse.Namespace) -> None:
     opt_g = torch.optim.Adam(g.parameters(), lr=2e-3, betas=(0.5, 0.999))
     opt_d = torch.optim.Adam(d.parameters(), lr=2e-3, betas=(0.5, 0.999))
     sched_g = torch.optim.lr_scheduler.StepLR(opt_g, step_size=10, gamma=0.5)
-    sched_d = torch.optim.lr_scheduler.ExponentialLR(opt_d, gamma=0.97)
-    step = GANStep(create_ddp_model(g), create_ddp_model(d), build_data(comm.get_world_size(), comm.get_rank()),
-                   opt_g, opt_d)
-    trainer = TrainerBase(step)
+    loader = build_data(comm.get_world_size(), comm.get_rank())
+    trainer = TrainerBase(GANStep(create_ddp_model(g), create_ddp_model(d), loader, opt_g, opt_d))
     checkpointer = Checkpointer(g, args.output_dir, d=d, opt_g=opt_g, opt_d=opt_d, trainer=trainer)
-    writers = [JSONWriter(os.path.join(args.output_dir, "metrics.json"))] if comm.is_main_process() else []
-    trainer.register_hooks([
-        # Pending LRScheduler(name=) (issue 58): then the two schedules, each its own scalar:
-        #   LRScheduler(opt_g, sched_g, name="lr_g"), LRScheduler(opt_d, sched_d, name="lr_d"),
-        LRScheduler(opt_g, sched_g),
-        PeriodicCheckpointer(checkpointer, period=args.checkpoint_period),
-        PeriodicWriter(writers, period=1),
-    ])
-    del sched_d  # pending: see above
-    start_iter = 0
-    if args.resume:
-        start_iter = int(checkpointer.resume_or_load("", resume=True).get("iteration", -1)) + 1
-    trainer.train(start_iter, args.max_iter)
+    # Pending LRScheduler(name=) (issue 58): the discriminator's schedule too, each rate its own scalar:
+    #   sched_d = torch.optim.lr_scheduler.ExponentialLR(opt_d, gamma=0.97)
+    #   schedules = [LRScheduler(opt_g, sched_g, name="lr_g"), LRScheduler(opt_d, sched_d, name="lr_d")]
+    schedules = [LRScheduler(opt_g, sched_g)]
+    job.train(trainer, checkpointer, args, schedules)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output-dir", required=True)
-    parser.add_argument("--max-iter", type=int, default=40)
-    parser.add_argument("--checkpoint-period", type=int, default=5)
-    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
-    parser.add_argument("--num-gpus", type=int, default=1, help="processes (gloo on a CPU)")
-    args = parser.parse_args(argv)
+    args = job.parse_args(__doc__, argv, processes=True)
     launch(train, args.num_gpus, args=(args,))
 
 
