@@ -98,6 +98,12 @@ class DataStream:
         self._iter = None
 
     @property
+    def iterator(self) -> Optional[Iterator[Any]]:
+        """The iterator of the pass being read; None before a pass started
+        (or after :meth:`restart`)."""
+        return self._iter
+
+    @property
     def resumes_exactly(self) -> bool:
         """Whether a checkpoint of this stream puts it back at its batch: a
         loader with ``state_dict``, or a torch ``DataLoader`` (whose order

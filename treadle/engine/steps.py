@@ -423,7 +423,7 @@ class EagerStep(StepBase):
 
     @property
     def _data_iter(self) -> Any:
-        return self.data._iter
+        return self.data.iterator
 
 
 def _describe_compile_error(error: BaseException) -> str:
