@@ -14,21 +14,21 @@ file that never changes could be left out: training never changes it)::
 from __future__ import annotations
 
 import argparse
-import os
-from typing import Optional, Sequence
+from typing import Iterable, List, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from treadle.checkpoint import Checkpointer
 from treadle.data import DataStream
 from treadle.engine import StepBase, TrainerBase, Update
-from treadle.events import JSONWriter, ScalarKind
-from treadle.hooks import PeriodicCheckpointer, PeriodicWriter
+from treadle.events import ScalarKind
+from treadle.examples.research import job
 from treadle.utils.env import seed_all_rng
 
-__all__ = ["DistillationStep", "mlp", "build", "main"]
+__all__ = ["DistillationStep", "mlp", "train", "main"]
 
 SEED = 0
 
@@ -36,7 +36,7 @@ SEED = 0
 class DistillationStep(StepBase):
     """One student update on ``alpha * T**2 * KL(teacher || student at T) + (1 - alpha) * CE``."""
 
-    def __init__(self, student: nn.Module, teacher: nn.Module, loader, optimizer: torch.optim.Optimizer,
+    def __init__(self, student: nn.Module, teacher: nn.Module, loader: Iterable, optimizer: torch.optim.Optimizer,
                  *, temperature: float = 4.0, alpha: float = 0.7) -> None:
         self.student, self.teacher = student, teacher.eval().requires_grad_(False)
         self.data = DataStream(loader)
@@ -62,36 +62,25 @@ def mlp(hidden: int, dropout: float = 0.0) -> nn.Module:
     return nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 4))
 
 
-def build(output_dir: str, checkpoint_period: int = 10):
-    """The job: ``(trainer, checkpointer)``, seeded the same in every run."""
+def train(args: argparse.Namespace) -> None:
+    """Builds the job, seeded the same in every run, and trains it."""
+    torch.set_num_threads(1)  # the same reductions in every run: bit-exact comparisons
     seed_all_rng(SEED)
     # The teacher labels the data: a stand-in for a network trained before.
     teacher = mlp(64).eval().requires_grad_(False)
     inputs = torch.randn(64, 8)
     labels = teacher(inputs).argmax(dim=1)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(inputs, labels), batch_size=8,
-                                         shuffle=True, generator=torch.Generator().manual_seed(SEED))
+    loader = DataLoader(TensorDataset(inputs, labels), batch_size=8, shuffle=True,
+                        generator=torch.Generator().manual_seed(SEED))
     student = mlp(16, dropout=0.1)  # dropout draws from torch's generator: the checkpoint keeps its state
     optimizer = torch.optim.SGD(student.parameters(), lr=0.1, momentum=0.9)
     trainer = TrainerBase(DistillationStep(student, teacher, loader, optimizer))
-    checkpointer = Checkpointer(student, output_dir, optimizer=optimizer, teacher=teacher, trainer=trainer)
-    trainer.register_hooks([
-        PeriodicCheckpointer(checkpointer, period=checkpoint_period),
-        PeriodicWriter([JSONWriter(os.path.join(output_dir, "metrics.json"), window_size=1)], period=1),
-    ])
-    return trainer, checkpointer
+    checkpointer = Checkpointer(student, args.output_dir, optimizer=optimizer, teacher=teacher, trainer=trainer)
+    job.train(trainer, checkpointer, args)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output-dir", required=True)
-    parser.add_argument("--max-iter", type=int, default=40)
-    parser.add_argument("--checkpoint-period", type=int, default=10)
-    parser.add_argument("--resume", action="store_true", help="continue the run of --output-dir")
-    args = parser.parse_args(argv)
-    trainer, checkpointer = build(args.output_dir, args.checkpoint_period)
-    start_iter = checkpointer.resume_or_load("", resume=args.resume).get("iteration", -1) + 1
-    trainer.train(start_iter, args.max_iter)
+def main(argv: Optional[List[str]] = None) -> None:
+    train(job.parse_args(__doc__, argv))
 
 
 if __name__ == "__main__":

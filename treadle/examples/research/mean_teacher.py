@@ -16,22 +16,22 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
-from typing import Optional, Sequence
+from typing import Iterable, List, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from treadle.checkpoint import Checkpointer
 from treadle.data import DataStream
 from treadle.engine import StepBase, TrainerBase, Update
-from treadle.events import JSONWriter, ScalarKind
-from treadle.hooks import PeriodicCheckpointer, PeriodicWriter
+from treadle.events import ScalarKind
+from treadle.examples.research import job
 from treadle.utils.env import seed_all_rng
 from treadle.utils.torch_internals import foreach_lerp_
 
-__all__ = ["MeanTeacherStep", "build", "main"]
+__all__ = ["MeanTeacherStep", "train", "main"]
 
 SEED = 0
 
@@ -40,7 +40,7 @@ class MeanTeacherStep(StepBase):
     """One online update on ``CE + weight * MSE(softmax(online(view_a)), softmax(target(view_b)))``,
     then the target's moving average of the online weights."""
 
-    def __init__(self, online: nn.Module, target: nn.Module, loader, optimizer: torch.optim.Optimizer,
+    def __init__(self, online: nn.Module, target: nn.Module, loader: Iterable, optimizer: torch.optim.Optimizer,
                  *, momentum: float = 0.9, noise: float = 0.2, weight: float = 1.0) -> None:
         self.online, self.target = online, target.requires_grad_(False)
         self.data = DataStream(loader)
@@ -65,35 +65,24 @@ class MeanTeacherStep(StepBase):
             self.storage.put_scalar(name, value.detach(), kind=ScalarKind.LOSS)
 
 
-def build(output_dir: str, checkpoint_period: int = 10):
-    """The job: ``(trainer, checkpointer)``, seeded the same in every run."""
+def train(args: argparse.Namespace) -> None:
+    """Builds the job, seeded the same in every run, and trains it."""
+    torch.set_num_threads(1)  # the same reductions in every run: bit-exact comparisons
     seed_all_rng(SEED)
     inputs = torch.randn(64, 8)
     labels = (inputs @ torch.randn(8, 4)).argmax(dim=1)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(inputs, labels), batch_size=8,
-                                         shuffle=True, generator=torch.Generator().manual_seed(SEED))
+    loader = DataLoader(TensorDataset(inputs, labels), batch_size=8, shuffle=True,
+                        generator=torch.Generator().manual_seed(SEED))
     online = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     target = copy.deepcopy(online)
     optimizer = torch.optim.SGD(online.parameters(), lr=0.1, momentum=0.9)
     trainer = TrainerBase(MeanTeacherStep(online, target, loader, optimizer))
-    checkpointer = Checkpointer(online, output_dir, optimizer=optimizer, target=target, trainer=trainer)
-    trainer.register_hooks([
-        PeriodicCheckpointer(checkpointer, period=checkpoint_period),
-        PeriodicWriter([JSONWriter(os.path.join(output_dir, "metrics.json"), window_size=1)], period=1),
-    ])
-    return trainer, checkpointer
+    checkpointer = Checkpointer(online, args.output_dir, optimizer=optimizer, target=target, trainer=trainer)
+    job.train(trainer, checkpointer, args)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output-dir", required=True)
-    parser.add_argument("--max-iter", type=int, default=40)
-    parser.add_argument("--checkpoint-period", type=int, default=10)
-    parser.add_argument("--resume", action="store_true", help="continue the run of --output-dir")
-    args = parser.parse_args(argv)
-    trainer, checkpointer = build(args.output_dir, args.checkpoint_period)
-    start_iter = checkpointer.resume_or_load("", resume=args.resume).get("iteration", -1) + 1
-    trainer.train(start_iter, args.max_iter)
+def main(argv: Optional[List[str]] = None) -> None:
+    train(job.parse_args(__doc__, argv))
 
 
 if __name__ == "__main__":

@@ -16,40 +16,40 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from treadle.checkpoint import Checkpointer
+from treadle.checkpoint import Checkpointer, unwrap_model
 from treadle.data import DataStream
-from treadle.engine import StepBase, TrainerBase, Update, launch
-from treadle.events import JSONWriter, ScalarKind
-from treadle.hooks import PeriodicCheckpointer, PeriodicWriter
+from treadle.engine import StepBase, TrainerBase, Update, create_ddp_model, launch
+from treadle.events import ScalarKind
+from treadle.examples.research import job
 from treadle.utils import comm
 from treadle.utils.env import seed_all_rng
 from treadle.utils.torch_internals import foreach_lerp_
 
-__all__ = ["MoCoStep", "build", "main"]
+__all__ = ["MoCoStep", "train", "main"]
 
 SEED = 0
 
 
 class MoCoStep(StepBase):
     """One query-encoder update on the InfoNCE loss of each query against its
-    key and the queue; then the batch's keys replace the queue's oldest."""
+    key and the queue; then the batch's keys replace the queue's oldest
+    (``queue_size`` a multiple of the batch size)."""
 
-    def __init__(self, query: nn.Module, key: nn.Module, loader, optimizer: torch.optim.Optimizer, *,
+    def __init__(self, query: nn.Module, key: nn.Module, loader: Iterable, optimizer: torch.optim.Optimizer, *,
                  dim: int, queue_size: int = 32, momentum: float = 0.9, temperature: float = 0.2,
                  noise: float = 0.2) -> None:
         self.query, self.key = query, key.requires_grad_(False)
         self.data = DataStream(loader)
         self.update = Update(optimizer, model=query)
         self.momentum, self.temperature, self.noise = momentum, temperature, noise
-        self.key_params, self.query_params = list(key.parameters()), list(getattr(query, "module", query).parameters())
+        self.key_params, self.query_params = list(key.parameters()), list(unwrap_model(query).parameters())
         self.queue = F.normalize(torch.randn(queue_size, dim), dim=1)  # this rank's generator: its own queue
         self.pointer = 0
 
@@ -76,39 +76,24 @@ class MoCoStep(StepBase):
         super().load_state_dict(state)
 
 
-def build(output_dir: str, checkpoint_period: int = 10):
-    """This process's job: ``(trainer, checkpointer)``, seeded the same in every run."""
+def train(args: argparse.Namespace) -> None:
+    """Builds the job on this process (one of ``--num-gpus``) and trains it."""
+    torch.set_num_threads(1)  # the same reductions in every run: bit-exact comparisons
     seed_all_rng(SEED)
-    dataset = torch.utils.data.TensorDataset(torch.randn(64, 8))
-    sampler = torch.utils.data.DistributedSampler(dataset, comm.get_world_size(), comm.get_rank(), seed=SEED)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=8, sampler=sampler,
-                                         generator=torch.Generator().manual_seed(SEED))
+    dataset = TensorDataset(torch.randn(64, 8))
+    sampler = DistributedSampler(dataset, comm.get_world_size(), comm.get_rank(), seed=SEED)
+    loader = DataLoader(dataset, batch_size=8, sampler=sampler, generator=torch.Generator().manual_seed(SEED))
     encoder = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
     key = copy.deepcopy(encoder)
-    query = DistributedDataParallel(encoder) if comm.get_world_size() > 1 else encoder
     optimizer = torch.optim.SGD(encoder.parameters(), lr=0.1, momentum=0.9)
     seed_all_rng(SEED + comm.get_rank())  # each rank its own noise and queue
-    trainer = TrainerBase(MoCoStep(query, key, loader, optimizer, dim=8))
-    checkpointer = Checkpointer(encoder, output_dir, optimizer=optimizer, key=key, trainer=trainer)
-    writers = [JSONWriter(os.path.join(output_dir, "metrics.json"), window_size=1)] if comm.is_main_process() else []
-    trainer.register_hooks([PeriodicCheckpointer(checkpointer, period=checkpoint_period), PeriodicWriter(writers, 1)])
-    return trainer, checkpointer
+    trainer = TrainerBase(MoCoStep(create_ddp_model(encoder), key, loader, optimizer, dim=8))
+    checkpointer = Checkpointer(encoder, args.output_dir, optimizer=optimizer, key=key, trainer=trainer)
+    job.train(trainer, checkpointer, args)
 
 
-def train(args: argparse.Namespace) -> None:
-    trainer, checkpointer = build(args.output_dir, args.checkpoint_period)
-    start_iter = checkpointer.resume_or_load("", resume=args.resume).get("iteration", -1) + 1
-    trainer.train(start_iter, args.max_iter)
-
-
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output-dir", required=True)
-    parser.add_argument("--max-iter", type=int, default=40)
-    parser.add_argument("--checkpoint-period", type=int, default=10)
-    parser.add_argument("--num-gpus", type=int, default=1, help="processes (gloo ones on a machine without GPUs)")
-    parser.add_argument("--resume", action="store_true", help="continue the run of --output-dir")
-    args = parser.parse_args(argv)
+def main(argv: Optional[List[str]] = None) -> None:
+    args = job.parse_args(__doc__, argv, processes=True)
     launch(train, args.num_gpus, args=(args,))
 
 
