@@ -81,7 +81,7 @@ def train(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)  # the same reductions in every run: bit-exact comparisons
     seed_all_rng(SEED)
     dataset = TensorDataset(torch.randn(64, 8))
-    sampler = DistributedSampler(dataset, comm.get_world_size(), comm.get_rank(), seed=SEED)
+    sampler: DistributedSampler = DistributedSampler(dataset, comm.get_world_size(), comm.get_rank(), seed=SEED)
     loader = DataLoader(dataset, batch_size=8, sampler=sampler, generator=torch.Generator().manual_seed(SEED))
     encoder = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
     key = copy.deepcopy(encoder)
