@@ -158,7 +158,8 @@ def checkpoint_tensors(state: Dict[str, Any]) -> Dict[str, Any]:
     state = dict(state)
     trainer = dict(state["trainer"])
     trainer["hooks"] = {k: v for k, v in trainer["hooks"].items() if k != "PeriodicCheckpointer"}
-    trainer.pop("storage", None)
+    if "storage" in trainer:  # the scalars' histories: equal, but for timings
+        trainer["storage"] = {k: v for k, v in trainer["storage"].items() if k not in TIMINGS}
     state["trainer"] = trainer
     return state
 

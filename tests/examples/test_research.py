@@ -5,18 +5,40 @@ uninterrupted run), on 2 gloo processes where it applies."""
 
 from __future__ import annotations
 
+import copy
+import os
+
 import pytest
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from torch.nn.functional import binary_cross_entropy_with_logits as bce
 from torch.nn.functional import cross_entropy
 
+from tests.engine.test_distributed import _process_group, _spawn
 from tests.examples.research_harness import (
+    Run,
+    assert_same_run,
     assert_weights_equal,
     final_weights,
     kill_and_resume,
     run_here,
+    run_subprocess,
 )
 from treadle.examples.research import gan, sam, wgan_gp
+
+
+def test_the_harness_sees_one_bit_of_difference(tmp_path):
+    """assert_same_run compares every tensor of the checkpoints (the trainer's state included) and every row."""
+    state = {"model": {"w": torch.ones(2)}, "trainer": {"hooks": {}, "rng": {"torch": torch.zeros(3)}}}
+    rows = [{"iteration": 0, "loss": 1.0, "time": 0.5}]
+    same_but_timings = Run(tmp_path, copy.deepcopy(state), [{"iteration": 0, "loss": 1.0, "time": 0.7}])
+    assert_same_run(same_but_timings, Run(tmp_path, state, rows))
+    changed = copy.deepcopy(state)
+    changed["trainer"]["rng"]["torch"][1] = torch.finfo(torch.float32).tiny
+    with pytest.raises(AssertionError, match="checkpoint/trainer/rng/torch: tensors differ"):
+        assert_same_run(Run(tmp_path, changed, rows), Run(tmp_path, state, rows))
+    with pytest.raises(AssertionError):
+        assert_same_run(Run(tmp_path, state, [{"iteration": 0, "loss": 1.5}]), Run(tmp_path, state, rows))
 
 
 def batches(loader):
@@ -64,14 +86,51 @@ def test_gan_trains_as_the_hand_written_loop(tmp_path):
 
 
 def test_gan_resumes_bit_exact_after_kill_9(tmp_path):
-    """The gallery's quick proof: killed at iteration 7 (after the checkpoint at 4), resumed to 12."""
-    kill_and_resume("gan", tmp_path, 12, 7)
+    """The gallery's quick proof: killed at iteration 7 (after the checkpoint at 4), resumed to 12,
+    against an uninterrupted run made in this process (one subprocess fewer)."""
+    kill_and_resume("gan", tmp_path, 12, 7, reference=run_here("gan", tmp_path / "uninterrupted", 12))
+
+
+def gan_by_hand_on_rank(rank: int, tmp: str, max_iter: int) -> None:
+    """The hand-written loop on rank ``rank`` of 2: both models in DDP, this
+    rank's share of the data from a ``DistributedSampler``, its own noise."""
+    with _process_group(rank, 2, tmp):
+        torch.set_num_threads(1)
+        torch.manual_seed(gan.SEED + rank)
+        g, d = gan.build_models()
+        opt_g = torch.optim.Adam(g.parameters(), lr=2e-3, betas=(0.5, 0.999))
+        opt_d = torch.optim.Adam(d.parameters(), lr=2e-3, betas=(0.5, 0.999))
+        sched_g = torch.optim.lr_scheduler.StepLR(opt_g, step_size=10, gamma=0.5)
+        ddp_g, ddp_d = DistributedDataParallel(g), DistributedDataParallel(d)
+        data = batches(gan.build_data(2, rank))
+        for _ in range(max_iter):
+            (real,) = next(data)
+            fake = ddp_g(torch.randn(real.shape[0], gan.LATENT))
+            ones, zeros = torch.ones(real.shape[0], 1), torch.zeros(real.shape[0], 1)
+            d_loss = bce(ddp_d(torch.cat([real, fake.detach()])), torch.cat([ones, zeros]))
+            opt_d.zero_grad()
+            d_loss.backward()
+            opt_d.step()
+            g_loss = bce(ddp_d(fake), ones)
+            opt_g.zero_grad()
+            g_loss.backward()
+            opt_g.step()
+            sched_g.step()
+        torch.save({"g": g.state_dict(), "d": d.state_dict()}, os.path.join(tmp, f"hand{rank}.pth"))
 
 
 @pytest.mark.slow
-def test_gan_on_two_processes_resumes_bit_exact_after_kill_9(tmp_path):
-    resumed = kill_and_resume("gan", tmp_path, 12, 7, num_gpus=2)
-    assert resumed.state is not None
+def test_gan_on_two_processes_trains_as_the_hand_written_loop_and_resumes_bit_exact(tmp_path):
+    reference = run_subprocess("gan", tmp_path / "uninterrupted", 12, num_gpus=2)
+    _spawn(gan_by_hand_on_rank, 2, str(tmp_path), 12)
+    for rank in range(2):
+        hand = torch.load(tmp_path / f"hand{rank}.pth", weights_only=True)
+        for key, name in (("g", "model"), ("d", "d")):
+            weights = final_weights(reference, name)
+            assert list(weights) == list(hand[key])
+            for param in weights:
+                assert torch.equal(weights[param], hand[key][param]), f"rank {rank}: {key}.{param}"
+    kill_and_resume("gan", tmp_path, 12, 7, num_gpus=2, reference=reference)
 
 
 # ---------------------------------------------------------------------------- WGAN-GP

@@ -66,7 +66,7 @@ def build_data(world_size: int = 1, rank: int = 0) -> DataLoader:
     angles = torch.rand(64, generator=torch.Generator().manual_seed(SEED)) * 6.2832
     points = torch.stack([angles.cos(), angles.sin()], dim=1)
     dataset = TensorDataset(points)
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=SEED)
+    sampler: DistributedSampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=SEED)
     return DataLoader(dataset, batch_size=BATCH // world_size, sampler=sampler)
 
 
