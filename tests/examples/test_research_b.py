@@ -6,13 +6,17 @@ killed with SIGKILL then resumed (bit-exact), MoCo also on 2 gloo processes."""
 from __future__ import annotations
 
 import copy
+import inspect
+import re
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tests.docs.examples import ROOT, page_blocks
 from tests.examples.research_harness import assert_weights_equal, final_weights, kill_and_resume, run_here
+from treadle.examples.research import distillation, mean_teacher, moco
 
 # Three passes over the 64 samples in batches of 8.
 PASSES, ITERS = 3, 24
@@ -138,3 +142,20 @@ def test_moco_on_two_processes_resumes_exactly_after_kill_9(tmp_path):
     give each rank its own queue back, with its data position and RNG."""
     resumed = kill_and_resume("moco", tmp_path, ITERS, 13, num_gpus=2)
     assert resumed.rows[-1]["iteration"] == ITERS - 1
+
+
+# ---------------------------------------------------------------- the page
+def test_the_steps_on_the_research_page_are_the_examples_own():
+    """A step class that docs/research.md shows whole (a block the docs tests
+    run) is the example file's class, character for character."""
+    shown = {}
+    for block in page_blocks(ROOT / "docs" / "research.md"):
+        if block.skipped is not None:  # an excerpt, marked as one
+            continue
+        for match in re.finditer(r"^class (\w+)\(.*?(?=\n\S|\Z)", block.code, flags=re.M | re.S):
+            shown[match.group(1)] = match.group(0).rstrip()
+    for module in (distillation, mean_teacher, moco):
+        for name in module.__all__:
+            if name in shown:
+                assert shown.pop(name) == inspect.getsource(getattr(module, name)).rstrip(), name
+    assert not shown, f"classes on the page that no example of this file defines: {sorted(shown)}"
