@@ -86,13 +86,12 @@ def train(args: argparse.Namespace) -> None:
     opt_g = torch.optim.Adam(g.parameters(), lr=2e-3, betas=(0.5, 0.999))
     opt_d = torch.optim.Adam(d.parameters(), lr=2e-3, betas=(0.5, 0.999))
     sched_g = torch.optim.lr_scheduler.StepLR(opt_g, step_size=10, gamma=0.5)
+    sched_d = torch.optim.lr_scheduler.ExponentialLR(opt_d, gamma=0.97)
     loader = build_data(comm.get_world_size(), comm.get_rank())
     trainer = TrainerBase(GANStep(create_ddp_model(g), create_ddp_model(d), loader, opt_g, opt_d))
     checkpointer = Checkpointer(g, args.output_dir, d=d, opt_g=opt_g, opt_d=opt_d, trainer=trainer)
-    # Pending LRScheduler(name=) (issue 58): the discriminator's schedule too, each rate its own scalar:
-    #   sched_d = torch.optim.lr_scheduler.ExponentialLR(opt_d, gamma=0.97)
-    #   schedules = [LRScheduler(opt_g, sched_g, name="lr_g"), LRScheduler(opt_d, sched_d, name="lr_d")]
-    schedules = [LRScheduler(opt_g, sched_g)]
+    # Each rate under its own name: two hooks publishing one scalar are refused when registered.
+    schedules = [LRScheduler(opt_g, sched_g, name="lr_g"), LRScheduler(opt_d, sched_d, name="lr_d")]
     job.train(trainer, checkpointer, args, schedules)
 
 
