@@ -98,13 +98,6 @@ class DataStream:
         replaced, or its position restored)."""
         self.iterator = None
 
-    @property
-    def resumes_exactly(self) -> bool:
-        """Whether a checkpoint of this stream puts it back at its batch: a
-        loader with ``state_dict``, or a torch ``DataLoader`` (whose order
-        is checked again at the resume)."""
-        return hasattr(self.loader, "state_dict") or isinstance(self.loader, torch.utils.data.DataLoader)
-
     def _start_pass(self) -> Iterator[Any]:
         """A new pass over the loader; once per pass, never per batch: the
         sampler told its epoch, and the states its order comes from recorded

@@ -105,7 +105,7 @@ class StepBase:
     def parts(self) -> Dict[str, Any]:
         """The step's parts by attribute name: each
         :class:`~treadle.data.DataStream` and :class:`~treadle.engine.Update`
-        it holds, which :meth:`state_dict` saves."""
+        it holds, which ``state_dict()`` saves."""
         # By type, not isinstance: the trainer is a weak proxy, which a dead referent makes raise.
         return {name: value for name, value in vars(self).items() if issubclass(type(value), STEP_PARTS)}
 
@@ -250,8 +250,8 @@ class EagerStep(StepBase):
     grad_scaler = _of_update("grad_scaler", "The fp16 ``GradScaler`` of the step's update (None otherwise).",
                              settable=True)
     grad_accum_steps = _of_update("grad_accum_steps", "Micro-batches per optimizer update.")
-    clip_grad_norm = _of_update("clip_grad_norm", "The total gradient norm clipped to (None: no clipping by norm).")
-    clip_grad_value = _of_update("clip_grad_value", "The gradient elements' bound (None: no clipping by value).")
+    clip_grad_norm = _of_update("clip_grad_norm", "The total gradient norm clipped to, or None for no clipping by norm.")
+    clip_grad_value = _of_update("clip_grad_value", "The bound of the gradient elements, or None for no clipping by value.")
     precision = _of_update("precision", "``fp32``, ``bf16`` or ``fp16``.")
 
     @property

@@ -123,7 +123,7 @@ class Update:
 
     @property
     def device(self) -> torch.device:
-        """Where autocast runs: the ``device`` given, else the optimizer's first parameter's."""
+        """The device autocast runs on, the ``device`` given or else that of the optimizer's first parameter."""
         if self._device is None:
             param = next((p for group in self.optimizer.param_groups for p in group["params"]), None)
             self._device = param.device if param is not None else torch.device("cpu")

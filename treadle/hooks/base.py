@@ -149,7 +149,7 @@ class HookBase:
     #: training starts, after every ``before_train`` (a hook may set it there).
     runs_at_last_iteration: bool = True
     #: How to give this hook another scalar name (a call to write), for the
-    #: message that refuses two hooks declaring one name (:meth:`scalar_names`).
+    #: message that refuses two hooks declaring one name (``scalar_names()``).
     rename_hint: str = ""
     # The registered hooks of the declared classes (attach_peers).
     _peers: Sequence["HookBase"] = ()
