@@ -59,6 +59,7 @@ class DistillationStep(StepBase):
 
 
 def mlp(hidden: int, dropout: float = 0.0) -> nn.Module:
+    """A two-layer network of ``hidden`` units (the teacher wide, the student narrow, with dropout)."""
     return nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 4))
 
 
@@ -80,6 +81,7 @@ def train(args: argparse.Namespace) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
+    """Runs the job from the command line's arguments (``argv``: ``sys.argv[1:]`` when None); see the module's docstring."""
     train(job.parse_args(__doc__, argv))
 
 

@@ -82,6 +82,7 @@ def train(args: argparse.Namespace) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
+    """Runs the job from the command line's arguments (``argv``: ``sys.argv[1:]`` when None); see the module's docstring."""
     train(job.parse_args(__doc__, argv))
 
 

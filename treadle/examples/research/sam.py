@@ -41,10 +41,12 @@ def build_data() -> DataLoader:
 
 
 def build_model() -> nn.Module:
+    """The classifier SAM trains (drawn from torch's seeded generator)."""
     return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
 
 
 def main(argv: Optional[List[str]] = None) -> None:
+    """Runs the job from the command line's arguments (``argv``: ``sys.argv[1:]`` when None); see the module's docstring."""
     args = job.parse_args(__doc__, argv)
     torch.set_num_threads(1)  # the same reductions in every run: bit-exact comparisons
     seed_all_rng(SEED)

@@ -87,6 +87,7 @@ def build_models() -> List[nn.Module]:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
+    """Runs the job from the command line's arguments (``argv``: ``sys.argv[1:]`` when None); see the module's docstring."""
     args = job.parse_args(__doc__, argv)
     torch.set_num_threads(1)  # the same reductions in every run: bit-exact comparisons
     seed_all_rng(SEED)
