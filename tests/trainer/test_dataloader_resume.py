@@ -114,3 +114,25 @@ def test_a_dataloader_whose_order_cannot_be_restored_is_named_in_one_line_at_res
         "so it starts again at its first batch; give the dataset with batch_size= "
         "(treadle.data.build_train_loader) for an exact resume"
     ]
+
+
+class EpochEnds:
+    """pytorch-accelerated's callback: the epoch index at each epoch's end."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_train_epoch_end(self, trainer):
+        self.seen.append(trainer.epoch)
+
+
+def test_a_run_resumed_inside_an_epoch_ends_it_with_its_index(tmp_path):
+    """pytorch-accelerated's on_train_epoch_end sees the epoch's index after a
+    resume inside it (it saw None), as the uninterrupted run does."""
+    make_loader = LOADERS["in order"]
+    straight = EpochEnds()
+    trainer(make_loader, tmp_path / "a", callbacks=[straight]).train()
+    assert straight.seen == [0, 1, 2]
+    resumed = EpochEnds()
+    trainer(make_loader, tmp_path / "b", callbacks=[resumed]).train(resume=str(tmp_path / "a" / "model_0000006.pth"))
+    assert resumed.seen == [1, 2]
