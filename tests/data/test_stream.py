@@ -88,6 +88,42 @@ def test_a_list_of_batches_keeps_no_position_and_its_resume_says_so(caplog):
         "Use treadle.data.build_train_loader for an exact resume."]
 
 
+class Batches:
+    """A user's own re-iterable of batches: not a DataLoader, no state_dict."""
+
+    def __init__(self, n=3):
+        self.batches = [(torch.zeros(1, 1), torch.tensor([i])) for i in range(n)]
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self):
+        return len(self.batches)
+
+
+def test_a_re_iterable_of_its_own_keeps_its_pass_and_batch_and_a_resume_inside_a_pass_says_so(caplog):
+    stream = DataStream(Batches())
+    assert stream.state_dict() == {"data_pass": {"epoch": 0, "batch": 0}}
+    assert take(stream, 4) == [[0], [1], [2], [0]]
+    inside = stream.state_dict()
+    assert inside == {"data_pass": {"epoch": 1, "batch": 1}}
+    take(stream, 2)
+    ended = stream.state_dict()  # a pass read to its end: the next one's start
+    assert ended == {"data_pass": {"epoch": 2, "batch": 0}}
+    with caplog.at_level(logging.WARNING, logger="treadle.data.stream"):
+        at_the_end = DataStream(Batches())
+        at_the_end.load_state_dict(ended)
+        assert caplog.records == [] and at_the_end.passes == 2
+        resumed = DataStream(Batches())
+        resumed.load_state_dict(inside, where="iteration 4, ")
+    assert [r.getMessage() for r in caplog.records] == [
+        "Resuming at iteration 4, batch 1 of epoch 1: Batches is not a DataLoader and has no state_dict(), so it "
+        "cannot be put back at that batch and starts again at its first batch; batch the dataset with "
+        "treadle.data.build_train_loader (the Trainer's batch_size=), or give Batches state_dict() and "
+        "load_state_dict(), for an exact resume"]
+    assert take(resumed, 1) == [[0]] and resumed.passes == 1
+
+
 def test_what_is_not_a_stream_of_batches_is_refused_in_one_line():
     with pytest.raises(TypeError, match=r"^DataStream takes an iterable of batches \(a DataLoader, a list...\), "
                                         r"got int$"):

@@ -415,6 +415,37 @@ def test_a_resumed_run_counts_epochs_from_its_start():
     assert epoch_events(log) == [("a", "after_epoch", 1, 7), ("a", "after_epoch", 2, 11), ("a", "after_train", 12)]
 
 
+class EpochSeen(HookBase):
+    """Records ``trainer.epoch`` at every after_step and after_epoch."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def after_step(self):
+        self.log.append(("after_step", self.trainer.iter, self.trainer.epoch))
+
+    def after_epoch(self):
+        self.log.append(("after_epoch", self.trainer.iter, self.trainer.epoch))
+
+
+@pytest.mark.parametrize("stop_at", [2, 3])  # resumed at an epoch's first iteration; inside it
+def test_a_run_resumed_inside_an_epoch_sees_the_epoch_an_uninterrupted_run_sees(stop_at):
+    straight = []
+    trainer = make_trainer([], [EpochSeen(straight)])
+    trainer.epoch_length = 3
+    trainer.train(0, 8)
+    resumed = []
+    stop = CallbackHook(after_step=lambda t: t.request_stop("preempted", interrupted=True) if t.iter == stop_at else None)
+    first = make_trainer([], [stop, EpochSeen(resumed)])
+    first.epoch_length = 3
+    first.train(0, 8)
+    second = make_trainer([], [EpochSeen(resumed)])
+    second.epoch_length = 3
+    second.train(stop_at + 1, 8)
+    assert resumed == straight
+    assert [epoch for stage, _, epoch in straight if stage == "after_step"] == [0, 0, 0, 1, 1, 1, 2, 2]
+
+
 # ---------------------------------------------------------------------- periodic after_step
 class Periodic(HookBase):
     def __init__(self, name, log, period):

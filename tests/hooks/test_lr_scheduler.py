@@ -283,6 +283,21 @@ def test_resolve_scheduler_warms_up_as_hugging_face_and_configs_as_detectron2(na
         assert detectron2(warmup / n) == pytest.approx(0.5 * (1 + math.cos(math.pi * warmup / n)))
 
 
+@pytest.mark.parametrize("style", ["detectron2", "huggingface"])
+@pytest.mark.parametrize("warmup", [0, 4, 8])
+def test_a_configs_step_schedule_drops_the_rate_at_its_milestone_under_a_warm_up(style, warmup):
+    """A config's lr_multiplier (build_lr_multiplier) stepped by the LRScheduler
+    hook: the rate of each iteration against the rates worked out by hand."""
+    n, lr = 24, 0.5
+    trainer, _, _ = make_trainer(lambda opt: build_lr_multiplier(
+        "step", max_iter=n, warmup_iters=warmup, steps=[16], gamma=0.1, warmup_style=style), lr=lr)
+    trainer.train(0, n)
+    start = 0.001 if style == "detectron2" else 0.0  # the warm-up's first factor (warmup_factor, or 0)
+    by_hand = [lr * (start + (1 - start) * i / warmup if i < warmup else 1.0) * (0.1 if i >= 16 else 1.0)
+               for i in range(n)]
+    assert lrs(trainer) == pytest.approx(by_hand, rel=1e-12, abs=1e-15)
+
+
 def test_an_unknown_warmup_style_is_a_config_error_naming_the_choices():
     from treadle.config import ConfigError
 

@@ -3,7 +3,8 @@
 A ``DataLoader`` keeps no position; the step records the generator states
 each pass began with and, at a resume, starts the pass again from them and
 drops the batches already trained (:mod:`treadle.data.dataloader_position`).
-Where the order cannot be restored, the resume says so in one line.
+Where the order cannot be restored, the resume says so in one line; so it
+does for a user's own re-iterable of batches (not a ``DataLoader``).
 """
 
 import logging
@@ -114,3 +115,59 @@ def test_a_dataloader_whose_order_cannot_be_restored_is_named_in_one_line_at_res
         "so it starts again at its first batch; give the dataset with batch_size= "
         "(treadle.data.build_train_loader) for an exact resume"
     ]
+
+
+class EpochEnds:
+    """pytorch-accelerated's callback: the epoch index at each epoch's end."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_train_epoch_end(self, trainer):
+        self.seen.append(trainer.epoch)
+
+
+def test_a_run_resumed_inside_an_epoch_ends_it_with_its_index(tmp_path):
+    """pytorch-accelerated's on_train_epoch_end sees the epoch's index after a
+    resume inside it (it saw None), as the uninterrupted run does."""
+    make_loader = LOADERS["in order"]
+    straight = EpochEnds()
+    trainer(make_loader, tmp_path / "a", callbacks=[straight]).train()
+    assert straight.seen == [0, 1, 2]
+    resumed = EpochEnds()
+    trainer(make_loader, tmp_path / "b", callbacks=[resumed]).train(resume=str(tmp_path / "a" / "model_0000006.pth"))
+    assert resumed.seen == [1, 2]
+
+
+class OwnBatches:
+    """A user's own re-iterable of batches, with a length: not a DataLoader."""
+
+    def __init__(self):
+        self.batches = list(DataLoader(dataset(), batch_size=2))
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self):
+        return len(self.batches)
+
+
+def test_a_re_iterable_of_its_own_resumed_inside_an_epoch_is_named_in_one_line(tmp_path, treadle_caplog):
+    """Before: it started the epoch again at its first batch and said nothing."""
+    straight = trainer(OwnBatches, tmp_path / "a")
+    straight.train()
+    treadle_caplog.clear()
+    trainer(OwnBatches, tmp_path / "b").train(resume=str(tmp_path / "a" / "model_0000006.pth"))
+    warnings = [r.getMessage() for r in treadle_caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "Resuming at iteration 7, batch 2 of epoch 1: OwnBatches is not a DataLoader and has no state_dict(), so it "
+        "cannot be put back at that batch and starts again at its first batch; batch the dataset with "
+        "treadle.data.build_train_loader (the Trainer's batch_size=), or give OwnBatches state_dict() and "
+        "load_state_dict(), for an exact resume"
+    ]
+    # At an epoch's end the next pass starts at its first batch, as in the uninterrupted run: exact.
+    treadle_caplog.clear()
+    resumed = trainer(OwnBatches, tmp_path / "c")
+    resumed.train(resume=str(tmp_path / "a" / "model_0000009.pth"))
+    assert [r for r in treadle_caplog.records if r.levelno == logging.WARNING] == []
+    assert same_weights(resumed.model, straight.model)

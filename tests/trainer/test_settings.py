@@ -91,6 +91,23 @@ def test_a_scheduler_built_on_another_optimizer_is_refused():
     assert trained.train()["lr"] == pytest.approx([0.1, 0.1, 0.05, 0.05])
 
 
+def step_rates(lr, max_iter, warmup, milestone, gamma):
+    """The rate of each update, by hand: a ramp from 0 over ``warmup`` updates
+    (Hugging Face's), then ``lr``, times ``gamma`` from update ``milestone`` on."""
+    return [lr * min(1.0, i / warmup if warmup else 1.0) * (gamma if i >= milestone else 1.0) for i in range(max_iter)]
+
+
+@pytest.mark.parametrize("max_iter, warmup", [(24, 0), (24, 4), (24, 8), (48, 4)])
+def test_a_step_schedule_drops_the_rate_at_its_milestone_under_a_warm_up(max_iter, warmup):
+    model = mlp()
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), classification(), batch_size=32,
+                      loss_fn=CE, max_iter=max_iter, scheduler=("step", {"steps": [16], "gamma": 0.1}),
+                      warmup_iters=warmup, progress_bar=False)
+    rates = trainer.train()["lr"]
+    assert rates == pytest.approx(step_rates(0.1, max_iter, warmup, 16, 0.1), rel=1e-12, abs=1e-15)
+    assert rates[15] == pytest.approx(0.1) and rates[16] == pytest.approx(0.01)
+
+
 def test_a_named_schedule_takes_options_and_says_what_it_is(treadle_caplog):
     model = mlp()
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), classification(), batch_size=32,

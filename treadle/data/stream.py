@@ -15,8 +15,12 @@ exactly at a resume:
   :mod:`treadle.data.dataloader_position`) is put back at its batch: the
   pass started again from the generator states it began with, the batches
   already trained read and dropped;
-- any other iterable restarts at its first batch, and the resume says so in
-  one line.
+- another iterable with a length (a class of one's own with ``__iter__``
+  and ``__len__``) restarts at its first batch: treadle cannot know that it
+  gives its batches in the same order again; a resume inside a pass says so
+  in one line, naming the class, the batch and the pass;
+- a list or tuple of batches, or an iterable without a length (a
+  generator), keeps no position: it restarts at its first batch.
 
 A sampler with ``set_epoch`` (torch's ``DistributedSampler``) is given the
 pass's index before each pass, so that each pass is shuffled anew, as a
@@ -107,12 +111,13 @@ class DataStream:
             sampler.set_epoch(self.passes)
         generators = order_generators(self.loader)
         self._pass_start = generator_states(generators) if generators is not None else None
-        return iter(self.loader)
+        return _CountedPass(iter(self.loader)) if _counted(self.loader) else iter(self.loader)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> Dict[str, Any]:
         """``{"data": loader.state_dict()}`` for a loader with one; for a torch
         ``DataLoader``, ``{"data_pass": {"epoch", "batch", "generators"}}``;
+        for another iterable with a length, ``{"data_pass": {"epoch", "batch"}}``;
         else ``{}``."""
         if hasattr(self.loader, "state_dict"):
             return {"data": cast(Any, self.loader).state_dict()}
@@ -147,7 +152,7 @@ class DataStream:
         of its generators when the pass began (:mod:`treadle.data.dataloader_position`)."""
         loader, iterator = self.loader, self.iterator
         if not isinstance(loader, torch.utils.data.DataLoader):
-            return None
+            return self._counted_pass_state()
         taken = dataloader_batches_taken(iterator) if iterator is not None else 0
         if taken is None:
             return None
@@ -163,10 +168,24 @@ class DataStream:
             state["generators"] = self._pass_start if taken else generator_states(generators)
         return state
 
+    def _counted_pass_state(self) -> Optional[Dict[str, Any]]:
+        """Where an iterable with a length, not a ``DataLoader``, is: its pass
+        and the batches taken in it (a pass read to its end is the next one's start)."""
+        if not _counted(self.loader):
+            return None
+        iterator = self.iterator
+        taken = iterator.taken if isinstance(iterator, _CountedPass) else 0
+        if taken and taken == _length(self.loader):
+            return {"epoch": self.passes + 1, "batch": 0}
+        return {"epoch": self.passes, "batch": taken}
+
     def _continue_pass(self, saved: Dict[str, Any], where: str) -> None:
         """Puts a torch ``DataLoader`` back where the checkpoint's ``data_pass``
         says it was (reading the batches of the pass already trained once);
         where its order cannot be restored, says so in one line."""
+        if not isinstance(self.loader, torch.utils.data.DataLoader):
+            self._continue_counted_pass(saved, where)
+            return
         self.passes, taken = int(saved["epoch"]), int(saved["batch"])
         states: List[torch.Tensor] = list(saved.get("generators") or ())
         why = why_cannot_restore(self.loader, states, taken)
@@ -186,6 +205,60 @@ class DataStream:
                 sampler.set_epoch(self.passes)
         self.iterator = restore_pass(cast(torch.utils.data.DataLoader, self.loader), states, taken)
         self._pass_start = states
+
+
+    def _continue_counted_pass(self, saved: Dict[str, Any], where: str) -> None:
+        """Puts an iterable with a length back at its pass; one resumed inside a
+        pass starts it again at its first batch, and says so in one line."""
+        self.passes, taken = int(saved["epoch"]), int(saved["batch"])
+        if not taken:
+            return
+        kind = type(self.loader).__name__
+        logger.warning(
+            "Resuming at %sbatch %d of epoch %d: %s is not a DataLoader and has no state_dict(), so it cannot be "
+            "put back at that batch and starts again at its first batch; batch the dataset with "
+            "treadle.data.build_train_loader (the Trainer's batch_size=), or give %s state_dict() and "
+            "load_state_dict(), for an exact resume",
+            where, taken, self.passes, kind, kind,
+        )
+
+
+class _CountedPass:
+    """A pass over an iterable that keeps no position of its own: its batches,
+    and how many of them were taken (what a checkpoint saves)."""
+
+    __slots__ = ("iterator", "taken")
+
+    def __init__(self, iterator: Iterator[Any], taken: int = 0) -> None:
+        self.iterator = iterator
+        self.taken = taken
+
+    def __iter__(self) -> "_CountedPass":
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self.iterator)
+        self.taken += 1
+        return batch
+
+
+def _counted(loader: Any) -> bool:
+    """Whether the stream counts the batches of ``loader``'s passes itself: an
+    iterable with a length that is not a ``DataLoader``, keeps no state and
+    is not a list or tuple of batches (whose checkpoints keep no position)."""
+    return (
+        loader is not None
+        and not isinstance(loader, (torch.utils.data.DataLoader, list, tuple))
+        and not hasattr(loader, "state_dict")
+        and hasattr(type(loader), "__len__")
+    )
+
+
+def _length(loader: Any) -> Optional[int]:
+    try:
+        return len(loader)
+    except TypeError:  # a __len__ that says it has none
+        return None
 
 
 def _sampler_with_epoch(loader: Any) -> Any:

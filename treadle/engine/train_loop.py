@@ -55,7 +55,9 @@ class TrainerBase:
         epoch_length: iterations per epoch when the data has a length (set by
             whoever builds the trainer); hooks with periods in epochs and
             ``after_epoch`` need it.
-        epoch: during ``after_epoch``, the 0-based index of the epoch that ended.
+        epoch: the 0-based index of the epoch being run, from its
+            ``before_epoch`` (or, in a run resumed inside it, its first
+            iteration) to its ``after_epoch``, the index of the epoch that ended.
         iter_start_time: ``time.perf_counter()`` when the current iteration
             began, before any ``before_step`` hook.
         step_end_time: ``time.perf_counter()`` when the current iteration's
@@ -241,6 +243,10 @@ class TrainerBase:
         # trainer overrides it: a call less an iteration otherwise.
         own_iteration_end = type(self).after_iteration is not TrainerBase.after_iteration
         iteration_hooks = self._table.after_iteration_schedule
+        if epoch_length and start_iter % epoch_length:
+            # A resume inside an epoch: its before_epoch ran in the interrupted
+            # run, so the index is set here, as that run had it at this iteration.
+            self.epoch = start_iter // epoch_length
         self._loop_started = clock()
         try:
             for it in range(start_iter, max_iter):

@@ -95,7 +95,8 @@ class HookBase:
     epoch begins: before every hook's ``before_step`` of the epoch's first
     iteration, with ``trainer.epoch`` the 0-based index of that epoch. A run
     resumed inside an epoch calls none for it (the epoch began in the run
-    that was interrupted).
+    that was interrupted); its ``trainer.epoch`` is that epoch's index from
+    its first iteration on, as in the uninterrupted run.
 
     ``after_epoch`` runs when the trainer knows its epoch length
     (``trainer.epoch_length``) and an epoch ends: after every hook's

@@ -194,7 +194,9 @@ def build_lr_multiplier(
     running over the whole run; ``"huggingface"`` (the plain ``Trainer``'s, as
     ``transformers``' ``get_*_schedule_with_warmup``): from 0 up to the full
     rate at ``warmup_iters``, then the schedule over the remaining iterations
-    (``warmup_factor`` unused).
+    (``warmup_factor`` unused). Under either warm-up, ``"step"`` drops the
+    rate at the iterations ``steps`` names (the warm-up ramps up to the
+    rate the schedule has when it ends).
 
     A warm-up as long as the run or longer (a short test run of a config
     made for a long one, ``train.max_iter=30`` with the presets' 50) is
@@ -239,7 +241,10 @@ def build_lr_multiplier(
         warmup_iters = used
     if warmup_iters > 0:
         if warmup_style == "huggingface":
-            schedule = WarmupParamScheduler(schedule, 0.0, warmup_iters / max_iter, rescale_interval=True)
+            # A step schedule's milestones are iterations of the run: a warm-up
+            # must not move them (rescaling fits cosine and linear into the rest).
+            rescale = name != "step"
+            schedule = WarmupParamScheduler(schedule, 0.0, warmup_iters / max_iter, rescale_interval=rescale)
         else:
             schedule = WarmupParamScheduler(schedule, warmup_factor, warmup_iters / max_iter)
     return schedule
@@ -260,7 +265,7 @@ def describe_schedule(
     elif name == "linear":
         what = f"the optimizer's rate times 1 to {end_value} linearly over {span} iterations (LinearLR)"
     else:
-        at = f"iterations {list(steps)} of the schedule" if steps else "2/3 and 8/9 of the schedule"
+        at = f"iterations {list(steps)} of the schedule" if steps else "2/3 and 8/9 of the run"
         what = f"the optimizer's rate times {gamma} at {at} (MultiStepLR)"
     if warmup:
         what += f", after a linear warm-up from 0 over {warmup} iterations (Hugging Face's)"
