@@ -20,7 +20,7 @@ from typing import Collection, Optional, Tuple
 
 from treadle.hooks.base import HOOK_STAGES, HookBase
 
-__all__ = ["check_hook_methods", "stage_for", "STAGE_LIKE_PREFIXES"]
+__all__ = ["check_hook_methods", "stray_method", "stage_for", "STAGE_LIKE_PREFIXES"]
 
 #: The prefixes that make a method's name look like a stage's.
 STAGE_LIKE_PREFIXES: Tuple[str, ...] = ("before_", "after_", "on_")
@@ -46,20 +46,28 @@ def stage_for(name: str) -> str:
     return difflib.get_close_matches(name, stages, n=1, cutoff=0.0)[0]
 
 
+def stray_method(cls: type, also_called: Collection[str] = ()) -> Optional[str]:
+    """The first public method of hook class ``cls`` named like a stage that
+    is neither a stage, a method of :class:`HookBase`, nor one of
+    ``also_called``; None where there is none."""
+    for name in dir(cls):
+        if (name.startswith(STAGE_LIKE_PREFIXES) and name not in HOOK_STAGES and not hasattr(HookBase, name)
+                and name not in also_called and callable(getattr(cls, name, None))):
+            return name
+    return None
+
+
 def check_hook_methods(hook: HookBase, also_called: Collection[str] = ()) -> None:
     """Refuses, in one line, a public method of ``hook`` named like a stage
-    that is neither a stage, a method of :class:`HookBase`, nor one of
-    ``also_called`` (what the trainer calls besides the stages), and a stage
-    the hook overrides that cannot be called with no argument."""
+    that is none (:func:`stray_method`; ``also_called``: what the trainer
+    calls besides the stages), and a stage the hook overrides that cannot be
+    called with no argument."""
     cls = type(hook).__name__
-    for name in dir(type(hook)):
-        if (not name.startswith(STAGE_LIKE_PREFIXES) or name in HOOK_STAGES or hasattr(HookBase, name)
-                or name in also_called or not callable(getattr(type(hook), name, None))):
-            continue
-        stage = stage_for(name)
-        raise TypeError(f"{cls}.{name} is not a hook stage, so the trainer would never call it: override {stage} "
-                        f"(the stages: {', '.join(HOOK_STAGES)}), or name a helper of your own without "
-                        f"{name.split('_')[0]}_ (_{name})")
+    name = stray_method(type(hook), also_called)
+    if name is not None:
+        raise TypeError(f"{cls}.{name} is not a hook stage, so the trainer would never call it: override "
+                        f"{stage_for(name)} (the stages: {', '.join(HOOK_STAGES)}), or name a helper of your own "
+                        f"without {name.split('_')[0]}_ (_{name})")
     for stage in HOOK_STAGES:
         if hook.overrides(stage):
             signature = _unbindable(getattr(hook, stage))
