@@ -11,6 +11,7 @@ from torch import nn
 
 from treadle.checkpoint import Checkpointer
 from treadle.engine import HookBase, StepBase, TrainerBase
+from treadle.engine.hook_methods import stray_method
 from treadle.events import ScalarKind
 from treadle.hooks import EvalHook, PeriodicCheckpointer, PreciseBN, PreemptionHandler
 from treadle.hooks.callback import CallbackHook
@@ -179,3 +180,129 @@ def test_two_hooks_declaring_one_scalar_name_are_refused_at_registration():
     )
     assert [type(h) for h in trainer.hooks] == [Publishes, Periodic]
 
+
+
+# ---------------------------------------------------------------------- methods named like stages
+class MMEngineStyle(HookBase):
+    """A hook written for MMEngine: its stages are not treadle's, and would never be called."""
+
+    def __init__(self):
+        self.calls = []
+
+    def before_train_epoch(self, runner):
+        self.calls.append("before_train_epoch")
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        self.calls.append("before_train_iter")
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        self.calls.append("after_train_iter")
+
+    def after_train_epoch(self, runner):
+        self.calls.append("after_train_epoch")
+
+    def after_val_epoch(self, runner, metrics=None):
+        self.calls.append("after_val_epoch")
+
+
+_STAGES = ("before_train, before_epoch, before_step, after_backward, after_step, after_epoch, after_iteration, "
+           "after_train")
+
+
+@pytest.mark.parametrize("name, stage", [
+    ("before_train_iter", "before_step"),
+    ("after_train_iter", "after_step"),
+    ("before_train_epoch", "before_epoch"),
+    ("after_train_epoch", "after_epoch"),
+    ("after_val_epoch", "after_epoch"),
+    ("on_train_batch_end", "after_step"),
+    ("on_fit_start", "before_train"),
+])
+def test_a_method_named_like_a_stage_that_is_none_is_refused_at_registration_naming_the_stage_to_use(name, stage):
+    hook = type("Foreign", (HookBase,), {name: lambda self, *args: None})()
+    trainer = TrainerBase(Step())
+    with pytest.raises(TypeError) as refused:
+        trainer.register_hooks([Periodic(2, True), hook])
+    assert str(refused.value) == (
+        f"Foreign.{name} is not a hook stage, so the trainer would never call it: override {stage} "
+        f"(the stages: {_STAGES}), or name a helper of your own without {name.split('_')[0]}_ (_{name})"
+    )
+    assert trainer.hooks == []  # nothing of the list is registered
+
+
+def test_an_mmengine_hook_is_refused_before_training_and_one_with_treadles_stages_trains():
+    trainer = TrainerBase(Step())
+    hook = MMEngineStyle()
+    with pytest.raises(TypeError, match=r"^MMEngineStyle\.after_train_epoch is not a hook stage, .*override "
+                                        r"after_epoch \("):
+        trainer.register_hooks([hook])
+
+    class Ported(HookBase):
+        def __init__(self):
+            self.steps = []
+
+        def before_step(self):
+            self.steps.append(self.trainer.iter)
+
+        def _after_step_helper(self):  # private: a helper of the hook's own
+            pass
+
+    ported = train(Ported(), max_iter=3)
+    assert ported.hooks[0].steps == [0, 1, 2]
+    assert hook.calls == []
+
+
+def test_a_stage_with_another_frameworks_arguments_is_refused_at_registration():
+    class RunnerHook(HookBase):
+        def before_train(self, runner):
+            pass
+
+    trainer = TrainerBase(Step())
+    with pytest.raises(TypeError) as refused:
+        trainer.register_hooks([RunnerHook()])
+    assert str(refused.value) == (
+        "RunnerHook.before_train(runner) takes arguments, and the trainer calls before_train() with none: read the "
+        "trainer as self.trainer, the rest from it (docs/engine.md)"
+    )
+    assert trainer.hooks == []
+
+    class WithDefaults(HookBase):  # callable with no argument: registered
+        def after_step(self, *args, scale=1.0):
+            pass
+
+    trainer.register_hooks([WithDefaults()])
+    assert [type(h) for h in trainer.hooks] == [WithDefaults]
+
+
+def test_a_trainer_names_the_methods_it_calls_besides_the_stages():
+    class Events(HookBase):
+        def on_event(self):
+            pass
+
+    class EventTrainer(TrainerBase):
+        def hook_methods_called(self, hook):
+            return ("on_event",)
+
+    with pytest.raises(TypeError, match=r"^Events\.on_event is not a hook stage"):
+        TrainerBase(Step()).register_hooks([Events()])
+    trainer = EventTrainer(Step())
+    trainer.register_hooks([Events()])
+    assert [type(h) for h in trainer.hooks] == [Events]
+
+
+def test_no_hook_treadle_ships_has_a_method_named_like_a_stage_that_is_none():
+    import importlib
+    import pkgutil
+
+    import treadle
+
+    for module in pkgutil.walk_packages(treadle.__path__, "treadle."):
+        importlib.import_module(module.name)
+    classes, todo = [], [HookBase]
+    while todo:
+        cls = todo.pop()
+        classes.append(cls)
+        todo.extend(cls.__subclasses__())
+    shipped = {c for c in classes if c.__module__.startswith("treadle.")}
+    assert len(shipped) >= 20  # the walk found them (21 when written)
+    assert {c.__qualname__: stray_method(c) for c in shipped if stray_method(c)} == {}

@@ -317,3 +317,95 @@ def test_a_missing_init_weights_from_file_is_named_as_the_setting(tmp_path):
         trainer(init_weights_from="nope.pth", output_dir=str(out))
     assert str(raised.value) == "init_weights_from='nope.pth': Checkpoint file 'nope.pth' does not exist."
     assert not out.exists()
+
+
+# ---------------------------------------------------------------------- hooks of other frameworks
+def test_a_hook_with_another_frameworks_stages_is_refused_when_the_trainer_is_built(tmp_path):
+    """Before: MMEngine's before_train(self, runner) failed in train(), after log.txt and
+    summary.json were written; its before_train_iter was never called, without a word."""
+    from treadle.hooks import HookBase
+
+    class RunnerHook(HookBase):
+        def before_train(self, runner):
+            pass
+
+    class IterHook(HookBase):
+        def before_train_iter(self, runner, batch_idx, data_batch=None):
+            pass
+
+    out = tmp_path / "run"
+    with pytest.raises(TypeError) as refused:
+        trainer(output_dir=str(out), hooks=[RunnerHook()])
+    assert str(refused.value) == ("RunnerHook.before_train(runner) takes arguments, and the trainer calls "
+                                  "before_train() with none: read the trainer as self.trainer, the rest from it "
+                                  "(docs/engine.md)")
+    with pytest.raises(TypeError, match=r"^IterHook\.before_train_iter is not a hook stage, so the trainer would "
+                                        r"never call it: override before_step \(the stages: before_train, "):
+        trainer(output_dir=str(out), hooks=[IterHook()])
+    assert not out.exists()
+
+
+def test_callback_events_are_taken_on_the_hooks_given_and_refused_on_a_hook_registered_later():
+    from treadle.hooks import HookBase
+
+    class EpochEnds(HookBase):
+        def __init__(self):
+            self.seen = []
+
+        def on_train_epoch_end(self, trainer, **kwargs):
+            self.seen.append(trainer.iter)
+
+    given = EpochEnds()
+    t = trainer(hooks=[given], max_epochs=2, max_iter=None)
+    with pytest.raises(TypeError, match=r"^EpochEnds\.on_train_epoch_end is not a hook stage, so the trainer would "
+                                        r"never call it: override after_epoch \("):
+        t.register_hooks([EpochEnds()])  # the Trainer calls the events of the hooks it was built with only
+    t.train()
+    assert given.seen == [3, 7]
+
+
+# ---------------------------------------------------------------------- settings and copies after build
+def test_settings_replaced_after_the_trainer_is_built_are_refused_saying_to_build_a_new_one(tmp_path):
+    import dataclasses
+
+    out = tmp_path / "run"
+    t = trainer(output_dir=str(out))
+    built = t.settings
+    with pytest.raises(AttributeError) as refused:
+        t.settings = dataclasses.replace(built, logging=dataclasses.replace(built.logging, log_period=1))
+    assert str(refused.value) == (
+        "trainer.settings cannot be replaced once the Trainer is built: its hooks, writers, step and loaders were "
+        "built from the settings it was given and would never read log_period=1; build a new Trainer with "
+        "log_period=1 (Trainer(model, optimizer, train_loader, ..., log_period=1))"
+    )
+    with pytest.raises(AttributeError) as refused:
+        t.settings = None
+    assert str(refused.value) == (
+        "trainer.settings cannot be replaced once the Trainer is built: its hooks, writers, step and loaders were "
+        "built from the settings it was given and would never read None; build a new Trainer with the settings "
+        "you want, as keyword arguments (Trainer(model, optimizer, train_loader, ..., log_period=...))"
+    )
+    assert t.settings is built and t.settings.logging.log_period == 20
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("how, copy_of", [
+    ("copied (copy.copy)", lambda t: __import__("copy").copy(t)),
+    ("copied (copy.deepcopy)", lambda t: __import__("copy").deepcopy(t)),
+    ("pickled", lambda t: __import__("pickle").loads(__import__("pickle").dumps(t))),
+])
+def test_a_copied_trainer_is_refused_in_one_line_before_anything_is_written(how, copy_of, tmp_path):
+    """Before: the copy was accepted, and its train() wrote a summary saying "finished, 0
+    iterations" before an internal AttributeError."""
+    out = tmp_path / "run"
+    t = trainer(output_dir=str(out))
+    with pytest.raises(TypeError) as refused:
+        copy_of(t)
+    assert str(refused.value) == (
+        f"A Trainer cannot be {how}: its hooks, step and checkpointer hold the Trainer they were built for, so a "
+        "copy would not train; build another Trainer from the same arguments, and save or load its state with "
+        "save_checkpoint(path) and load_checkpoint(path)"
+    )
+    assert not out.exists()
+    t.train()  # the original still trains
+    assert t.iter == 4

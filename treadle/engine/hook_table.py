@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Collection, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from treadle.hooks.base import HOOK_STAGES, HookBase
 
+from .hook_methods import check_hook_methods
 from .trainer_state import hook_state_keys
 
 __all__ = ["HookOrderError", "HookTable", "HookCall", "PERIODIC_STAGES", "check_scalar_names", "note_origin"]
@@ -118,12 +119,16 @@ class HookTable:
         }
 
     # ------------------------------------------------------------------ registration
-    def register(self, hooks: Sequence[Optional[HookBase]]) -> List[HookBase]:
-        """Appends ``hooks`` (``None`` skipped) after checking types and order;
-        returns the ones added.
+    def register(self, hooks: Sequence[Optional[HookBase]],
+                 also_called: Callable[[HookBase], Collection[str]] = lambda hook: ()) -> List[HookBase]:
+        """Appends ``hooks`` (``None`` skipped) after checking types, methods
+        and order; returns the ones added. ``also_called(hook)``: the methods
+        of ``hook`` the trainer calls besides the stages.
 
         Raises:
-            TypeError: an entry is not a :class:`HookBase`.
+            TypeError: an entry is not a :class:`HookBase`; it has a public
+                method named like a stage that is none, or a stage that
+                cannot be called with no argument (:func:`check_hook_methods`).
             HookOrderError: a hook would run before a hook it must follow.
             ValueError: two hooks declare one scalar name (:func:`check_scalar_names`).
         """
@@ -131,6 +136,7 @@ class HookTable:
         for h in added:
             if not isinstance(h, HookBase):
                 raise TypeError(f"Hooks must be HookBase instances, got {type(h).__name__}: {h!r}")
+            check_hook_methods(h, also_called(h))
         candidate = self.hooks + added
         check_order(candidate)
         check_scalar_names(candidate)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from typing import Any, Dict, List, Optional, Sequence, cast
+from typing import Any, Collection, Dict, List, Optional, Sequence, cast
 
 from treadle.events import EventStorage
 from treadle.events.distributed import reduce_across_ranks
@@ -136,14 +136,26 @@ class TrainerBase:
         """Appends hooks; ``None`` entries are skipped; list order is call order.
 
         Raises:
-            TypeError: an entry is not a :class:`HookBase`.
+            TypeError: an entry is not a :class:`HookBase`; it has a public
+                method named like a stage (``before_*``, ``after_*``,
+                ``on_*``) that is neither a stage nor one of
+                :meth:`hook_methods_called`, or a stage that takes arguments.
             HookOrderError: a hook would run before a hook it must follow
                 (see :attr:`HookBase.runs_after`).
         """
-        for h in self._table.register(hooks):
+        for h in self._table.register(hooks, self.hook_methods_called):
             # A proxy, not a reference: the trainer holds its hooks, and a
             # cycle would keep both alive after the trainer is dropped.
             h.trainer = cast(TrainerProtocol, weakref.proxy(self))
+
+    def hook_methods_called(self, hook: HookBase) -> Collection[str]:
+        """The methods of ``hook`` this trainer calls besides its stages: none.
+
+        A trainer that calls more (the plain ``Trainer`` calls the callback
+        events of the hooks it is given) names them here; ``register_hooks``
+        refuses any other public method of a hook named like a stage.
+        """
+        return ()
 
     def request_stop(self, reason: str, *, interrupted: bool = False) -> None:
         """Ends training after the current iteration; ``after_train`` runs as on success.

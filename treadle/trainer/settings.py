@@ -81,6 +81,7 @@ __all__ = [
     "FILE_LOGGERS",
     "check_settings",
     "checked_settings",
+    "replaced_settings",
     "wrapper_of",
     "setting",
 ]
@@ -618,6 +619,21 @@ def checked_settings(model: Any, optimizer: Any, train_loader: Any, values: Mapp
             if sub:
                 check_output_dir(os.path.join(output_dir, sub), name=name)
     return s
+
+
+def replaced_settings(built: TrainerSettings, new: Any) -> str:
+    """The one line refusing ``trainer.settings = new`` once the ``Trainer`` is
+    built from ``built``: its parts (hooks, writers, step, loaders) were made
+    from those, and would never read ``new``. Names the settings ``new``
+    changes (those :func:`dataclasses.replace` gave another value)."""
+    changed = [f"{row.name}={getattr(getattr(new, row.group), row.name)!r}" for row in SETTINGS
+               if isinstance(new, TrainerSettings)
+               and getattr(getattr(new, row.group), row.name) is not getattr(getattr(built, row.group), row.name)]
+    given = ", ".join(changed) if changed else repr(new) if not isinstance(new, TrainerSettings) else "new ones"
+    wanted = ", ".join(changed) if changed else "the settings you want, as keyword arguments"
+    return (f"trainer.settings cannot be replaced once the Trainer is built: its hooks, writers, step and loaders "
+            f"were built from the settings it was given and would never read {given}; build a new Trainer with "
+            f"{wanted} (Trainer(model, optimizer, train_loader, ..., {', '.join(changed) or 'log_period=...'}))")
 
 
 def processes_to_come() -> int:

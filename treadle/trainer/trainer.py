@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from typing import Any, Callable, Dict, Iterable, List, Optional, Union
+from typing import Any, Callable, Collection, Dict, Iterable, List, NoReturn, Optional, Union
 
 import torch
 from torch import nn
@@ -36,7 +36,7 @@ from treadle.solver import build_optimizer
 
 from treadle.engine.build import build_step, loader_epoch_length
 from treadle.engine.hook_table import note_origin
-from treadle.compat.names import SEED_METHODS, overridden, refuse_libai_run_step
+from treadle.compat.names import CALLBACK_EVENTS, SEED_METHODS, overridden, refuse_libai_run_step
 from treadle.compat.overrides import EVAL_POINTS, UPDATE_POINTS, raised_in
 from treadle.compat.step import TrainerStep
 from treadle.engine.history import RunHistory, TrainingHistory
@@ -49,7 +49,7 @@ from .data import as_eval_loader, as_train_loader, check_batch_sizes, run_length
 from .evaluation import TrainerEvaluation
 from .process import inside, join_processes, start_console
 from .run import TrainerRun
-from .settings import LOGGERS, TrainerSettings, checked_settings, given_settings, wrapper_of
+from .settings import LOGGERS, TrainerSettings, checked_settings, given_settings, replaced_settings, wrapper_of
 from .settings_docs import document_settings
 from .subclass import SeedSubclass, check_epoch_events
 
@@ -60,6 +60,10 @@ logger = logging.getLogger(__name__)
 # Per-iteration history is kept in memory for the returned history; beyond
 # this many iterations the oldest values are dropped (global averages stay).
 _MAX_HISTORY = 1_000_000
+
+_NOT_COPIED = ("A Trainer cannot be {how}: its hooks, step and checkpointer hold the Trainer they were built for, "
+               "so a copy would not train; build another Trainer from the same arguments, and save or load its "
+               "state with save_checkpoint(path) and load_checkpoint(path)")
 
 class Trainer(SeedSubclass, TrainerRun):
     """Trainer(model, optimizer, train_loader, **settings)
@@ -98,9 +102,6 @@ class Trainer(SeedSubclass, TrainerRun):
             dataset (a torch ``Dataset``, a list of samples) batched by ``batch_size``.
     """
 
-    #: The settings, checked, by purpose (``settings.evaluation.eval_period``).
-    settings: TrainerSettings
-
     def __init__(self, model: nn.Module, optimizer: Union[torch.optim.Optimizer, str, tuple], train_loader: Any,
                  **settings: Any) -> None:
         values, self._given_settings = given_settings(settings)
@@ -109,7 +110,7 @@ class Trainer(SeedSubclass, TrainerRun):
     def _build(self, model: nn.Module, optimizer: Any, train_loader: Any, values: Dict[str, Any]) -> None:
         """The constructor's jobs, in order: check every setting, then build."""
         start_console(values)
-        s = self.settings = checked_settings(model, optimizer, train_loader, values, self._given_settings)
+        s = self._settings = checked_settings(model, optimizer, train_loader, values, self._given_settings)
         join_processes(s.processes)
         opt, output_dir = s.optimization, s.checkpoints.output_dir
         self.output_dir = output_dir
@@ -143,6 +144,34 @@ class Trainer(SeedSubclass, TrainerRun):
         )
         self.register_hooks(self.build_hooks(s))
         events.fire("init_end")
+
+    @property
+    def settings(self) -> TrainerSettings:
+        """The settings, checked, by purpose (``settings.evaluation.eval_period``);
+        read-only: the ``Trainer``'s parts are built from them."""
+        return self._settings
+
+    @settings.setter
+    def settings(self, value: Any) -> None:
+        raise AttributeError(replaced_settings(self._settings, value))
+
+    def hook_methods_called(self, hook: HookBase) -> Collection[str]:
+        """The callback events (pytorch-accelerated's ``on_*``, of
+        :data:`~treadle.compat.names.CALLBACK_EVENTS`) of a hook given as
+        ``hooks=``, which the ``Trainer`` calls at those events; none of a hook
+        registered otherwise."""
+        return CALLBACK_EVENTS if any(hook is given for given in self._settings.logging.hooks) else ()
+
+    # A copy would share the model, optimizer and data with this Trainer, and its hooks and
+    # step would still point at this one: refused, with what to do instead.
+    def __copy__(self) -> NoReturn:
+        raise TypeError(_NOT_COPIED.format(how="copied (copy.copy)"))
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> NoReturn:
+        raise TypeError(_NOT_COPIED.format(how="copied (copy.deepcopy)"))
+
+    def __reduce_ex__(self, protocol: Any) -> NoReturn:
+        raise TypeError(_NOT_COPIED.format(how="pickled"))
 
     # ------------------------------------------------------------------ builders
     def build_model(self, model: nn.Module, s: TrainerSettings) -> nn.Module:
