@@ -27,8 +27,10 @@ show both tables, each row joined with the setting's own description, as
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
+import textwrap
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from treadle.utils.signatures import required_positional
@@ -47,9 +49,11 @@ __all__ = [
     "required_positional",
     "refuse_libai_run_step",
     "check_call",
+    "schedule_step_in",
     "refusal",
     "SeedSetting",
     "SEED_SETTINGS",
+    "seed_setting_hint",
 ]
 
 QURIOUS, ACCELERATED, HEZAR, LIBAI, LIGHTNING = "qurious", "pytorch-accelerated", "Hezar", "LiBai", "Lightning"
@@ -299,6 +303,26 @@ def check_call(what: str, method: Callable[..., Any], args: Tuple[str, ...], kwa
                         f"({contract}); see docs/migrating.md") from None
 
 
+def schedule_step_in(method: Callable[..., Any]) -> Optional[str]:
+    """The first call in ``method``'s source that steps the trainer's
+    learning-rate schedule (``self.scheduler.step()``, pytorch-accelerated's
+    ``self.scheduler_step()``), as written; None where there is none, or no
+    source to read (the schedule's hook then finds the extra step at the
+    first iteration). Read once, when the ``Trainer`` is built."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(method))))
+    except (OSError, TypeError, SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        target = node.func.value
+        if (node.func.attr == "step" and isinstance(target, ast.Attribute) and target.attr == "scheduler") or (
+                node.func.attr == "scheduler_step" and isinstance(target, ast.Name) and target.id == "self"):
+            return ast.unparse(node)
+    return None
+
+
 def event_methods(obj: Any, where: str) -> Dict[str, Callable[..., Any]]:
     """The callback events (:data:`CALLBACK_EVENTS`) ``obj`` defines, by event
     name without its ``on_`` prefix; an ``on_*`` method that is not one is
@@ -510,3 +534,25 @@ SEED_SETTINGS: Tuple[SeedSetting, ...] = (
     _S(LIBAI, "graph.enabled", "train.step.kind", "graph.enabled=True is read as train.step.kind='compiled' "
        "(CompiledStep, through torch.compile)"),
 )
+
+
+def _owner(seed: str) -> str:
+    """Whose setting a seed's name is, as a message says it."""
+    return {HUGGING_FACE: "the Hugging Face Trainer's", LIGHTNING: "Lightning's"}.get(seed, possessive(seed))
+
+
+def seed_setting_hint(name: str) -> Optional[str]:
+    """What a ``Trainer`` keyword argument that is another trainer's setting
+    name (:data:`SEED_SETTINGS`: the Hugging Face ``num_train_epochs``,
+    Lightning's ``accumulate_grad_batches``...) is called here:
+    ``"the Hugging Face Trainer's num_train_epochs is max_epochs here"``,
+    with the table's notes; None for a name no seed has."""
+    rows = [s for s in SEED_SETTINGS
+            if name in (part.split("=")[0] for part in s.name.split(", ")) and s.treadle != name]
+    if not rows:
+        return None
+    owners = list(dict.fromkeys(_owner(s.seed) for s in rows))
+    who = owners[0] if len(owners) == 1 else ", ".join(owners[:-1]) + " and " + owners[-1]
+    targets = " or ".join(dict.fromkeys(s.treadle for s in rows))
+    notes = "; ".join(dict.fromkeys(s.note for s in rows if s.note))
+    return f"{who} {name} is {targets} here" + (f" ({notes})" if notes else "")
