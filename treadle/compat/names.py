@@ -111,8 +111,8 @@ OVERRIDE_POINTS: Tuple[OverridePoint, ...] = (
     # ------------------------------------------------------------ qurious
     _called("train_step", QURIOUS, "train_step(batch) -> {'loss': float, ...}: the whole update of one batch (on "
             "the device), once per iteration of train() and train_epoch(); the floats returned are published "
-            "('loss' as total_loss). The schedule stays treadle's, stepped after it (a train_step that steps it too "
-            "is refused at the first iteration); settings that act inside treadle's update (grad_accum_steps, "
+            "('loss' as total_loss). The schedule stays treadle's, stepped after it (a train_step that steps it too, "
+            "self.scheduler.step() or self.scheduler_step(), is refused when built); settings that act inside treadle's update (grad_accum_steps, "
             "clip_grad_*, precision, compile) are refused with it"),
     _called("eval_step", QURIOUS, "eval_step(batch) -> {name: float}: every evaluation batch (on the device, eval "
             "mode, no grad); the evaluation's results are each value's mean over the batches (metrics= is "
@@ -173,8 +173,9 @@ OVERRIDE_POINTS: Tuple[OverridePoint, ...] = (
             "labels) -> loss, told apart by their parameters: every batch's loss, in training and evaluation; Hezar's "
             "gets a dict batch's labels, and the model the other keys (model(**inputs)), as Hezar calls them"),
     _called("training_step", HEZAR, "training_step(batch) -> loss: every training batch's forward and backward "
-            "(Hezar's); a training_step that runs its own backward of the whole loss has the micro-batches' "
-            "gradients averaged under grad_accum_steps, as Hezar's accelerator.backward does; Lightning's "
+            "(Hezar's); under grad_accum_steps each backward in it, its own (loss.backward(), "
+            "self.backward_step(loss)) and super().training_step(batch)'s alike, is of the whole loss, and the "
+            "update's gradients are the micro-batches' mean, as Hezar's accelerator.backward makes them; Lightning's "
             "training_step(batch, batch_idx) is refused: override compute_loss(self, batch)"),
     _called("evaluation_step", HEZAR, "evaluation_step(batch) -> outputs: every evaluation batch; the outputs' "
             "loss is the evaluation loss, the outputs what metrics= score"),
@@ -208,9 +209,10 @@ CALLBACK_EVENTS: Dict[str, str] = {
     "on_init_end": "when the Trainer is built",
     "on_training_run_start": "when train() starts",
     "on_train_epoch_start": "before each epoch's first update",
-    "on_train_step_start": "before each training batch",
+    "on_train_step_start": "before each training batch (before a train_step or training_step override)",
     "on_train_step_end": "after each training batch's loss, with batch= and batch_output= ({'loss', "
-                         "'model_outputs', 'batch_size'})",
+                         "'model_outputs', 'batch_size'}); after a train_step override, or a training_step that "
+                         "runs its own backward without super(): with the loss it returns, model_outputs None",
     "on_train_epoch_end": "after each epoch's last update, before its evaluation",
     "on_eval_epoch_start": "before each evaluation's first batch",
     "on_eval_step_start": "before each evaluation batch",

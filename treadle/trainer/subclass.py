@@ -49,6 +49,8 @@ class SeedSubclass(SeedOverrides):
 
         def _seed_update(self) -> bool: ...
 
+        def train_step(self, batch: Any) -> Any: ...
+
     def _check_overrides(self, base: type, s: TrainerSettings) -> SeedEventCalls:
         """Refuses, in one line, a seed method this subclass (of ``base``,
         the ``Trainer``) defines that treadle never calls, or one that
@@ -71,7 +73,7 @@ class SeedSubclass(SeedOverrides):
                         f"{cls}.train_step does the whole update itself (qurious' contract), so {name}="
                         f"{getattr(opt, name)!r} would never act: apply it in train_step, or override "
                         "compute_loss(self, batch) and keep treadle's update")
-            stepping = schedule_step_in(type(self).train_step)
+            stepping = schedule_step_in(self.train_step)
             if stepping is not None:
                 raise ValueError(f"{cls}.train_step steps the learning-rate schedule ({stepping}), which treadle's "
                                  "LRScheduler hook steps after each iteration (each epoch with scheduler_interval="
