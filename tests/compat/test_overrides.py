@@ -803,27 +803,97 @@ def test_pytorch_accelerateds_trainer_with_metrics_example_runs():
 
 
 # ---------------------------------------------------------------------- what a seed's user writes inside an override
-def test_a_train_step_that_steps_the_schedule_too_is_refused_at_the_first_iteration():
-    """qurious' update steps its scheduler; treadle's hook steps it too: twice per iteration, silently."""
+def qurious_update(trainer, batch):
+    inputs, targets = trainer._prepare_batch(batch)
+    trainer.optimizer.zero_grad()
+    loss = trainer._compute_loss(trainer._forward_pass(inputs), targets)
+    loss.backward()
+    trainer.optimizer.step()
+    return {"loss": loss.item()}
 
-    class Stepping(Trainer):
+
+class SteppingItsSchedule(Trainer):
+    """qurious' update, stepping its scheduler as a qurious user writes it."""
+
+    def train_step(self, batch):
+        results = qurious_update(self, batch)
+        self.scheduler.step()
+        return results
+
+
+class SteppingBySchedulerStep(Trainer):
+    def train_step(self, batch):
+        results = qurious_update(self, batch)
+        self.scheduler_step()  # pytorch-accelerated's
+        return results
+
+
+@pytest.mark.parametrize("cls, call", [(SteppingItsSchedule, "self.scheduler.step()"),
+                                       (SteppingBySchedulerStep, "self.scheduler_step()")])
+def test_a_train_step_that_steps_the_schedule_too_is_refused_when_built(cls, call, tmp_path):
+    """qurious' update steps its scheduler; treadle's hook steps it too: twice per iteration, silently."""
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError) as error:
+        cls(model, optimizer, loader(), loss_fn=CE, max_iter=4, progress_bar=False, output_dir=str(tmp_path / "run"),
+            scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 3, 0.5))
+    assert str(error.value) == (
+        f"{cls.__name__}.train_step steps the learning-rate schedule ({call}), which treadle's LRScheduler hook "
+        "steps after each iteration (each epoch with scheduler_interval='epoch'): remove that call, and give the "
+        "schedule as scheduler=")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_schedule_stepped_where_the_build_cannot_see_it_is_refused_at_the_first_iteration():
+    """The schedule's hook still finds a step() it did not make (here through a helper of train_step)."""
+
+    class ByHelper(Trainer):
         def train_step(self, batch):
-            inputs, targets = self._prepare_batch(batch)
-            self.optimizer.zero_grad()
-            loss = self._compute_loss(self._forward_pass(inputs), targets)
-            loss.backward()
-            self.optimizer.step()
+            results = qurious_update(self, batch)
+            self.advance()
+            return results
+
+        def advance(self):
             self.scheduler.step()
-            return {"loss": loss.item()}
 
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    trainer = Stepping(model, optimizer, loader(), loss_fn=CE, max_iter=4, progress_bar=False,
+    trainer = ByHelper(model, optimizer, loader(), loss_fn=CE, max_iter=4, progress_bar=False,
                        scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 3, 0.5))
     with pytest.raises(RuntimeError, match=r"^The learning-rate schedule \(StepLR\) was stepped 1 more time\(s\) since "
                                            r"the LRScheduler hook last stepped it, by something else"):
         trainer.train()
     assert trainer.iter == 0
+
+
+@pytest.mark.parametrize("name", ["accelerator", "_accelerator"])
+def test_self_accelerator_in_an_override_says_what_to_write(name):
+    class AcceleratorBackward(Trainer):
+        def training_step(self, input_batch):
+            inputs, labels = input_batch
+            loss = CE(self.model(inputs), labels)
+            getattr(self, name).backward(loss)  # Hezar's self.accelerator, pytorch-accelerated's self._accelerator
+            return loss
+
+    trainer = AcceleratorBackward(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_iter=2, progress_bar=False)
+    with pytest.raises(AttributeError) as error:
+        trainer.train()
+    assert str(error.value) == (
+        f"AcceleratorBackward.{name}: treadle has no accelerator (Hugging Face Accelerate's, which Hezar's and "
+        f"pytorch-accelerated's trainers hold): for self.{name}.backward(loss) write self.backward_step(loss) "
+        "(super().backward_step(loss) inside backward_step), which scales the loss under fp16 and averages the "
+        "gradients under grad_accum_steps; autocast, devices and processes are the precision=, device= and ddp= "
+        "settings")
+    assert not hasattr(trainer, name)
+
+
+def test_a_subclass_keeps_an_accelerator_of_its_own():
+    class OwnAccelerator(Trainer):
+        def __init__(self, *args, **kwargs):
+            self.accelerator = "mine"
+            super().__init__(*args, **kwargs)
+
+    assert OwnAccelerator(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_iter=2).accelerator == "mine"
 
 
 def test_metrics_see_the_targets_where_prepare_batch_finds_them():

@@ -409,3 +409,38 @@ def test_a_copied_trainer_is_refused_in_one_line_before_anything_is_written(how,
     assert not out.exists()
     t.train()  # the original still trains
     assert t.iter == 4
+
+
+@pytest.mark.parametrize("name, value, treadles", [
+    ("num_train_epochs", 2, "the Hugging Face Trainer's num_train_epochs is max_epochs here"),
+    ("accumulate_grad_batches", 2, "Lightning's accumulate_grad_batches is grad_accum_steps here"),
+    ("num_epochs", 2, "Hezar's, pytorch-accelerated's and qurious' num_epochs is max_epochs here"),
+    ("learning_rate", 0.1, "Hezar's and the Hugging Face Trainer's learning_rate is lr here"),
+    ("mixed_precision", "bf16", "Hezar's mixed_precision is precision here (Hezar's 'full' is 'fp32'; fp16 needs CUDA)"),
+])
+def test_another_trainers_setting_name_is_refused_naming_treadles(name, value, treadles, tmp_path):
+    with pytest.raises(TypeError) as error:
+        trainer(**{name: value}, output_dir=str(tmp_path / "run"))
+    assert str(error.value) == f"Trainer.__init__() got an unexpected keyword argument {name!r}: {treadles}"
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_setting_name_of_the_other_trainers_table_is_refused_naming_a_setting_of_treadles():
+    from treadle.compat.names import SEED_SETTINGS
+    from treadle.trainer.settings import SETTINGS
+
+    ours = {row.name for row in SETTINGS} | {"model", "optimizer", "train_loader"}
+    names = {part.split("=")[0] for s in SEED_SETTINGS for part in s.name.split(", ")}
+    theirs = sorted(n for n in names if n.isidentifier() and n not in ours)
+    assert {"per_device_train_batch_size", "gradient_accumulation_steps", "max_steps", "save_steps"} <= set(theirs)
+    for name in theirs:
+        with pytest.raises(TypeError) as error:
+            trainer(**{name: 1})
+        said = str(error.value).split(f"{name!r}: ", 1)[1]
+        assert re.search(rf" {name} is (\w+) here", said).group(1) in ours | {"train_loader"}, said
+
+
+def test_a_name_no_trainer_has_is_refused_as_python_says_it():
+    with pytest.raises(TypeError) as error:
+        trainer(max_epoch=2)
+    assert str(error.value) == "Trainer.__init__() got an unexpected keyword argument 'max_epoch'"

@@ -27,8 +27,10 @@ show both tables, each row joined with the setting's own description, as
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
+import textwrap
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from treadle.utils.signatures import required_positional
@@ -47,9 +49,11 @@ __all__ = [
     "required_positional",
     "refuse_libai_run_step",
     "check_call",
+    "schedule_step_in",
     "refusal",
     "SeedSetting",
     "SEED_SETTINGS",
+    "seed_setting_hint",
 ]
 
 QURIOUS, ACCELERATED, HEZAR, LIBAI, LIGHTNING = "qurious", "pytorch-accelerated", "Hezar", "LiBai", "Lightning"
@@ -107,8 +111,8 @@ OVERRIDE_POINTS: Tuple[OverridePoint, ...] = (
     # ------------------------------------------------------------ qurious
     _called("train_step", QURIOUS, "train_step(batch) -> {'loss': float, ...}: the whole update of one batch (on "
             "the device), once per iteration of train() and train_epoch(); the floats returned are published "
-            "('loss' as total_loss). The schedule stays treadle's, stepped after it (a train_step that steps it too "
-            "is refused at the first iteration); settings that act inside treadle's update (grad_accum_steps, "
+            "('loss' as total_loss). The schedule stays treadle's, stepped after it (a train_step that steps it too, "
+            "self.scheduler.step() or self.scheduler_step(), is refused when built); settings that act inside treadle's update (grad_accum_steps, "
             "clip_grad_*, precision, compile) are refused with it"),
     _called("eval_step", QURIOUS, "eval_step(batch) -> {name: float}: every evaluation batch (on the device, eval "
             "mode, no grad); the evaluation's results are each value's mean over the batches (metrics= is "
@@ -169,8 +173,9 @@ OVERRIDE_POINTS: Tuple[OverridePoint, ...] = (
             "labels) -> loss, told apart by their parameters: every batch's loss, in training and evaluation; Hezar's "
             "gets a dict batch's labels, and the model the other keys (model(**inputs)), as Hezar calls them"),
     _called("training_step", HEZAR, "training_step(batch) -> loss: every training batch's forward and backward "
-            "(Hezar's); a training_step that runs its own backward of the whole loss has the micro-batches' "
-            "gradients averaged under grad_accum_steps, as Hezar's accelerator.backward does; Lightning's "
+            "(Hezar's); under grad_accum_steps each backward in it, its own (loss.backward(), "
+            "self.backward_step(loss)) and super().training_step(batch)'s alike, is of the whole loss, and the "
+            "update's gradients are the micro-batches' mean, as Hezar's accelerator.backward makes them; Lightning's "
             "training_step(batch, batch_idx) is refused: override compute_loss(self, batch)"),
     _called("evaluation_step", HEZAR, "evaluation_step(batch) -> outputs: every evaluation batch; the outputs' "
             "loss is the evaluation loss, the outputs what metrics= score"),
@@ -204,9 +209,10 @@ CALLBACK_EVENTS: Dict[str, str] = {
     "on_init_end": "when the Trainer is built",
     "on_training_run_start": "when train() starts",
     "on_train_epoch_start": "before each epoch's first update",
-    "on_train_step_start": "before each training batch",
+    "on_train_step_start": "before each training batch (before a train_step or training_step override)",
     "on_train_step_end": "after each training batch's loss, with batch= and batch_output= ({'loss', "
-                         "'model_outputs', 'batch_size'})",
+                         "'model_outputs', 'batch_size'}); after a train_step override, or a training_step that "
+                         "runs its own backward without super(): with the loss it returns, model_outputs None",
     "on_train_epoch_end": "after each epoch's last update, before its evaluation",
     "on_eval_epoch_start": "before each evaluation's first batch",
     "on_eval_step_start": "before each evaluation batch",
@@ -297,6 +303,26 @@ def check_call(what: str, method: Callable[..., Any], args: Tuple[str, ...], kwa
         called = what.rpartition(" ")[2].rpartition(".")[2]
         raise TypeError(f"{what}{signature} cannot be called as treadle calls it, {called}({call}) "
                         f"({contract}); see docs/migrating.md") from None
+
+
+def schedule_step_in(method: Callable[..., Any]) -> Optional[str]:
+    """The first call in ``method``'s source that steps the trainer's
+    learning-rate schedule (``self.scheduler.step()``, pytorch-accelerated's
+    ``self.scheduler_step()``), as written; None where there is none, or no
+    source to read (the schedule's hook then finds the extra step at the
+    first iteration). Read once, when the ``Trainer`` is built."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(method))))
+    except (OSError, TypeError, SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        target = node.func.value
+        if (node.func.attr == "step" and isinstance(target, ast.Attribute) and target.attr == "scheduler") or (
+                node.func.attr == "scheduler_step" and isinstance(target, ast.Name) and target.id == "self"):
+            return ast.unparse(node)
+    return None
 
 
 def event_methods(obj: Any, where: str) -> Dict[str, Callable[..., Any]]:
@@ -510,3 +536,25 @@ SEED_SETTINGS: Tuple[SeedSetting, ...] = (
     _S(LIBAI, "graph.enabled", "train.step.kind", "graph.enabled=True is read as train.step.kind='compiled' "
        "(CompiledStep, through torch.compile)"),
 )
+
+
+def _owner(seed: str) -> str:
+    """Whose setting a seed's name is, as a message says it."""
+    return {HUGGING_FACE: "the Hugging Face Trainer's", LIGHTNING: "Lightning's"}.get(seed, possessive(seed))
+
+
+def seed_setting_hint(name: str) -> Optional[str]:
+    """What a ``Trainer`` keyword argument that is another trainer's setting
+    name (:data:`SEED_SETTINGS`: the Hugging Face ``num_train_epochs``,
+    Lightning's ``accumulate_grad_batches``...) is called here:
+    ``"the Hugging Face Trainer's num_train_epochs is max_epochs here"``,
+    with the table's notes; None for a name no seed has."""
+    rows = [s for s in SEED_SETTINGS
+            if name in (part.split("=")[0] for part in s.name.split(", ")) and s.treadle != name]
+    if not rows:
+        return None
+    owners = list(dict.fromkeys(_owner(s.seed) for s in rows))
+    who = owners[0] if len(owners) == 1 else ", ".join(owners[:-1]) + " and " + owners[-1]
+    targets = " or ".join(dict.fromkeys(s.treadle for s in rows))
+    notes = "; ".join(dict.fromkeys(s.note for s in rows if s.note))
+    return f"{who} {name} is {targets} here" + (f" ({notes})" if notes else "")

@@ -46,6 +46,28 @@ UPDATE_POINTS = ("train_step", "calculate_train_batch_loss", "backward_step", "o
 #: The methods whose override changes how an evaluation batch is computed.
 EVAL_POINTS = ("eval_step", "calculate_eval_batch_loss", "evaluation_step", "prepare_input_batch",
                "_prepare_batch", "_forward_pass", "_compute_loss")
+
+
+class _NoAccelerator:
+    """``self.accelerator`` (Hezar's) and ``self._accelerator``
+    (pytorch-accelerated's): Hugging Face Accelerate's object, which the
+    ``Trainer`` has not. Reading it raises an ``AttributeError`` that says
+    what to write instead; a subclass that sets one of its own keeps it."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, trainer: Any, owner: type) -> Any:
+        if trainer is None:
+            return self
+        raise AttributeError(
+            f"{type(trainer).__name__}.{self.name}: treadle has no accelerator (Hugging Face Accelerate's, which "
+            f"Hezar's and pytorch-accelerated's trainers hold): for self.{self.name}.backward(loss) write "
+            "self.backward_step(loss) (super().backward_step(loss) inside backward_step), which scales the loss "
+            "under fp16 and averages the gradients under grad_accum_steps; autocast, devices and processes are the "
+            "precision=, device= and ddp= settings")
+
+
 class SeedOverrides:
     """The defaults of the seeds' override points on the plain ``Trainer``
     (the table of :mod:`treadle.compat.names` says when each is called).
@@ -89,6 +111,10 @@ class SeedOverrides:
         if self.loss_fn is not None:
             return as_losses(self.loss_fn(outputs, targets), LOSS_FN)["total_loss"]
         return as_losses(outputs, MODEL)["total_loss"]
+
+    #: Hugging Face Accelerate's object, read by Hezar's and pytorch-accelerated's overrides: refused with what to write.
+    accelerator = _NoAccelerator()
+    _accelerator = _NoAccelerator()
 
     # ------------------------------------------------------------------ pytorch-accelerated
     @property

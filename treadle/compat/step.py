@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Mapping, Optio
 import torch
 
 from treadle.engine.steps import EagerStep
+from treadle.evaluation.batch import batch_size
 from treadle.evaluation.loss import as_losses
 from treadle.events import ScalarKind
 from treadle.utils.torch_internals import foreach_div_
@@ -35,7 +36,8 @@ def forward_backward(trainer: Any, step: "TrainerStep", batch: Any) -> Dict[str,
     ``calculate_train_batch_loss`` where it is overridden or an
     ``on_train_step_end`` needs its output, which is then given to that event;
     else the ``Trainer``'s loss), then ``backward_step`` of their total
-    divided by the update's micro-batches."""
+    divided by the update's micro-batches (whole inside an overridden
+    ``training_step``, whose update's gradients are averaged at its end)."""
     # A Trainer without an update override trains with a plain EagerStep: its
     # training_step (called by hand) is then the loss and its backward alone.
     own = isinstance(step, TrainerStep)
@@ -47,12 +49,11 @@ def forward_backward(trainer: Any, step: "TrainerStep", batch: Any) -> Dict[str,
                                 f"'loss' (pytorch-accelerated's contract), got {type(output).__name__}")
             losses = as_losses(output["loss"], f"{trainer.__class__.__name__}.calculate_train_batch_loss")
         step.events.fire("train_step_end", batch=batch, batch_output=output)
+        step.step_end_fired = True
     else:
         with step.autocast():
             losses = as_losses(trainer.batch_loss(batch), step.loss_source)
-    count = step.micro_batches if own else step.grad_accum_steps
-    if own:
-        step.treadle_backward = True
+    count = step.loss_divisor() if own else step.grad_accum_steps
     trainer.backward_step(losses["total_loss"] if count == 1 else losses["total_loss"] / count)
     return losses
 
@@ -69,15 +70,18 @@ class TrainerStep(EagerStep):
       (:func:`forward_backward`), with pytorch-accelerated's
       ``on_train_step_start``/``on_train_step_end`` around it;
     - the step: ``optimization_step()`` (Hezar's) or ``optimizer_step()``;
-    - or the whole update, qurious' ``train_step(batch)``, which returns floats.
+    - or the whole update, qurious' ``train_step(batch)``, which returns
+      floats, between ``on_train_step_start`` and ``on_train_step_end``.
 
     Gradient unscaling, ``after_backward`` hooks, clipping, accumulation,
     the data position and the published losses are as
-    :class:`~treadle.engine.EagerStep`'s. A ``training_step`` that runs its
-    own backward (not treadle's, through ``super()``) backpropagates each
-    micro-batch's whole loss; its update's gradients are divided by
-    ``grad_accum_steps`` before the step, so that they are the
-    micro-batches' mean, as with Hezar's ``accelerator.backward``.
+    :class:`~treadle.engine.EagerStep`'s. Under an overridden
+    ``training_step`` one rule holds for every backward of a micro-batch,
+    treadle's (through ``super()``) and the override's own alike, whatever
+    part of the loss each covers: it backpropagates its whole loss, and the
+    update's gradients are divided by its micro-batches before hooks,
+    clipping and the step, so that they are the micro-batches' mean, as
+    Hezar's ``accelerator.backward`` makes them.
     """
 
     def __init__(self, *args: Any, owner: Any, overridden: FrozenSet[str], events: SeedEventCalls,
@@ -92,12 +96,19 @@ class TrainerStep(EagerStep):
         # calculate_train_batch_loss or on_train_step_end is there.
         self.needs_batch_output = self._overrides["calculate_train_batch_loss"] or "train_step_end" in events
         self._fires_step_start = "train_step_start" in events
+        self._fires_step_end = "train_step_end" in events
         # The micro-batches of the update in progress (the loss of each is divided by it).
         self.micro_batches = self.grad_accum_steps
-        # Whether treadle's backward ran in the last training_step, and whether that step ran its own instead.
-        self.treadle_backward = self._own_backward = False
-        # Whether an update after a training_step's own backward has been seen to have gradients (checked once).
+        # Whether on_train_step_end was called in the training_step in progress (by its super()).
+        self.step_end_fired = False
+        # Whether an update of a training_step override has been seen to have gradients (checked once).
         self._own_backward_checked = False
+
+    def loss_divisor(self) -> int:
+        """What :func:`forward_backward` divides a micro-batch's loss by: the
+        update's micro-batches, or 1 inside an overridden ``training_step``
+        (whose update's gradients are averaged at its end)."""
+        return 1 if self._overrides["training_step"] else self.micro_batches
 
     def run_step(self) -> None:
         if not self._overrides["train_step"] or not self.model.training:
@@ -106,18 +117,31 @@ class TrainerStep(EagerStep):
         self._run_train_step()
 
     def _run_train_step(self) -> None:
-        """qurious' ``train_step(batch)``: the whole update, returning floats."""
+        """qurious' ``train_step(batch)``: the whole update, returning floats,
+        between pytorch-accelerated's ``on_train_step_start`` and
+        ``on_train_step_end`` (whose batch output has the ``loss`` returned,
+        as a tensor, and no model outputs)."""
         owner, storage = self._owner, self.storage
         start = time.perf_counter()
         batch = self.next_batch()
         data_time = time.perf_counter() - start
+        if self._fires_step_start:
+            self.events.fire("train_step_start")
         results = owner.train_step(batch)
         if not isinstance(results, Mapping) or "loss" not in results:
             raise TypeError(f"{owner.__class__.__name__}.train_step must return a dict with a 'loss' (qurious' "
                             f"contract), got {type(results).__name__}")
+        if self._fires_step_end:
+            self._fire_step_end(batch, torch.as_tensor(results["loss"]))
         for name, value in results.items():
             storage.put_scalar("total_loss" if name == "loss" else name, value, kind=ScalarKind.LOSS)
         storage.put_scalar("data_time", data_time, kind=ScalarKind.TIME)
+
+    def _fire_step_end(self, batch: Any, loss: Any) -> None:
+        """``on_train_step_end`` after an override that computed the batch's
+        loss itself: its batch output is that loss, without model outputs."""
+        self.events.fire("train_step_end", batch=batch,
+                         batch_output={"loss": loss, "model_outputs": None, "batch_size": batch_size(batch)})
 
     def _update(self, next_batch: Callable[[], Any], count: int, *, hooks: bool = True
                 ) -> Tuple[Dict[str, torch.Tensor], Optional[torch.Tensor], float]:
@@ -134,8 +158,8 @@ class TrainerStep(EagerStep):
         owner.optimizer_zero_grad()
         self.micro_batches = count
         losses, data_time = update.accumulate(next_batch, self._micro_batch, count, self._published, backward=False)
-        if self._own_backward:
-            self._average_own_gradients()
+        if self._overrides["training_step"]:
+            self._average_training_step_gradients()
         optimizer_step = owner.optimization_step if self._overrides["optimization_step"] else owner.optimizer_step
         grad_norm = update.step(self.after_backward if hooks else None, optimizer_step)
         return losses, grad_norm, data_time
@@ -150,19 +174,21 @@ class TrainerStep(EagerStep):
         return self._training_step(batch) if self._overrides["training_step"] else forward_backward(owner, self, batch)
 
     def _training_step(self, batch: Any) -> Dict[str, torch.Tensor]:
-        """Hezar's ``training_step(batch)``, under the step's precision, and
-        whether it ran its own backward rather than treadle's (``super()``)."""
+        """Hezar's ``training_step(batch)``, under the step's precision; then
+        ``on_train_step_end``, unless its ``super()`` called it."""
         owner = self._owner
-        self.treadle_backward = False
+        self.step_end_fired = False
         with self.autocast():
             losses = as_losses(owner.training_step(batch), f"{owner.__class__.__name__}.training_step")
-        self._own_backward = not self.treadle_backward
+        if self._fires_step_end and not self.step_end_fired:
+            self._fire_step_end(batch, losses["total_loss"])
         return losses
 
-    def _average_own_gradients(self) -> None:
+    def _average_training_step_gradients(self) -> None:
         """The sum of the micro-batches' whole-loss gradients of a
-        ``training_step`` that ran its own backward, made their mean before
-        hooks, clipping and the step see them (Hezar's accumulation)."""
+        ``training_step`` override (its own backward, treadle's through
+        ``super()``, or both), made their mean before hooks, clipping and the
+        step see them (Hezar's accumulation)."""
         parameters = self._parameters()
         if not self._own_backward_checked:
             # Once, at the first update: a training_step returning its loss without

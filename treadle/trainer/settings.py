@@ -52,6 +52,7 @@ from treadle.config.rules import (
     text,
 )
 from treadle.config.train_keys import KEYS as TRAIN_KEYS
+from treadle.compat.names import seed_setting_hint
 from treadle.hooks import HookBase
 
 from . import setting_rules as rules
@@ -548,11 +549,14 @@ def given_settings(settings: Mapping[str, Any]) -> Tuple[Dict[str, Any], FrozenS
 
     Raises:
         TypeError: a name that is no setting, as Python says it of an
-            argument a function does not have.
+            argument a function does not have; another trainer's name of a
+            setting (:data:`~treadle.compat.names.SEED_SETTINGS`) with treadle's.
     """
     unknown = [name for name in settings if name not in _BY_NAME]
     if unknown:
-        raise TypeError(f"Trainer.__init__() got an unexpected keyword argument {unknown[0]!r}")
+        hint = seed_setting_hint(unknown[0])
+        raise TypeError(f"Trainer.__init__() got an unexpected keyword argument {unknown[0]!r}"
+                        + (f": {hint}" if hint else ""))
     values = {row.name: settings.get(row.name, row.default) for row in SETTINGS}
     return values, frozenset(name for name, value in settings.items() if value is not None)
 

@@ -19,7 +19,7 @@ import torch
 
 from treadle.evaluation.batch import batch_size
 
-from treadle.compat.names import HEZAR, HUGGING_FACE, compute_loss_seed, refuse_seed_methods
+from treadle.compat.names import HEZAR, HUGGING_FACE, compute_loss_seed, refuse_seed_methods, schedule_step_in
 from treadle.compat.events import TRAIN_EPOCH_EVENTS, SeedEventCalls, is_event_callback
 from treadle.compat.overrides import SeedOverrides
 
@@ -49,6 +49,8 @@ class SeedSubclass(SeedOverrides):
 
         def _seed_update(self) -> bool: ...
 
+        def train_step(self, batch: Any) -> Any: ...
+
     def _check_overrides(self, base: type, s: TrainerSettings) -> SeedEventCalls:
         """Refuses, in one line, a seed method this subclass (of ``base``,
         the ``Trainer``) defines that treadle never calls, or one that
@@ -71,6 +73,11 @@ class SeedSubclass(SeedOverrides):
                         f"{cls}.train_step does the whole update itself (qurious' contract), so {name}="
                         f"{getattr(opt, name)!r} would never act: apply it in train_step, or override "
                         "compute_loss(self, batch) and keep treadle's update")
+            stepping = schedule_step_in(self.train_step)
+            if stepping is not None:
+                raise ValueError(f"{cls}.train_step steps the learning-rate schedule ({stepping}), which treadle's "
+                                 "LRScheduler hook steps after each iteration (each epoch with scheduler_interval="
+                                 "'epoch'): remove that call, and give the schedule as scheduler=")
             for hook in hooks:
                 if hook.overrides("after_backward"):
                     raise ValueError(f"{cls}.train_step does the whole update itself, so {type(hook).__name__}."
