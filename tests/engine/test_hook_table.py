@@ -179,3 +179,24 @@ def test_two_hooks_declaring_one_scalar_name_are_refused_at_registration():
     )
     assert [type(h) for h in trainer.hooks] == [Publishes, Periodic]
 
+
+
+def test_a_callable_is_named_as_its_user_wrote_it():
+    import functools
+
+    from treadle.engine.hook_table import callable_name
+
+    def log_metrics(trainer, epoch, metrics):
+        pass
+
+    class Scorer:
+        def __call__(self, trainer, epoch, metrics):
+            pass
+
+        def on_train_epoch_end(self, trainer):
+            pass
+
+    assert callable_name(log_metrics) == "log_metrics"
+    assert callable_name(functools.partial(log_metrics, None)) == "log_metrics"
+    assert callable_name(Scorer()) == "Scorer"
+    assert callable_name(Scorer().on_train_epoch_end) == "Scorer.on_train_epoch_end"
