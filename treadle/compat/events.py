@@ -39,14 +39,10 @@ class SeedEventCalls:
         self.calls: Dict[str, List[Callable[..., Any]]] = collections.defaultdict(list)
         for event in _TRAINER_EVENTS if trainer is not None else ():
             if overridden(trainer, event, base):
-                method = getattr(trainer, event)
-                self.calls[event].append(
-                    lambda _method=method, _name=callable_name(method), **kwargs: call_noted(_method, _name))
+                self.calls[event].append(_trainer_method(getattr(trainer, event)))
         for callback, where in callbacks:
             for event, method in event_methods(callback, where).items():
-                self.calls[event].append(
-                    lambda _method=method, _name=f"callback {callable_name(method)}", _trainer=trainer, **kwargs:
-                    call_noted(_method, _name, _trainer, **kwargs))
+                self.calls[event].append(_callback_method(method, trainer))
 
     def __contains__(self, event: object) -> bool:
         return bool(self.calls.get(event)) if isinstance(event, str) else False
@@ -54,6 +50,24 @@ class SeedEventCalls:
     def fire(self, event: str, **kwargs: Any) -> None:
         for call in self.calls.get(event, ()):
             call(**kwargs)
+
+
+def _trainer_method(method: Callable[[], Any]) -> Callable[..., Any]:
+    """A ``Trainer`` subclass's event method, called with no argument, a failure named ``MyTrainer.event``."""
+    name = callable_name(method)
+
+    def call(**kwargs: Any) -> Any:
+        return call_noted(method, name)
+    return call
+
+
+def _callback_method(method: Callable[..., Any], trainer: Any) -> Callable[..., Any]:
+    """A callback's ``on_<event>``, called with the trainer, a failure named ``callback MyCallback.on_<event>``."""
+    name = f"callback {callable_name(method)}"
+
+    def call(**kwargs: Any) -> Any:
+        return call_noted(method, name, trainer, **kwargs)
+    return call
 
 
 def is_event_callback(obj: Any) -> bool:
