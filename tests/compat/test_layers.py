@@ -94,3 +94,31 @@ def test_the_pages_generator_that_left_the_package_is_refused_naming_where_it_we
     )
     assert _output_of(code).strip() == ("treadle.engine.seed_pages is no longer a module of treadle: the pages "
                                         "generator is the documentation tool tools/seed_pages.py")
+
+
+def test_an_old_module_path_warns_naming_the_new_one_and_leaves_the_new_module_reloadable():
+    code = (
+        "import importlib, warnings\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import treadle.engine.trainer as old\n"
+        "import treadle.trainer.trainer as new\n"
+        "print([(w.category.__name__, str(w.message), w.filename) for w in caught])\n"
+        "print(old is new, new.__spec__.name, new.__spec__.origin == new.__file__)\n"
+        "real, new.Trainer = new.Trainer, None\n"
+        "importlib.reload(new)\n"
+        "print(new.Trainer is not None and new.Trainer is not real)\n"
+    )
+    warned, same, reloaded = _output_of(code).splitlines()
+    assert warned == repr([("DeprecationWarning", "treadle.engine.trainer is deprecated and is removed in treadle "
+                            "0.10: import treadle.trainer.trainer instead", "<string>")])
+    assert same.split() == ["True", "treadle.trainer.trainer", "True"]
+    assert reloaded == "True"
+
+
+def test_running_an_old_module_path_says_in_one_line_what_to_run_instead():
+    result = subprocess.run([sys.executable, "-m", "treadle.engine.seed_names"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr == (f"{sys.executable}: treadle.engine.seed_names moved to treadle.compat.names and is "
+                             "removed in treadle 0.10: run python -m treadle.compat.names instead\n")

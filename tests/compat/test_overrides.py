@@ -710,6 +710,35 @@ def test_an_error_inside_an_override_names_the_users_method():
     assert error.value.__notes__ == ["treadle: raised by Calc.calculate_train_batch_loss at iteration 7"]
 
 
+def _log_metrics(trainer, epoch, metrics):
+    raise ValueError("no tracker")
+
+
+class _Tracker:
+    def on_train_step_end(self, trainer, **kwargs):
+        if trainer.iter == 5:
+            raise ValueError("no tracker")
+
+
+class _EpochEnd(Trainer):
+    def train_epoch_end(self):
+        raise ValueError("no tracker")
+
+
+@pytest.mark.parametrize("cls, settings, origin", [
+    (Trainer, {"callbacks": [_log_metrics]}, "callback _log_metrics at iteration 3"),
+    (Trainer, {"callbacks": [_Tracker()]}, "callback _Tracker.on_train_step_end at iteration 5"),
+    (_EpochEnd, {}, "_EpochEnd.train_epoch_end at iteration 3"),
+])
+def test_a_failing_callback_is_named_by_its_own_name(cls, settings, origin):
+    """Not by the hook that called it (EpochHistory.after_epoch, TrainEvents.after_step) nor as the bare iteration."""
+    trainer = cls(mlp(), "sgd", loader(), lr=0.1, loss_fn=CE, max_epochs=2, progress_bar=False, **settings)
+    with pytest.raises(ValueError, match="no tracker") as error:
+        trainer.train()
+    assert error.value.treadle_origin == origin
+    assert error.value.__notes__ == [f"treadle: raised by {origin}"]
+
+
 # ---------------------------------------------------------------------- the page
 def test_docs_migrating_shows_the_table_as_generated():
     text = (ROOT / "docs" / "migrating.md").read_text()

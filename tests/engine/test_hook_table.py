@@ -306,3 +306,24 @@ def test_no_hook_treadle_ships_has_a_method_named_like_a_stage_that_is_none():
     shipped = {c for c in classes if c.__module__.startswith("treadle.")}
     assert len(shipped) >= 20  # the walk found them (21 when written)
     assert {c.__qualname__: stray_method(c) for c in shipped if stray_method(c)} == {}
+
+
+def test_a_callable_is_named_as_its_user_wrote_it():
+    import functools
+
+    from treadle.engine.hook_table import callable_name
+
+    def log_metrics(trainer, epoch, metrics):
+        pass
+
+    class Scorer:
+        def __call__(self, trainer, epoch, metrics):
+            pass
+
+        def on_train_epoch_end(self, trainer):
+            pass
+
+    assert callable_name(log_metrics) == "log_metrics"
+    assert callable_name(functools.partial(log_metrics, None)) == "log_metrics"
+    assert callable_name(Scorer()) == "Scorer"
+    assert callable_name(Scorer().on_train_epoch_end) == "Scorer.on_train_epoch_end"

@@ -144,3 +144,20 @@ def test_both_fronts_refuse_a_fresh_start_in_a_used_folder_and_leave_it_as_it_wa
     with pytest.raises(RunFolderUsedError, match="holds an earlier run"):
         FRONTS[front](root / "straight")
     assert {name: (root / "straight" / name).read_bytes() for name in files(root / "straight")} == before
+
+
+def test_a_jobs_log_txt_holds_that_job_only_after_a_failed_job_without_a_folder(tmp_path):
+    """A DefaultTrainer job without an output_dir (its console keeps warnings and errors for a log file)
+    fails; the next job's log.txt does not begin with that failure."""
+    cfg = config(tmp_path / "unused")
+    cfg.train.output_dir = ""
+    default_setup(cfg)
+    trainer = DefaultTrainer(cfg)
+    trainer.register_hooks([crash_at(3)])
+    trainer.resume_or_load(resume=False)
+    with pytest.raises(Crash):
+        trainer.train()
+    by_config(tmp_path / "run")
+    log = (tmp_path / "run" / "log.txt").read_text()
+    assert "crash at 3" not in log and "Exception during training" not in log
+    assert "Starting training from iteration 0" in log

@@ -1,5 +1,6 @@
 """A plain ``Trainer`` job as its user writes it, preempted by a SIGTERM at a
-chosen iteration (``python tests/trainer/preemption_job.py OUT ITER``);
+chosen iteration (``python tests/trainer/preemption_job.py OUT ITER``; under
+``torchrun``, ``... OUT ITER agent``: rank 0 signals torchrun's agent);
 ``tests/trainer/test_preemption.py`` runs it and resumes it."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from typing import Any, Sequence
 
 import torch
@@ -43,5 +45,20 @@ def sigterm_at(iteration: int) -> CallbackHook:
     return CallbackHook(after_step=lambda t: t.iter == iteration and os.kill(os.getpid(), signal.SIGTERM))
 
 
+def sigterm_to_the_agent_at(iteration: int) -> CallbackHook:
+    """Under torchrun: a SIGTERM to torchrun (this process's parent) while
+    ``iteration`` runs, which it passes on to every worker; this one then
+    waits (the others wait for it) so that the signal reaches them before
+    the run's end, as a scheduler's comes long before it."""
+    def signal_the_agent(trainer: Any) -> None:
+        if trainer.iter == iteration:
+            os.kill(os.getppid(), signal.SIGTERM)
+            time.sleep(3)  # resumed after the handler runs (PEP 475)
+    return CallbackHook(after_step=signal_the_agent)
+
+
 if __name__ == "__main__":
-    trainer(sys.argv[1], [sigterm_at(int(sys.argv[2]))]).train()
+    if sys.argv[3:] == ["agent"]:  # under torchrun: rank 0 signals torchrun
+        trainer(sys.argv[1], [sigterm_to_the_agent_at(int(sys.argv[2]))] if os.environ["RANK"] == "0" else []).train()
+    else:
+        trainer(sys.argv[1], [sigterm_at(int(sys.argv[2]))]).train()

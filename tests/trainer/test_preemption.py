@@ -17,7 +17,7 @@ from torch import nn
 
 from tests.trainer import preemption_job as job
 from treadle.engine import Trainer
-from treadle.hooks import PREEMPTED_EXIT_CODE, PreemptionHandler
+from treadle.hooks import PREEMPTED_EXIT_CODE, CallbackHook, PreemptionHandler
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -99,3 +99,52 @@ def test_preemption_false_or_no_output_dir_installs_no_handler(tmp_path):
     without_a_folder = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), job.data(),
                                loss_fn=nn.functional.cross_entropy, max_iter=2)
     assert handlers(without_a_folder) == []
+
+
+def _requeue_check() -> str:
+    """The line of docs/distributed.md's requeue loop that tells a preemption from the run's folder."""
+    page = (REPO / "docs" / "distributed.md").read_text()
+    loop = page[page.index("**A requeue loop**"):page.index("**What torchrun returns.**")]
+    return next(line.strip() for line in loop.splitlines() if "summary.json" in line and "grep" in line)
+
+
+def _says(check: str, out: Path) -> str:
+    done = subprocess.run(["bash", "-c", check], env=dict(os.environ, OUT=str(out)), capture_output=True, text=True,
+                          timeout=60)
+    return done.stdout.strip()
+
+
+def test_the_requeue_loops_check_tells_a_preempted_run_from_a_finished_or_failed_one(straight, tmp_path):
+    """torchrun exits 1 after a preemption too: docs/distributed.md's loop tells it by the run's folder."""
+    check = _requeue_check()
+    run, failed = tmp_path / "run", tmp_path / "failed"
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            job.trainer(str(run), [job.sigterm_at(5)]).train()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert exit_.value.code == PREEMPTED_EXIT_CODE
+    with pytest.raises(ZeroDivisionError):
+        job.trainer(str(failed), [CallbackHook(after_step=lambda t: t.iter == 5 and 1 / 0)]).train()
+    assert _says(check, run) == "preempted: requeued"
+    assert _says(check, straight) == _says(check, failed) == _says(check, tmp_path / "never_started") == ""
+
+
+@pytest.mark.slow
+def test_under_torchrun_a_preempted_run_exits_1_and_its_folder_says_interrupted(tmp_path):
+    """What docs/distributed.md says torchrun returns (torch 2.13): a SIGTERM to
+    torchrun reaches both workers, which checkpoint and exit 75; torchrun itself
+    exits 1, with its own SignalException."""
+    run = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(REPO / "tests" / "trainer" / "preemption_job.py"), str(run), "5", "agent"],
+        cwd=REPO, env=dict(env, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "SignalException: Process" in done.stderr and "got signal: 15" in done.stderr
+    assert "Exiting with status 75 after preemption." in (run / "log.txt").read_text()
+    assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
+    assert (run / "last_checkpoint").read_text() == "model_0000011.pth"
+    assert _says(_requeue_check(), run) == "preempted: requeued"

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from treadle.engine import Trainer
-from treadle.engine import trainer_data
+from treadle.trainer import data as trainer_data
 from treadle.utils import comm
 
 REPO = Path(__file__).resolve().parents[2]

@@ -220,3 +220,33 @@ def test_a_hooks_own_logger_reaches_the_console_and_log_txt(tmp_path, capsys):
     out, log = capsys.readouterr().out, (tmp_path / "log.txt").read_text()
     assert "libai.myhook INFO: end training at 2" in out, out
     assert "libai.myhook INFO: end training at 2" in log
+
+
+def _failing_batches():
+    yield torch.randn(32, 6), torch.randint(0, 2, (32,))
+    raise RuntimeError("the first run's data broke")
+
+
+def test_a_runs_log_txt_holds_that_run_only_after_a_failed_run_without_output_dir(tmp_path):
+    """A Trainer without ``output_dir`` fails, a second with it finishes: its log.txt is its own."""
+    first = Trainer(model(), "sgd", _failing_batches(), lr=0.1, loss_fn=nn.functional.cross_entropy, max_iter=4,
+                    progress_bar=False)
+    with pytest.raises(RuntimeError, match="the first run's data broke"):
+        first.train()
+    second = Trainer(model(), "sgd", problem(64), batch_size=32, lr=0.1, loss_fn=nn.functional.cross_entropy,
+                     max_iter=2, output_dir=str(tmp_path), progress_bar=False)
+    second.train()
+    log = (tmp_path / "log.txt").read_text()
+    assert "the first run's data broke" not in log and "Exception during training" not in log
+    assert "Traceback" not in log
+    assert log.splitlines()[0].endswith("INFO: Optimizer 'sgd': torch.optim.SGD(lr=0.1, weight_decay=0.0), "
+                                        "torch's defaults for the rest")
+
+
+def test_a_runs_log_txt_leaves_out_the_warnings_of_a_trainer_built_before_it(tmp_path):
+    Trainer(model(), "sgd", problem(64), batch_size=32, lr=0.1, loss_fn=nn.functional.cross_entropy, max_iter=2,
+            dist_timeout=60, progress_bar=False)  # warned about, never trained
+    Trainer(model(), "sgd", problem(64), batch_size=32, lr=0.1, loss_fn=nn.functional.cross_entropy, max_iter=2,
+            output_dir=str(tmp_path), progress_bar=False).train()
+    log = (tmp_path / "log.txt").read_text()
+    assert "dist_timeout=60" not in log and "Starting training from iteration 0" in log

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from treadle.engine.hook_table import call_noted, callable_name
 from treadle.hooks.base import HookBase
 
 from .names import event_methods, overridden
@@ -29,17 +30,19 @@ _TRAINER_EVENTS = ("training_run_start", "train_epoch_start", "train_epoch_end",
 class SeedEventCalls:
     """Who is called at each event (:data:`~treadle.compat.names.CALLBACK_EVENTS`):
     the ``Trainer`` subclass's methods of the event's name, then each
-    callback's ``on_<event>(trainer, **kwargs)``, in the order given."""
+    callback's ``on_<event>(trainer, **kwargs)``, in the order given. A
+    failure in one is reported by its own name (``MyTrainer.train_epoch_end``,
+    ``callback MyCallback.on_train_epoch_end``), not by the hook or the step
+    that fired the event."""
 
     def __init__(self, trainer: Any = None, base: type = object, callbacks: Sequence[Tuple[Any, str]] = ()) -> None:
         self.calls: Dict[str, List[Callable[..., Any]]] = collections.defaultdict(list)
         for event in _TRAINER_EVENTS if trainer is not None else ():
             if overridden(trainer, event, base):
-                method = getattr(trainer, event)
-                self.calls[event].append(lambda _method=method, **kwargs: _method())
+                self.calls[event].append(_trainer_method(getattr(trainer, event)))
         for callback, where in callbacks:
             for event, method in event_methods(callback, where).items():
-                self.calls[event].append(lambda _method=method, _trainer=trainer, **kwargs: _method(_trainer, **kwargs))
+                self.calls[event].append(_callback_method(method, trainer))
 
     def __contains__(self, event: object) -> bool:
         return bool(self.calls.get(event)) if isinstance(event, str) else False
@@ -47,6 +50,24 @@ class SeedEventCalls:
     def fire(self, event: str, **kwargs: Any) -> None:
         for call in self.calls.get(event, ()):
             call(**kwargs)
+
+
+def _trainer_method(method: Callable[[], Any]) -> Callable[..., Any]:
+    """A ``Trainer`` subclass's event method, called with no argument, a failure named ``MyTrainer.event``."""
+    name = callable_name(method)
+
+    def call(**kwargs: Any) -> Any:
+        return call_noted(method, name)
+    return call
+
+
+def _callback_method(method: Callable[..., Any], trainer: Any) -> Callable[..., Any]:
+    """A callback's ``on_<event>``, called with the trainer, a failure named ``callback MyCallback.on_<event>``."""
+    name = f"callback {callable_name(method)}"
+
+    def call(**kwargs: Any) -> Any:
+        return call_noted(method, name, trainer, **kwargs)
+    return call
 
 
 def is_event_callback(obj: Any) -> bool:

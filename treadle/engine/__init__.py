@@ -64,7 +64,8 @@ __all__ = [
 
 lazy_exports(__name__, _LAZY)
 # Where the plain Trainer's modules and the other trainers' names lived before
-# they left the engine: user code importing them there keeps working.
+# they left the engine: user code importing them there keeps working, warned
+# that the old paths go in 0.10 (0.8 and 0.9 keep them).
 keep_old_paths({
     "treadle.engine.trainer": "treadle.trainer.trainer",
     "treadle.engine.trainer_settings": "treadle.trainer.settings",
@@ -72,4 +73,5 @@ keep_old_paths({
     "treadle.engine.trainer_eval": "treadle.trainer.evaluation",
     "treadle.engine.seed_names": "treadle.compat.names",
     "treadle.engine.seed_overrides": "treadle.compat.overrides",
-}, gone={"treadle.engine.seed_pages": "the pages generator is the documentation tool tools/seed_pages.py"})
+}, gone={"treadle.engine.seed_pages": "the pages generator is the documentation tool tools/seed_pages.py"},
+    removed_in="0.10")

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional,
 from treadle.events import ScalarKind, get_event_storage
 from treadle.hooks import HookBase
 
+from .hook_table import call_noted, callable_name
+
 
 if TYPE_CHECKING:
     from treadle.events import EventStorage
@@ -144,7 +146,8 @@ class EpochHistory(HookBase):
         row = epoch_row(trainer.storage, epoch, first, last, results_until=last + 1)
         self.epochs.append(row)
         for fn in self.callbacks:
-            fn(trainer, epoch, dict(row))
+            # A failure is reported as the callback's, not as this hook's.
+            call_noted(fn, f"callback {callable_name(fn)}", trainer, epoch, dict(row))
 
 
 def iteration_history(storage: "EventStorage") -> Dict[str, List[Tuple[int, float]]]:

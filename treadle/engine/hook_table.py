@@ -12,16 +12,18 @@ nowhere else. Two hooks that declare one scalar name
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import defaultdict
-from typing import Callable, Collection, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Collection, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from treadle.hooks.base import HOOK_STAGES, HookBase
 
 from .hook_methods import check_hook_methods
 from .trainer_state import hook_state_keys
 
-__all__ = ["HookOrderError", "HookTable", "HookCall", "PERIODIC_STAGES", "check_scalar_names", "note_origin"]
+__all__ = ["HookOrderError", "HookTable", "HookCall", "PERIODIC_STAGES", "check_scalar_names", "note_origin",
+           "call_noted", "callable_name"]
 
 # An iteration no training reaches.
 _NEVER = 2**62
@@ -186,7 +188,7 @@ class HookTable:
             try:
                 call.method()
             except (Exception, KeyboardInterrupt) as e:
-                note_origin(e, f"hook {call.key} at iteration {iteration}")
+                note_origin(e, f"hook {call.key}", iteration)
                 raise
             end = clock()
             seconds[call.key] += end - start
@@ -222,17 +224,51 @@ def check_scalar_names(hooks: Sequence[HookBase]) -> None:
             )
 
 
-def note_origin(error: BaseException, where: str) -> None:
-    """Records where in the loop ``error`` was raised, once (the innermost place wins).
+def note_origin(error: BaseException, where: Optional[str], iteration: int) -> None:
+    """Records where in the loop ``error`` was raised, once (the innermost place wins):
+    ``"{where} at iteration {iteration}"`` (``"iteration {iteration}"`` without
+    a ``where``), where the user's function that a hook or the step called
+    (:func:`call_noted`) replaces ``where``: the report names the callback
+    that failed, not the hook that called it.
 
     Kept as ``error.treadle_origin`` for one-line reports (``tools/train_net.py``
     prints it), and as a note that Python shows under the traceback.
     """
     if getattr(error, "treadle_origin", None):
         return
+    where = getattr(error, "treadle_called", None) or where
+    origin = f"{where} at iteration {iteration}" if where else f"iteration {iteration}"
     try:
-        error.treadle_origin = where  # type: ignore[attr-defined]
+        error.treadle_origin = origin  # type: ignore[attr-defined]
     except AttributeError:  # an exception type without a __dict__
         return
     if hasattr(error, "add_note"):  # Python >= 3.11
-        error.add_note(f"treadle: raised by {where}")
+        error.add_note(f"treadle: raised by {origin}")
+
+
+def call_noted(fn: Callable[..., Any], name: str, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``; an ``Exception`` it raises is noted as raised
+    by ``name`` (a callback: ``"callback log_metrics"``) for :func:`note_origin`,
+    unless a function it called was noted already (the innermost wins)."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as error:
+        if not getattr(error, "treadle_called", None):
+            try:
+                error.treadle_called = name  # type: ignore[attr-defined]
+            except AttributeError:  # an exception type without a __dict__
+                pass
+        raise
+
+
+def callable_name(fn: Any) -> str:
+    """How a report names ``fn``: ``log_metrics``, ``MyCallback.on_train_epoch_end``
+    (a bound method), ``Scorer`` (an object with ``__call__``); a function
+    defined inside another is named without the enclosing one's
+    ``<locals>`` path, a ``functools.partial`` by its function."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    name = getattr(fn, "__qualname__", None)
+    if not isinstance(name, str):
+        name = type(fn).__qualname__
+    return name.rsplit("<locals>.", 1)[-1]

@@ -16,7 +16,10 @@ A :class:`RunSession` does that, in this order:
 2. **start**: once there is training to do, write what the job left for
    this moment (``config.yaml``, see :mod:`treadle.utils.run_start`) and start
    the log files, which hold every record logged since the job began;
-3. **release** the folder when training ends, however it ends.
+3. **release** the folder when training ends, however it ends; what the
+   console kept for a log file (a run without a folder keeps its warnings
+   and errors there) ends with the run, so that the next run's ``log.txt``
+   holds that run only.
 
 The writers the run's ``PeriodicWriter`` flushes come from one assembly,
 :func:`treadle.events.get_default_writers`, which both trainers call.
@@ -30,7 +33,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Union
 
 from treadle.checkpoint import Checkpointer, check_checkpoint_file
 from treadle.hooks import LRScheduler
-from treadle.utils.logger import start_log_files
+from treadle.utils.logger import forget_kept_warnings, start_log_files
 from treadle.utils.run_folder import RunFolder, check_on_main_process, claim_on_main_process
 from treadle.utils.run_start import training_starts
 
@@ -84,10 +87,13 @@ class RunSession:
         self._claimed = True
 
     def release(self) -> None:
-        """Releases the folder claimed by :meth:`claim` (a no-op without one)."""
+        """Releases the folder claimed by :meth:`claim` (a no-op without
+        one), and ends the run's records kept for a log file."""
         if self.folder is not None:
             self.folder.release()
         self._claimed = False
+        for name in ("treadle", "fvcore"):
+            forget_kept_warnings(name)
 
     def open(self, trainer: Any, *, resume: Resume = False, init: str = "", move_aside: bool = False) -> int:
         """Claims the folder and loads what ``trainer`` starts from; returns

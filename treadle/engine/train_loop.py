@@ -314,7 +314,7 @@ class TrainerBase:
         self._loop_hook_seconds = 0.0
 
     def _after_failed_training(self, error: BaseException) -> None:
-        note_origin(error, f"iteration {self.iter}")
+        note_origin(error, None, self.iter)
         if isinstance(error, SystemExit):
             logger.warning("Exiting with status %s at iteration %d.", error.code, self.iter)
         else:
@@ -412,7 +412,7 @@ class TrainerBase:
                     logger.exception("%s failed after an earlier after_train raised:", call.key)
                     continue
                 first = e
-                note_origin(e, f"hook {call.key} at iteration {self.iter}")
+                note_origin(e, f"hook {call.key}", self.iter)
             self._table.seconds[call.key] += time.perf_counter() - t0
         if first is not None:
             raise first

@@ -10,11 +10,13 @@ process group it joins (after the checks).
 from __future__ import annotations
 
 import datetime
+import logging
 import os
+import weakref
 from typing import Any, Mapping, Optional
 
 from treadle.utils import comm
-from treadle.utils.logger import setup_logger
+from treadle.utils.logger import forget_kept_warnings, setup_logger
 
 from treadle.engine.launch import join_env_process_group
 
@@ -23,10 +25,22 @@ from .settings import ProcessSettings
 __all__ = ["start_console", "join_processes", "inside"]
 
 
+# The handlers the last Trainer's console set up: what they kept is that Trainer's.
+_TRAINERS_HANDLERS: "weakref.WeakSet[logging.Handler]" = weakref.WeakSet()
+
+
 def start_console(values: Mapping[str, Any]) -> None:
-    """The console of this process, its ``log.txt`` deferred, from settings not checked yet."""
+    """The console of this process, its ``log.txt`` deferred, from settings not checked yet.
+
+    A console an earlier ``Trainer`` set up without ``output_dir`` kept that
+    Trainer's warnings for a log file: they are not this run's (a Trainer
+    built and never trained; one that trained gave them up at its end)."""
+    logger = logging.getLogger("treadle")
+    if any(h in _TRAINERS_HANDLERS for h in logger.handlers):
+        forget_kept_warnings()
     rank = comm.get_rank() if comm.get_world_size() > 1 else int(os.environ.get("RANK", "0") or 0)
     setup_logger(output=_logs_dir(values), distributed_rank=rank, defer_file=True)
+    _TRAINERS_HANDLERS.update(logger.handlers)
 
 
 def join_processes(settings: ProcessSettings) -> None:

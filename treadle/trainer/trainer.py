@@ -373,7 +373,7 @@ class Trainer(SeedSubclass, TrainerRun):
         # table); not a Ctrl-C's or an exit's, which a signal raises wherever the loop happens to be.
         where = raised_in(error, self, Trainer) if isinstance(error, Exception) else None
         if where is not None:
-            note_origin(error, f"{where} at iteration {self.iter}")
+            note_origin(error, where, self.iter)
         super()._after_failed_training(error)
 
     def evaluate(self, loader: Optional[Iterable[Any]] = None) -> Dict[str, Any]:

@@ -15,7 +15,10 @@ from termcolor import colored
 
 from .file_io import PathManager, describe_os_error
 
-__all__ = ["setup_logger", "start_log_files", "log_once", "strip_ansi", "one_line_error", "write_info_line"]
+__all__ = [
+    "setup_logger", "start_log_files", "forget_kept_warnings", "log_once", "strip_ansi", "one_line_error",
+    "write_info_line",
+]
 
 _LOGGED_ONCE: set = set()
 
@@ -676,6 +679,17 @@ def note_warnings_shown(shown: Sequence[Dict[str, Any]], name: str = "treadle") 
     for handler in logging.getLogger(name).handlers:
         if isinstance(handler, _ConsoleHandler):
             handler.note_shown(records)
+
+
+def forget_kept_warnings(name: str = "treadle") -> None:
+    """Drops the warnings (and errors) that the ``name`` logger's console
+    without a log file kept for the next log file: a run that ended took
+    them with it, and the next run's ``log.txt`` must not begin with an
+    earlier run's error (a ``Trainer`` without ``output_dir`` that failed,
+    then one with it, in one process)."""
+    for handler in logging.getLogger(name).handlers:
+        if isinstance(handler, _ConsoleHandler) and handler.kept_warnings:
+            handler.kept_warnings.clear()
 
 
 def is_set_up(name: str = "treadle") -> bool:

@@ -1,7 +1,13 @@
 """Old module paths: a module moved to another package answers at its old
 name with the new module itself (one module object, so ``isinstance`` and
-monkeypatching see the same classes); one that left the package is refused
-in one line saying where it went."""
+monkeypatching see the same classes), with a ``DeprecationWarning`` naming
+the path to import and the version the old one goes in; one that left the
+package is refused in one line saying where it went.
+
+The new module stays its own: its ``__spec__`` is its own (so that
+``importlib.reload`` runs it again), and ``python -m`` of an old path says
+in one line what to run instead.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +16,17 @@ import importlib.abc
 import importlib.machinery
 import sys
 import types
+import warnings
 from typing import Dict, Optional, Sequence
 
 __all__ = ["keep_old_paths"]
 
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def __init__(self, moved: Dict[str, str], gone: Dict[str, str]) -> None:
-        self.moved, self.gone = moved, gone
+    def __init__(self, moved: Dict[str, str], gone: Dict[str, str], removed_in: str) -> None:
+        self.moved, self.gone, self.removed_in = moved, gone, removed_in
+        # The new module's own spec, by old name, between create_module and exec_module.
+        self._own_specs: Dict[str, Optional[importlib.machinery.ModuleSpec]] = {}
 
     def find_spec(self, fullname: str, path: Optional[Sequence[str]] = None,
                   target: Optional[types.ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:
@@ -27,13 +36,29 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.machinery.ModuleSpec(fullname, self) if fullname in self.moved else None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        return importlib.import_module(self.moved[spec.name])
+        module = importlib.import_module(self.moved[spec.name])
+        self._own_specs[spec.name] = module.__spec__
+        return module
 
     def exec_module(self, module: types.ModuleType) -> None:
-        """The new module ran when it was imported."""
+        """The new module ran when it was imported: it gets its own spec
+        back (the import system gave it the old name's) and the importer a
+        ``DeprecationWarning``."""
+        old = module.__spec__.name if module.__spec__ is not None else module.__name__
+        module.__spec__ = self._own_specs.pop(old, None) or module.__spec__
+        # stacklevel 2: the warnings module skips the import system's frames, to the importing line.
+        warnings.warn(f"{old} is deprecated and is removed in treadle {self.removed_in}: import "
+                      f"{self.moved[old]} instead", DeprecationWarning, stacklevel=2)
+
+    def get_code(self, fullname: str) -> None:
+        """``python -m`` of an old path (runpy asks for the module's code): refused in one line."""
+        raise ImportError(f"{fullname} moved to {self.moved[fullname]} and is removed in treadle {self.removed_in}: "
+                          f"run python -m {self.moved[fullname]} instead")
 
 
-def keep_old_paths(moved: Dict[str, str], gone: Optional[Dict[str, str]] = None) -> None:
+def keep_old_paths(moved: Dict[str, str], gone: Optional[Dict[str, str]] = None, *, removed_in: str) -> None:
     """Makes each old module name of ``moved`` (old -> new) import the new
-    module, and each of ``gone`` (old -> where it went) refused in one line."""
-    sys.meta_path.append(_MovedModules(moved, gone or {}))
+    module, with a ``DeprecationWarning`` saying that the old name is removed
+    in version ``removed_in``, and each of ``gone`` (old -> where it went)
+    refused in one line."""
+    sys.meta_path.append(_MovedModules(moved, gone or {}, removed_in))
