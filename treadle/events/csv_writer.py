@@ -55,7 +55,7 @@ class CSVWriter(AppendingFileWriter):
         self._columns: Optional[List[str]] = None
 
     def write(self) -> None:
-        if self._only_reads_here():  # not the main process: it writes
+        if self._main_process is not True and self._only_reads_here():  # not the main process (a call only until known)
             return
         rows = self._new_rows(get_event_storage())
         if not rows:

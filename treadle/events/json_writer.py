@@ -61,7 +61,7 @@ class JSONWriter(AppendingFileWriter):
         self._keys: Dict[str, str] = {}
 
     def write(self) -> None:
-        if self._only_reads_here():  # not the main process: it writes
+        if self._main_process is not True and self._only_reads_here():  # not the main process (a call only until known)
             return
         rows = self._new_rows(get_event_storage())
         if not rows:

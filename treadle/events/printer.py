@@ -150,7 +150,7 @@ class CommonMetricPrinter(EventWriter):
         self._clock_anchor = (_now(), start_iter - 1)
 
     def write(self) -> None:
-        if self._only_reads_here():  # not the main process: it prints
+        if self._main_process is not True and self._only_reads_here():  # not the main process (a call only until known)
             return
         storage = get_event_storage()
         latest = storage.latest()

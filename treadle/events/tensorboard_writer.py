@@ -129,7 +129,7 @@ class TensorboardWriter(IterationRowWriter):
         return self._get_writer()
 
     def write(self) -> None:
-        if self._only_reads_here():  # not the main process: it writes
+        if self._main_process is not True and self._only_reads_here():  # not the main process (a call only until known)
             return
         try:
             self._write()

@@ -95,7 +95,7 @@ class WandbWriter(IterationRowWriter):
 
     # ------------------------------------------------------------------ writing
     def write(self) -> None:
-        if self._only_reads_here():  # not the main process: it writes
+        if self._main_process is not True and self._only_reads_here():  # not the main process (a call only until known)
             return
         storage = get_event_storage()
         rows = self._new_rows(storage)
