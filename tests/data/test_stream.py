@@ -130,3 +130,5 @@ def test_what_is_not_a_stream_of_batches_is_refused_in_one_line():
         DataStream(5)
     with pytest.raises(RuntimeError, match=r"^The training data \(list\) yields no batches\.$"):
         next(DataStream([]))
+    with pytest.raises(RuntimeError, match=r"^This DataStream has no loader \(None\): give it one"):
+        next(DataStream(None))

@@ -156,9 +156,60 @@ def test_a_step_reading_batches_no_checkpoint_keeps_says_so_once_at_the_first_ch
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="treadle.engine.train_loop"):
         TrainerBase(TwoOptimizerStep(make_model(), shuffled())).state_dict()
+        TrainerBase(Synthetic(make_model())).state_dict()  # no data to lose: the trainer's proxy is no iterator
         TrainerBase(EagerStep(make_model(), shuffled(), torch.optim.SGD(make_model().parameters(), lr=0.1),
                               loss_fn=nn.functional.mse_loss)).state_dict()
     assert caplog.records == []
+
+
+class Synthetic(StepBase):
+    """Data drawn inside the step (the checkpoint's random state puts it back)."""
+
+    def __init__(self, model):
+        self.model, self.update = model, Update(torch.optim.SGD(model.parameters(), lr=0.1))
+
+    def run_step(self):
+        x = torch.randn(8, 4)
+        self.update.apply(self.model(x).pow(2).mean())
+
+
+class TwoStreams(StepBase):
+    """Two data streams held in a list: parts too, saved as ``streams.0`` and ``streams.1``."""
+
+    def __init__(self, model, loaders):
+        self.model, self.streams = model, [DataStream(loader) for loader in loaders]
+        self.update = Update(torch.optim.SGD(model.parameters(), lr=0.05))
+
+    def run_step(self):
+        loss = sum(nn.functional.mse_loss(self.model(x), y) for x, y in (next(s) for s in self.streams))
+        self.update.apply(loss)
+
+
+def test_streams_held_in_a_list_are_saved_and_put_back():
+    def run(iters, state=None, start=0):
+        model = make_model()
+        if state is not None:
+            model.load_state_dict(state["model"])
+        step = TwoStreams(model, [shuffled(0), shuffled(1)])
+        trainer = TrainerBase(step)
+        if state is not None:
+            trainer.load_state_dict(state["trainer"])
+        trainer.train(start, iters)
+        return model, {"model": model.state_dict(), "trainer": trainer.state_dict()}
+
+    full, _ = run(9)
+    _, saved = run(4)
+    assert set(saved["trainer"]["step"]) == {"streams.0", "streams.1"}
+    torch.manual_seed(7)
+    resumed, _ = run(9, saved, start=4)
+    assert all(torch.equal(a, b) for a, b in zip(full.parameters(), resumed.parameters()))
+
+
+def test_an_update_of_a_model_that_is_no_module_is_refused():
+    optimizer = torch.optim.SGD(make_model().parameters(), lr=0.1)
+    with pytest.raises(TypeError, match=r"^Update's model is the module whose gradients it syncs \(an nn.Module\), "
+                                        r"got SGD$"):
+        Update(optimizer, model=optimizer)
 
 
 def test_a_step_refuses_state_it_has_no_part_for():

@@ -106,6 +106,9 @@ class DataStream:
         """A new pass over the loader; once per pass, never per batch: the
         sampler told its epoch, and the states its order comes from recorded
         first, for a resume inside it."""
+        if self.loader is None:
+            raise RuntimeError("This DataStream has no loader (None): give it one (stream.loader = ...) "
+                               "before reading batches")
         sampler = _sampler_with_epoch(self.loader)
         if sampler is not None:
             sampler.set_epoch(self.passes)

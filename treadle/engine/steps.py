@@ -18,6 +18,7 @@ import collections.abc
 import functools
 import logging
 import warnings
+import weakref
 from typing import Any, Callable, ContextManager, Dict, Iterable, List, Optional, Tuple
 
 import torch
@@ -63,6 +64,7 @@ def _three_positional(init: Callable[..., None]) -> Callable[..., None]:
 
 #: The parts a step holds as attributes, which it saves and restores by itself.
 STEP_PARTS = (DataStream, Update)
+_PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
 
 
 class StepBase:
@@ -77,7 +79,7 @@ class StepBase:
     with the trainer's state, each rank's on its rank. By default it is the
     state of the step's parts: each :class:`~treadle.data.DataStream` (the
     data position) and :class:`~treadle.engine.Update` (the grad scaler) held
-    as an attribute, by the attribute's name. A step with state of its own
+    as an attribute (or in a list or dict attribute), by the attribute's name. A step with state of its own
     (a queue, a memory bank) adds it to ``super().state_dict()``.
 
     ``self.trainer`` is set (as a weak proxy) when the step is assigned to
@@ -105,9 +107,17 @@ class StepBase:
     def parts(self) -> Dict[str, Any]:
         """The step's parts by attribute name: each
         :class:`~treadle.data.DataStream` and :class:`~treadle.engine.Update`
-        it holds, which ``state_dict()`` saves."""
+        it holds, which ``state_dict()`` saves; those in a list, tuple or dict
+        attribute by ``name.index`` or ``name.key``."""
+        parts: Dict[str, Any] = {}
         # By type, not isinstance: the trainer is a weak proxy, which a dead referent makes raise.
-        return {name: value for name, value in vars(self).items() if issubclass(type(value), STEP_PARTS)}
+        for name, value in vars(self).items():
+            if issubclass(type(value), STEP_PARTS):
+                parts[name] = value
+            elif type(value) in (list, tuple, dict):
+                items = value.items() if type(value) is dict else enumerate(value)
+                parts.update((f"{name}.{key}", item) for key, item in items if issubclass(type(item), STEP_PARTS))
+        return parts
 
     def state_dict(self) -> Dict[str, Any]:
         return {name: state for name, part in self.parts().items() if (state := part.state_dict())}
@@ -127,9 +137,10 @@ def unknown_data_position(step: StepBase) -> Optional[str]:
     or None: a step that reads batches from something other than a
     :class:`~treadle.data.DataStream` (a DataLoader, an iterator,
     ``itertools.cycle``) and saves no ``data`` state of its own."""
-    types = [type(value) for value in vars(step).values()]  # the trainer is a weak proxy: no isinstance
-    if any(issubclass(kind, DataStream) for kind in types):
+    if any(issubclass(type(part), DataStream) for part in step.parts().values()):
         return None
+    # By type, not isinstance, and the trainer left out: a weak proxy, which passes for an iterator.
+    types = [type(value) for value in vars(step).values() if not issubclass(type(value), _PROXIES)]
     sources = [kind for kind in types if issubclass(kind, (collections.abc.Iterator, torch.utils.data.DataLoader))]
     if not sources:
         return None

@@ -97,6 +97,9 @@ class Update:
         check_update_settings(grad_accum_steps, clip_grad_norm, clip_grad_value, precision)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"Update takes a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if model is not None and not isinstance(model, nn.Module):
+            raise TypeError(f"Update's model is the module whose gradients it syncs (an nn.Module), "
+                            f"got {type(model).__name__}")
         self.optimizer = optimizer
         self.model = model
         self.grad_accum_steps = grad_accum_steps
