@@ -457,6 +457,7 @@ ALWAYS_ACTS = {
     "log_period": "the writers' period, or the progress bar's",
     "init_weights_from": "loaded into the model",
     "progress_bar": "shown or not",
+    "num_threads": "the CPU threads while train() runs",
 }
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "seed",
     "device",
     "compile_backend",
+    "num_threads",
     "anything",
 ]
 
@@ -194,6 +195,13 @@ def device(key: str, value: Any) -> None:
             raise ConfigError(f"{key}={value!r}, but MPS is not available on this machine; use 'cpu' or 'auto'")
     elif parsed.type != "cpu":
         raise ConfigError(f"{key}={value!r} is not supported; use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
+
+
+def num_threads(key: str, value: Any) -> None:
+    """``"auto"``, ``None`` (torch's count) or an integer ``>= 1``: the CPU threads of a run."""
+    if value is None or value == "auto" or (is_int(value) and value >= 1):
+        return
+    raise ConfigError(f"{key} must be 'auto', None (torch's count) or an integer >= 1, got {shown(value)}")
 
 
 def anything(key: str, value: Any) -> None:

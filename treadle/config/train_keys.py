@@ -33,6 +33,7 @@ from .rules import (
     device,
     integer,
     non_negative_number,
+    num_threads,
     path,
     positive_number,
     seed,
@@ -90,6 +91,10 @@ KEYS: Tuple[TrainKey, ...] = (
        "Weights loaded at the start when not resuming (e.g. a pre-trained backbone); '' for none."),
     _K("max_iter", 1000, integer(1), "Iterations to train (one iteration = one optimizer update)."),
     _K("device", "auto", device, "'auto' picks cuda, then mps, then cpu; or 'cpu', 'cuda', 'cuda:N', 'mps'."),
+    _K("num_threads", "auto", num_threads,
+       "CPU threads of torch's operations: 'auto' trains on the CPU with one (more wait for each other beside "
+       "other work), on a GPU with torch's count; None: torch's count; an integer: that many. "
+       "OMP_NUM_THREADS, when set, wins. See docs/performance.md."),
     _K("seed", 0, seed,
        "Python, numpy and torch are seeded with seed + rank; a negative seed (or None) picks one and logs it."),
     _K("log_period", 20, integer(1), "Iterations between writes to metrics.json, TensorBoard and the console."),

@@ -20,6 +20,7 @@ import treadle
 from treadle.checkpoint import Checkpointer, unwrap_model
 from treadle.config import LazyCall, LazyConfig, get_config_file, instantiate
 from treadle.config.top_nodes import step_kind
+from treadle.config.rules import num_threads as num_threads_rule
 from treadle.config.train_keys import train_section, train_setting
 from treadle.evaluation import evaluator_loss_fn, inference_on_dataset
 from treadle.evaluation.batch import training_forward
@@ -29,6 +30,7 @@ from treadle.hooks import HookBase
 from treadle.utils import comm
 from treadle.utils.device import resolve_device
 from treadle.utils.env import collect_env_info, import_fvcore_nn, seed_all_rng
+from treadle.utils.threads import apply_num_threads
 from treadle.utils.atomic import atomic_write
 from treadle.utils.file_io import PathManager, describe_os_error
 from treadle.utils.logger import setup_logger, start_log_files
@@ -148,7 +150,11 @@ def default_setup(cfg: DictConfig, args: Optional[argparse.Namespace] = None) ->
     - logging: a colored console on the main process; ``log.txt`` (and
       ``log.txt.rank{N}`` on other ranks) in the output directory, kept in
       memory until the folder is claimed, then written from the first line;
-    - an environment table (python, torch, CUDA, devices) and the command line are logged;
+    - torch's CPU threads are set by ``train.num_threads`` (``"auto"``: one
+      on the CPU; ``OMP_NUM_THREADS``, when set, wins; see
+      :mod:`treadle.utils.threads`): this process is the job's own;
+    - an environment table (python, torch, CUDA, devices, the CPU threads and
+      why) and the command line are logged;
     - python, numpy and torch are seeded with ``train.seed + rank``; a
       negative seed picks one, logs it, and writes it back to ``cfg.train.seed``.
 
@@ -163,7 +169,10 @@ def default_setup(cfg: DictConfig, args: Optional[argparse.Namespace] = None) ->
     setup_logger(output_dir or None, distributed_rank=rank, defer_file=True)
     setup_logger(output_dir or None, distributed_rank=rank, name="fvcore", defer_file=True)
     logger.info("Rank of current process: %d. World size: %d", rank, comm.get_world_size())
-    logger.info("Environment info:\n%s", collect_env_info())
+    num_threads = train_setting(cfg, "num_threads")
+    num_threads_rule("train.num_threads", num_threads)  # also where check_run_config has not run
+    threads = apply_num_threads(num_threads, train_setting(cfg, "device"), name="train.num_threads")
+    logger.info("Environment info:\n%s", collect_env_info(threads.describe()))
     if args is not None:
         # detectron2's tests pass a dict; the command line passes a Namespace.
         logger.info("Command line arguments: %s", vars(args) if hasattr(args, "__dict__") else args)

@@ -10,14 +10,23 @@ goes on from there. A second ``train()`` of a trained ``Trainer`` is refused.
 
 from __future__ import annotations
 
-from typing import Optional
+import logging
+from typing import TYPE_CHECKING, Optional
+
+import torch
 
 from treadle.compat.names import refuse_methods_set_on_instance
 from treadle.engine.history import TrainingHistory, iteration_history
 from treadle.engine.session import Resume, RunSession
 from treadle.engine.train_loop import TrainerBase
+from treadle.utils.threads import apply_num_threads, restore_num_threads
+
+if TYPE_CHECKING:
+    from .settings import TrainerSettings
 
 __all__ = ["TrainerRun"]
+
+logger = logging.getLogger(__name__)
 
 
 class TrainerRun(TrainerBase):
@@ -27,6 +36,8 @@ class TrainerRun(TrainerBase):
 
     session: RunSession
     history: TrainingHistory
+    settings: TrainerSettings
+    device: torch.device
     #: The epoch after which ``train_epoch()`` pauses the run, while it trains.
     _pause_after_epoch: Optional[int] = None
     #: Whether this Trainer has trained, is paused between ``train_epoch()``
@@ -51,10 +62,14 @@ class TrainerRun(TrainerBase):
         last training stopped (``train_epoch()``), with its recent values."""
         refuse_methods_set_on_instance(self)
         self._in_training = True
+        # The user's process: its thread count is this run's while it trains, and theirs again after.
+        threads = apply_num_threads(self.settings.processes.num_threads, self.device, name="num_threads")
+        logger.info("CPU threads: %s", threads.describe())
         try:
             return self._run_in_session(resume, move_aside=move_aside, continuing=continuing)
         finally:
             self._in_training = False
+            restore_num_threads(threads)
 
     def _run_in_session(self, resume: Resume, *, move_aside: bool, continuing: bool) -> TrainingHistory:
         if continuing:

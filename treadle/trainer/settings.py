@@ -433,6 +433,8 @@ class ProcessSettings:
         Need("several processes", _SEVERAL_PROCESSES, "dist_timeout={value} bounds what several processes wait "
              "for each other; this is one process", refuse=False),
         default=float(_TRAIN["dist_timeout"].default))  # in seconds, as timedelta.total_seconds() says them
+    num_threads: Union[int, str, None] = _shared(
+        "num_threads", doc="Set while train() runs (after it, the count before is put back).")
 
 
 @dataclasses.dataclass(frozen=True)

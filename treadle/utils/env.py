@@ -49,8 +49,10 @@ def import_fvcore_nn(module: str = "fvcore.nn") -> ModuleType:
         return importlib.import_module(module)
 
 
-def collect_env_info() -> str:
-    """A table of the software and devices this process runs with."""
+def collect_env_info(cpu_threads: Optional[str] = None) -> str:
+    """A table of the software and devices this process runs with;
+    ``cpu_threads``: the row of the CPU threads (a run's count and why,
+    :meth:`~treadle.utils.threads.ThreadChoice.describe`), else torch's count."""
     rows = [
         ("sys.platform", sys.platform),
         ("treadle", f"{treadle.__version__} @{os.path.dirname(treadle.__file__)}"),
@@ -67,5 +69,5 @@ def collect_env_info() -> str:
     mps = getattr(torch.backends, "mps", None)
     if mps is not None and mps.is_available():
         rows.append(("MPS available", True))
-    rows.append(("CPU threads", torch.get_num_threads()))
+    rows.append(("CPU threads", cpu_threads or torch.get_num_threads()))
     return tabulate(rows, tablefmt="psql")

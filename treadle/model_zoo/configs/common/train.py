@@ -21,6 +21,10 @@ train.max_iter = 1000
     Iterations to train (one iteration = one optimizer update).
 train.device = 'auto'
     'auto' picks cuda, then mps, then cpu; or 'cpu', 'cuda', 'cuda:N', 'mps'.
+train.num_threads = 'auto'
+    CPU threads of torch's operations: 'auto' trains on the CPU with one (more wait for
+    each other beside other work), on a GPU with torch's count; None: torch's count; an
+    integer: that many. OMP_NUM_THREADS, when set, wins. See docs/performance.md.
 train.seed = 0
     Python, numpy and torch are seeded with seed + rank; a negative seed (or None) picks
     one and logs it.
