@@ -76,16 +76,16 @@ def test_a_loader_with_its_own_state_keeps_its_position():
     assert take(resumed, 4) == expected
 
 
-def test_a_list_of_batches_keeps_no_position_and_its_resume_says_so(caplog):
+def test_a_list_of_batches_is_put_back_at_its_batch(caplog):
     batches = [(torch.zeros(1, 1), torch.tensor([i])) for i in range(3)]
     stream = DataStream(batches)
     assert take(stream, 4) == [[0], [1], [2], [0]]
-    assert stream.state_dict() == {}
+    assert stream.state_dict() == {"data_pass": {"epoch": 1, "batch": 1}}
+    resumed = DataStream(batches)
     with caplog.at_level(logging.WARNING, logger="treadle.data.stream"):
-        DataStream(batches).load_state_dict({})
-    assert [r.getMessage() for r in caplog.records] == [
-        "The data loader (list) has no state_dict(): a resumed run restarts its data stream. "
-        "Use treadle.data.build_train_loader for an exact resume."]
+        resumed.load_state_dict(stream.state_dict())
+    assert take(resumed, 4) == take(stream, 4) == [[1], [2], [0], [1]]
+    assert caplog.records == [] and resumed.passes == 2
 
 
 class Batches:

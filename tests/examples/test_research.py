@@ -52,25 +52,29 @@ def batches(loader):
 
 
 # ---------------------------------------------------------------------------- GAN
-def gan_by_hand(max_iter: int):
-    torch.manual_seed(gan.SEED)
+def gan_by_hand(max_iter: int, rank: int = 0, world_size: int = 1):
+    """The hand-written loop: on several processes both models in DDP, this
+    rank's share of the data from a ``DistributedSampler``, its own noise.
+    Returns the models and the rates each iteration trained with."""
+    torch.manual_seed(gan.SEED + rank)
     g, d = gan.build_models()
     opt_g = torch.optim.Adam(g.parameters(), lr=2e-3, betas=(0.5, 0.999))
     opt_d = torch.optim.Adam(d.parameters(), lr=2e-3, betas=(0.5, 0.999))
     sched_g = torch.optim.lr_scheduler.StepLR(opt_g, step_size=10, gamma=0.5)
     sched_d = torch.optim.lr_scheduler.ExponentialLR(opt_d, gamma=0.97)
-    data = batches(gan.build_data())
+    run_g, run_d = (DistributedDataParallel(g), DistributedDataParallel(d)) if world_size > 1 else (g, d)
+    data = batches(gan.build_data(world_size, rank))
     rates = []
     for _ in range(max_iter):
         rates.append({"lr_g": opt_g.param_groups[0]["lr"], "lr_d": opt_d.param_groups[0]["lr"]})
         (real,) = next(data)
-        fake = g(torch.randn(real.shape[0], gan.LATENT))
+        fake = run_g(torch.randn(real.shape[0], gan.LATENT))
         ones, zeros = torch.ones(real.shape[0], 1), torch.zeros(real.shape[0], 1)
-        d_loss = bce(d(torch.cat([real, fake.detach()])), torch.cat([ones, zeros]))
+        d_loss = bce(run_d(torch.cat([real, fake.detach()])), torch.cat([ones, zeros]))
         opt_d.zero_grad()
         d_loss.backward()
         opt_d.step()
-        g_loss = bce(d(fake), ones)
+        g_loss = bce(run_d(fake), ones)
         opt_g.zero_grad()
         g_loss.backward()
         opt_g.step()
@@ -97,32 +101,10 @@ def test_gan_resumes_bit_exact_after_kill_9(tmp_path):
 
 
 def gan_by_hand_on_rank(rank: int, tmp: str, max_iter: int) -> None:
-    """The hand-written loop on rank ``rank`` of 2: both models in DDP, this
-    rank's share of the data from a ``DistributedSampler``, its own noise."""
+    """The hand-written loop on rank ``rank`` of 2, its models saved."""
     with _process_group(rank, 2, tmp):
         torch.set_num_threads(1)
-        torch.manual_seed(gan.SEED + rank)
-        g, d = gan.build_models()
-        opt_g = torch.optim.Adam(g.parameters(), lr=2e-3, betas=(0.5, 0.999))
-        opt_d = torch.optim.Adam(d.parameters(), lr=2e-3, betas=(0.5, 0.999))
-        sched_g = torch.optim.lr_scheduler.StepLR(opt_g, step_size=10, gamma=0.5)
-        sched_d = torch.optim.lr_scheduler.ExponentialLR(opt_d, gamma=0.97)
-        ddp_g, ddp_d = DistributedDataParallel(g), DistributedDataParallel(d)
-        data = batches(gan.build_data(2, rank))
-        for _ in range(max_iter):
-            (real,) = next(data)
-            fake = ddp_g(torch.randn(real.shape[0], gan.LATENT))
-            ones, zeros = torch.ones(real.shape[0], 1), torch.zeros(real.shape[0], 1)
-            d_loss = bce(ddp_d(torch.cat([real, fake.detach()])), torch.cat([ones, zeros]))
-            opt_d.zero_grad()
-            d_loss.backward()
-            opt_d.step()
-            g_loss = bce(ddp_d(fake), ones)
-            opt_g.zero_grad()
-            g_loss.backward()
-            opt_g.step()
-            sched_g.step()
-            sched_d.step()
+        g, d, _ = gan_by_hand(max_iter, rank, 2)
         torch.save({"g": g.state_dict(), "d": d.state_dict()}, os.path.join(tmp, f"hand{rank}.pth"))
 
 

@@ -209,12 +209,15 @@ class DataStream:
         self.iterator = restore_pass(cast(torch.utils.data.DataLoader, self.loader), states, taken)
         self._pass_start = states
 
-
     def _continue_counted_pass(self, saved: Dict[str, Any], where: str) -> None:
-        """Puts an iterable with a length back at its pass; one resumed inside a
-        pass starts it again at its first batch, and says so in one line."""
+        """Puts an iterable with a length back at its pass: a list or tuple of
+        batches at its batch (their order is theirs); any other one resumed
+        inside a pass starts it again at its first batch, and says so in one line."""
         self.passes, taken = int(saved["epoch"]), int(saved["batch"])
         if not taken:
+            return
+        if isinstance(self.loader, (list, tuple)) and taken < len(self.loader):
+            self.iterator = _CountedPass(iter(self.loader[taken:]), taken)
             return
         kind = type(self.loader).__name__
         logger.warning(
@@ -247,11 +250,11 @@ class _CountedPass:
 
 def _counted(loader: Any) -> bool:
     """Whether the stream counts the batches of ``loader``'s passes itself: an
-    iterable with a length that is not a ``DataLoader``, keeps no state and
-    is not a list or tuple of batches (whose checkpoints keep no position)."""
+    iterable with a length that is not a ``DataLoader`` and keeps no state
+    (a list of batches, a class of one's own)."""
     return (
         loader is not None
-        and not isinstance(loader, (torch.utils.data.DataLoader, list, tuple))
+        and not isinstance(loader, torch.utils.data.DataLoader)
         and not hasattr(loader, "state_dict")
         and hasattr(type(loader), "__len__")
     )
