@@ -1,5 +1,6 @@
 import contextlib
 import logging
+import signal
 
 import pytest
 import torch
@@ -44,6 +45,17 @@ def _cpu_module_unless_it_has_gpu_tests(request):
     with pytest.MonkeyPatch.context() as patch:
         _hide_gpus(patch)
         yield
+
+
+@pytest.fixture(autouse=True)
+def _signal_mask_restored():
+    """The process's blocked signals as they were: a test that runs a data
+    worker's setup here (which blocks SIGTERM, as a worker must) would leave
+    every later subprocess born with SIGTERM blocked, and the signal tests
+    of other modules failing."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 @pytest.fixture(autouse=True)
