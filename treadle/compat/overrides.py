@@ -112,7 +112,8 @@ class SeedOverrides:
             return as_losses(self.loss_fn(outputs, targets), LOSS_FN)["total_loss"]
         return as_losses(outputs, MODEL)["total_loss"]
 
-    #: Hugging Face Accelerate's object, read by Hezar's and pytorch-accelerated's overrides: refused with what to write.
+    #: Hugging Face Accelerate's object as Hezar's and pytorch-accelerated's overrides read it, refused
+    #: with what to write instead.
     accelerator = _NoAccelerator()
     _accelerator = _NoAccelerator()
 
