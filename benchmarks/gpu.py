@@ -243,7 +243,7 @@ def run_treadle_trainer(work: Workload, folder: str) -> Run:
     model, optimizer = work.fresh()
     trainer = Trainer(model, optimizer, ReadyBatches(work.data), loss_fn=F.cross_entropy, max_iter=work.iters,
                       log_period=WRITE_PERIOD, output_dir=os.path.join(folder, "trainer"), device=work.device.type,
-                      progress_bar=False)
+                      progress_bar=False, num_threads=None)  # the process's threads, as the other systems train
     return model, trainer.train
 
 
