@@ -97,8 +97,6 @@ class TrainerStep(EagerStep):
         self.needs_batch_output = self._overrides["calculate_train_batch_loss"] or "train_step_end" in events
         self._fires_step_start = "train_step_start" in events
         self._fires_step_end = "train_step_end" in events
-        # The micro-batches of the update in progress (the loss of each is divided by it).
-        self.micro_batches = self.grad_accum_steps
         # Whether on_train_step_end was called in the training_step in progress (by its super()).
         self.step_end_fired = False
         # Whether an update of a training_step override has been seen to have gradients (checked once).
@@ -108,7 +106,7 @@ class TrainerStep(EagerStep):
         """What :func:`forward_backward` divides a micro-batch's loss by: the
         update's micro-batches, or 1 inside an overridden ``training_step``
         (whose update's gradients are averaged at its end)."""
-        return 1 if self._overrides["training_step"] else self.micro_batches
+        return 1 if self._overrides["training_step"] else self.update.micro_batches
 
     def run_step(self) -> None:
         if not self._overrides["train_step"] or not self.model.training:
@@ -156,10 +154,9 @@ class TrainerStep(EagerStep):
         the gradient norm before clipping and the seconds spent waiting for data."""
         owner, update = self._owner, self.update
         owner.optimizer_zero_grad()
-        self.micro_batches = count
         losses, data_time = update.accumulate(next_batch, self._micro_batch, count, self._published, backward=False)
         if self._overrides["training_step"]:
-            self._average_training_step_gradients()
+            self._average_training_step_gradients(count)
         optimizer_step = owner.optimization_step if self._overrides["optimization_step"] else owner.optimizer_step
         grad_norm = update.step(self.after_backward if hooks else None, optimizer_step)
         return losses, grad_norm, data_time
@@ -184,11 +181,11 @@ class TrainerStep(EagerStep):
             self._fire_step_end(batch, losses["total_loss"])
         return losses
 
-    def _average_training_step_gradients(self) -> None:
+    def _average_training_step_gradients(self, count: int) -> None:
         """The sum of the micro-batches' whole-loss gradients of a
         ``training_step`` override (its own backward, treadle's through
         ``super()``, or both), made their mean before hooks, clipping and the
-        step see them (Hezar's accumulation)."""
+        step see them (Hezar's accumulation); ``count``: the update's micro-batches."""
         parameters = self._parameters()
         if not self._own_backward_checked:
             # Once, at the first update: a training_step returning its loss without
@@ -199,8 +196,8 @@ class TrainerStep(EagerStep):
                                 "loss.backward() in it (Hezar's accelerator.backward(loss)), or return "
                                 "super().training_step(batch)")
             self._own_backward_checked = True
-        if self.micro_batches > 1:
-            foreach_div_([p.grad for p in parameters], self.micro_batches)
+        if count > 1:
+            foreach_div_([p.grad for p in parameters], count)
 
     def compute_loss(self, batch: Any) -> Any:
         return self._owner.batch_loss(batch)
