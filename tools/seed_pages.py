@@ -135,13 +135,13 @@ def render_block(name: str) -> str:
         ValueError: no such block.
     """
     if name == "override-points":
-        lines = _table(["name", "on", "treadle", "from"],
+        lines = _table(["name", "on", "treadle", "until", "from"],
                        [[*row, point.seed] for row, point in zip(override_rows(), OVERRIDE_POINTS)])
         lines += ["", *_events()]
     elif name == "callback events":
         lines = _events()
     elif name.startswith("overrides of ") and override_rows(name[len("overrides of "):]):
-        lines = _table(["name", "on", "treadle"], override_rows(name[len("overrides of "):]))
+        lines = _table(["name", "on", "treadle", "until"], override_rows(name[len("overrides of "):]))
     elif name.startswith("settings of ") and setting_rows(name[len("settings of "):]):
         seed = name[len("settings of "):]
         lines = _settings_table(seed, setting_rows(seed))

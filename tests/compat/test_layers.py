@@ -1,7 +1,8 @@
 """The layer of other trainers' names sits above the engine: no module of the
 core (loop, steps, hooks, events, checkpoints) or of detectron2's job layer
 (``DefaultTrainer``, its default hooks, builders, launch) reaches it, directly
-or through another module; only the plain ``Trainer`` does."""
+or through another module; only the plain ``Trainer`` does, and the command
+line job (for another trainer's config nodes)."""
 
 import os
 import subprocess
@@ -12,8 +13,8 @@ from tests.engine.test_import_footprint import _treadle_imports
 
 #: The layer, and the plain Trainer, its one user.
 ABOVE_THE_ENGINE = ("treadle.compat", "treadle.trainer")
-#: What may import them: themselves, and the examples built on the plain Trainer.
-USERS = (*ABOVE_THE_ENGINE, "treadle.examples")
+#: What may import them: themselves, the command line, and the examples built on the plain Trainer.
+USERS = (*ABOVE_THE_ENGINE, "treadle.tools", "treadle.examples")
 
 
 def _reached(edges, start):

@@ -1,22 +1,18 @@
-"""The top-level nodes a job reads, and LiBai's graph.enabled."""
+"""The top-level nodes a job reads, and the seam through which a layer above the job reads another trainer's node."""
 
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
 from treadle.config import ConfigError, LazyConfig
-from treadle.config.top_nodes import TOP_LEVEL_NODES, check_top_level_nodes, step_kind
+from treadle.config import other_nodes, top_nodes
+from treadle.config.top_nodes import TOP_LEVEL_NODES, check_top_level_nodes, step_kind, step_kind_and_why
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def digits(*overrides):
     return LazyConfig.apply_overrides(LazyConfig.load(str(ROOT / "configs" / "digits_mlp.py")), list(overrides))
-
-
-def test_the_nodes_a_job_reads_are_one_list():
-    assert list(TOP_LEVEL_NODES) == ["model", "optimizer", "lr_multiplier", "dataloader", "train", "graph"]
 
 
 @pytest.mark.parametrize("config", sorted((ROOT / "configs").glob("*.py")), ids=lambda p: p.stem)
@@ -37,56 +33,34 @@ def test_a_node_read_by_nothing_is_named_and_one_that_is_interpolated_is_not():
         check_top_level_nodes(optim)
 
 
-def test_libai_graph_enabled_selects_the_compiled_step():
-    assert step_kind(digits()) == "eager"
-    cfg = digits()
-    cfg.graph = {"enabled": True}  # LiBai's config.py, as its seed writes it
-    assert step_kind(cfg) == "compiled"
-    cfg.train.step.kind = "compiled"
-    assert step_kind(cfg) == "compiled"
-    cfg.graph.enabled = False
-    with pytest.raises(ConfigError, match=r"graph.enabled=False .* train.step.kind='compiled'"):
-        step_kind(cfg)
-    cfg.train.step.kind = "eager"
+@pytest.fixture
+def no_registered_nodes(monkeypatch):
+    """The config package alone: no layer above registered a node (treadle.compat does, when imported)."""
+    monkeypatch.setattr(other_nodes, "OTHER_NODES", {})
+    monkeypatch.setattr(top_nodes, "OTHER_NODES", other_nodes.OTHER_NODES)
+
+
+def test_the_jobs_own_nodes_are_one_list_and_another_trainers_node_is_read_only_where_registered(no_registered_nodes):
+    assert list(TOP_LEVEL_NODES) == ["model", "optimizer", "lr_multiplier", "dataloader", "train"]
+    cfg = digits("+graph.enabled=true")
+    with pytest.raises(ConfigError, match="^The config's top-level node 'graph' is read by nothing: a job reads "
+                                          "model, optimizer, lr_multiplier, dataloader, train, and"):
+        check_top_level_nodes(cfg)
     assert step_kind(cfg) == "eager"
 
 
-def test_graph_enabled_true_with_train_step_kind_eager_given_is_refused_naming_both_keys():
-    """``graph.enabled=True train.step.kind=eager``: the mirror of ``graph.enabled=False train.step.kind=compiled``."""
-    cfg = digits("+graph.enabled=true", "train.step.kind=eager")
-    assert step_kind(cfg) == "compiled"  # 'eager' is also the default, which graph.enabled overrides
-    with pytest.raises(ConfigError) as e:
-        step_kind(cfg, kind_given=True)
-    assert str(e.value) == (
-        "graph.enabled=True asks for the compiled step and train.step.kind='eager' for the eager one: "
-        "give train.step.kind only (treadle's key)"
-    )
-    assert step_kind(digits("+graph.enabled=true", "train.step.kind=compiled"), kind_given=True) == "compiled"
-    assert step_kind(digits("+graph.enabled=false", "train.step.kind=eager"), kind_given=True) == "eager"
+def test_a_registered_node_is_read_and_chooses_the_step_with_the_line_that_says_why(no_registered_nodes):
+    seen = []
 
+    def compiled_when_on(cfg, kind, kind_given):
+        seen.append((kind, kind_given))
+        return ("compiled", "fast.on=True: compiled") if cfg.fast.on else (kind, None)
 
-def test_a_graph_node_of_libais_other_settings_is_refused():
-    cfg = digits()
-    cfg.graph = {"enabled": True, "debug": -1}
-    with pytest.raises(ConfigError, match="^graph.debug is a setting of LiBai's OneFlow graph"):
-        step_kind(cfg)
-    cfg.graph = {"enabled": "yes"}
-    with pytest.raises(ConfigError, match="^graph.enabled must be True or False, got 'yes'"):
-        step_kind(cfg)
-    own = digits()
-    own.train.step = OmegaConf.create({"_target_": "treadle.examples.SAMStep", "rho": 0.05})
-    own.graph = {"enabled": True}
-    with pytest.raises(ConfigError, match=r"graph.enabled=True .* train.step._target_"):
-        step_kind(own)
-
-
-def test_libais_shipped_graph_node_is_there_and_off():
-    """LiBai's ``graph = get_config("common/models/graph.py").graph``, then ``graph.enabled=True``."""
-    from treadle.model_zoo import get_config
-
-    cfg = digits()
-    cfg.graph = get_config("common/models/graph.py").graph
+    other_nodes.register_node("fast", other_nodes.NodeReader("another trainer's switch", compiled_when_on))
+    assert list(TOP_LEVEL_NODES)[-1] == "fast" and TOP_LEVEL_NODES["fast"] == "another trainer's switch"
+    cfg = digits("+fast.on=true")
     check_top_level_nodes(cfg)
-    assert step_kind(cfg) == "eager"
-    cfg = LazyConfig.apply_overrides(cfg, ["graph.enabled=True"])
-    assert step_kind(cfg) == "compiled"
+    assert step_kind_and_why(cfg, kind_given=True) == ("compiled", "fast.on=True: compiled")
+    cfg.fast.on = False
+    assert step_kind_and_why(cfg) == ("eager", None)
+    assert seen == [("eager", False), ("eager", True), ("eager", False)]

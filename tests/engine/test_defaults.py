@@ -207,7 +207,8 @@ def test_a_hooks_own_logger_reaches_the_console_and_log_txt(tmp_path, capsys):
 
 
 def test_libai_graph_enabled_builds_the_compiled_step(tmp_path):
-    """LiBai: "the mode is determined by the graph.enabled parameter"."""
+    """LiBai: "the mode is determined by the graph.enabled parameter", read once treadle.compat is imported."""
+    import treadle.compat  # noqa: F401  (registers LiBai's graph node)
     from treadle.engine import CompiledStep, EagerStep
 
     cfg = digits_cfg(tmp_path, "+graph.enabled=true", "train.step.compile.backend=aot_eager", "train.eval_period=0")

@@ -17,13 +17,23 @@ only place that knows those trainers. Its code calls those trainers the
 - :mod:`treadle.compat.step`: the step a subclass's update points get
   (``TrainerStep``), which writes the seeds' update once, whole;
 - :mod:`treadle.compat.events`: pytorch-accelerated's events, and the hooks
-  that call them at the loop's stages.
+  that call them at the loop's stages;
+- :mod:`treadle.compat.schedule`: pytorch-accelerated's ``scheduler_step``,
+  the schedule stepped by a subclass's method where treadle steps it;
+- :mod:`treadle.compat.libai`: LiBai's spelling of a step's constructor and
+  its config's ``graph.enabled``, read through seams of the core that this
+  package fills when imported.
 
 For maintainers. The layer sits above the engine's core (the loop, the step
 objects, the hooks, events, checkpoints) and ``DefaultTrainer``'s job layer,
-and below the plain ``Trainer`` (:mod:`treadle.trainer`), its one importer;
-``tests/compat/test_layers.py`` fails when a core or job module reaches it,
-directly or through another module. To add a name: add its row to
+and below its two importers: the plain ``Trainer`` (:mod:`treadle.trainer`)
+and the command line job (:mod:`treadle.tools.train_net`, for LiBai's
+configs); ``tests/compat/test_layers.py`` fails when a core or job module
+reaches it, directly or through another module. Where the core must answer
+another trainer's name, it offers a neutral seam that this package fills
+(:data:`~treadle.engine.steps.POSITIONAL_HINTS`,
+:data:`~treadle.config.other_nodes.OTHER_NODES`,
+:meth:`~treadle.hooks.LRScheduler.step_schedule`). To add a name: add its row to
 ``OVERRIDE_POINTS`` or ``SEED_SETTINGS`` in :mod:`~treadle.compat.names`
 (called: with the method's default in ``SeedOverrides`` and its call where
 that trainer calls it, tested against a hand-written loop of that trainer;
@@ -32,3 +42,5 @@ refused: with the words that say what to write instead), then run
 To remove one, delete its row and its call; the pages' test says what else
 still names it.
 """
+
+from . import libai  # noqa: E402,F401  # fills the core's seams for LiBai's names

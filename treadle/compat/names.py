@@ -17,6 +17,13 @@ Each name here is either
 Nothing a seed documents is defined and left unused. ``docs/migrating.md``
 shows this table (:func:`override_rows`), and a test walks it.
 
+Each row says until when it holds (``removed_in``). A called name is the
+way in for that trainer's users, not treadle's own way: it is called through
+the 0.x versions and goes in :data:`CALLED_UNTIL`, from which it is refused
+in one line naming treadle's way, as the refused names are now. A refused
+name has no end (``removed_in`` None): its refusal is what keeps it from
+being defined and silently unused.
+
 :data:`SEED_SETTINGS` maps the seeds' setting names (Hezar's ``num_epochs``,
 the Hugging Face ``per_device_train_batch_size``, detectron2's
 ``train.amp.enabled``...) to treadle's: a ``Trainer`` argument or a
@@ -38,6 +45,7 @@ from treadle.utils.signatures import required_positional
 __all__ = [
     "OverridePoint",
     "OVERRIDE_POINTS",
+    "CALLED_UNTIL",
     "SEED_METHODS",
     "CALLBACK_EVENTS",
     "overridden",
@@ -83,11 +91,24 @@ class OverridePoint:
     #: The arguments it is called with, where the table says (``("batch",)``);
     #: a definition that cannot take them is refused when built.
     args: Optional[Tuple[str, ...]] = None
+    #: The version from which a called name is refused instead (None: a
+    #: refused name, which stays refused).
+    removed_in: Optional[str] = None
+
+    def until(self) -> str:
+        """The row's end, as the tables show it."""
+        if self.removed_in is None:
+            return "refused for good"
+        return f"called until {self.removed_in}, then refused"
 
 
 def possessive(seed: str) -> str:
     """``"qurious'"``, ``"Hezar's"``: a seed's name as the owner of a method."""
     return seed + ("'" if seed.endswith("s") else "'s")
+
+
+#: The version in which the called names of the table go (they are refused from it).
+CALLED_UNTIL = "1.0"
 
 
 def _called(name: str, seed: str, when: str, on: str = "Trainer") -> OverridePoint:
@@ -96,7 +117,7 @@ def _called(name: str, seed: str, when: str, on: str = "Trainer") -> OverridePoi
     if when.startswith(name + "(") and name != "compute_loss":  # compute_loss: treadle's (batch) or Hezar's pair
         inside = when[len(name) + 1:when.index(")")]
         args = tuple(a.strip() for a in inside.split(",") if a.strip())
-    return OverridePoint(name, seed, on, True, when, args)
+    return OverridePoint(name, seed, on, True, when, args, removed_in=CALLED_UNTIL)
 
 
 def _refused(name: str, seed: str, instead: str, on: str = "Trainer") -> OverridePoint:
@@ -358,11 +379,11 @@ def refusal(name: str, on: str) -> str:
 
 
 def override_rows(seed: Optional[str] = None) -> List[List[str]]:
-    """The table as rows ``[name, where, treadle's answer]`` (of one seed's names, where given)."""
+    """The table as rows ``[name, where, treadle's answer, until]`` (of one seed's names, where given)."""
     rows = []
     for p in OVERRIDE_POINTS:
         if seed is None or seed in p.seed:
-            rows.append([f"`{p.name}`", p.on, ("called: " if p.called else "refused: ") + p.treadle])
+            rows.append([f"`{p.name}`", p.on, ("called: " if p.called else "refused: ") + p.treadle, p.until()])
     return rows
 
 

@@ -2,11 +2,13 @@
 
 ``DefaultTrainer``, ``default_argument_parser`` and ``default_setup`` (the
 config-driven entry points) are imported when first used: a script that
-builds ``TrainerBase`` or ``Trainer`` in Python does not import OmegaConf.
-The plain ``Trainer`` lives in :mod:`treadle.trainer`, above the engine, and
-is imported from there when first read: the engine's own modules never
-import it, nor the layer of other trainers' names under it
-(:mod:`treadle.compat`).
+builds ``TrainerBase`` in Python does not import OmegaConf.
+The plain ``Trainer`` lives in :mod:`treadle.trainer`, above the engine: the
+engine's own modules never import it, nor the layer of other trainers' names
+under it (:mod:`treadle.compat`). ``treadle.engine.Trainer`` and the modules
+that lived here before (``treadle.engine.trainer``...) still import, with a
+``DeprecationWarning``, until the version their rows of
+:mod:`treadle.utils.deprecations` name.
 """
 
 from typing import TYPE_CHECKING
@@ -31,6 +33,7 @@ from .data_parallel import create_ddp_model
 if TYPE_CHECKING:
     from .defaults import DefaultTrainer, default_argument_parser, default_setup
 
+# Trainer: deprecated (treadle.utils.deprecations), imported when read.
 _LAZY = {"DefaultTrainer": "defaults", "default_argument_parser": "defaults", "default_setup": "defaults",
          "Trainer": "treadle.trainer.trainer"}
 
@@ -53,7 +56,6 @@ __all__ = [
     "CompiledStep",
     "Update",
     "PRECISIONS",
-    "Trainer",
     "TrainingHistory",
     "build_optimizer",
     "build_step",
@@ -63,15 +65,4 @@ __all__ = [
 
 
 lazy_exports(__name__, _LAZY)
-# Where the plain Trainer's modules and the other trainers' names lived before
-# they left the engine: user code importing them there keeps working, warned
-# that the old paths go in 0.10 (0.8 and 0.9 keep them).
-keep_old_paths({
-    "treadle.engine.trainer": "treadle.trainer.trainer",
-    "treadle.engine.trainer_settings": "treadle.trainer.settings",
-    "treadle.engine.trainer_data": "treadle.trainer.data",
-    "treadle.engine.trainer_eval": "treadle.trainer.evaluation",
-    "treadle.engine.seed_names": "treadle.compat.names",
-    "treadle.engine.seed_overrides": "treadle.compat.overrides",
-}, gone={"treadle.engine.seed_pages": "the pages generator is the documentation tool tools/seed_pages.py"},
-    removed_in="0.10")
+keep_old_paths(__name__)

@@ -62,7 +62,7 @@ def default_hooks(
     optimizer: torch.optim.Optimizer,
     scheduler: Any = None,
     scheduler_interval: str = "iter",
-    scheduler_step: Optional[Callable[[], None]] = None,
+    lr_scheduler: Callable[..., HookBase] = LRScheduler,
     ema_decay: Optional[float] = None,
     evaluate: Optional[Callable[[], Any]] = None,
     eval_period: int = 0,
@@ -99,8 +99,11 @@ def default_hooks(
             :class:`LRScheduler`, stepped per ``scheduler_interval``
             (``"iter"``/``"epoch"``); ``None``: :class:`LRMonitor` publishes
             the optimizer's rate and sets nothing.
-        scheduler_step: called where the schedule steps, instead of its
-            ``step()`` (the plain ``Trainer``'s ``scheduler_step`` override).
+        lr_scheduler: the learning-rate hook's class (or a factory called
+            as it is, ``lr_scheduler(optimizer, scheduler, interval=...)``)
+            where there is a ``scheduler``: a subclass of
+            :class:`LRScheduler` steps the schedule its own way
+            (:meth:`LRScheduler.step_schedule`).
         ema_decay: keep an :class:`EMA` of the step's model (``None``: off).
         evaluate: the evaluation :class:`EvalHook` calls every
             ``eval_period`` iterations and after training (``None``: none).
@@ -132,7 +135,7 @@ def default_hooks(
         after_history: hooks that follow the epoch's evaluation and history,
             first in the user slot (the plain ``Trainer``'s run events).
     """
-    lr_hook = _lr_hook(optimizer, scheduler, scheduler_interval, scheduler_step)
+    lr_hook = _lr_hook(optimizer, scheduler, scheduler_interval, lr_scheduler)
     preemption, user_hooks = _preemption_hook(user_hooks, handle_preemption, checkpointer)
     # The reasons for this order are in docs/defaults.md; the hooks declare
     # the constraints among them (runs_after) and register_hooks checks them.
@@ -160,13 +163,13 @@ def _lr_hook(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     scheduler_interval: str,
-    scheduler_step: Optional[Callable[[], None]],
+    lr_scheduler: Callable[..., HookBase],
 ) -> HookBase:
     """The hook that steps the learning-rate schedule, or with no
     ``scheduler`` publishes the optimizer's rate and sets nothing."""
     if scheduler is None:
         return LRMonitor(optimizer)
-    return LRScheduler(optimizer, scheduler, interval=scheduler_interval, stepper=scheduler_step)
+    return lr_scheduler(optimizer, scheduler, interval=scheduler_interval)
 
 
 def _preemption_hook(

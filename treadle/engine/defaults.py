@@ -19,7 +19,7 @@ from torch import nn
 import treadle
 from treadle.checkpoint import Checkpointer, unwrap_model
 from treadle.config import LazyCall, LazyConfig, get_config_file, instantiate
-from treadle.config.top_nodes import step_kind
+from treadle.config.top_nodes import step_kind_and_why
 from treadle.config.rules import num_threads as num_threads_rule
 from treadle.config.train_keys import train_section, train_setting
 from treadle.evaluation import evaluator_loss_fn, inference_on_dataset
@@ -354,12 +354,12 @@ class DefaultTrainer(TrainerBase):
 
     def build_step(self, cfg: DictConfig, model: nn.Module, data_loader: Any, optimizer: torch.optim.Optimizer) -> StepBase:
         """The step object of ``cfg.train.step``: ``kind`` eager or compiled
-        (or LiBai's ``graph.enabled``, :func:`~treadle.config.top_nodes.step_kind`),
+        (or a registered node's choice, :func:`~treadle.config.top_nodes.step_kind`),
         with ``precision``, ``grad_accum_steps``, ``clip_grad_norm`` or
         ``clip_grad_value``, ``loss_fn`` and ``compile`` options; or a node with ``_target_``, a
         user's ``StepBase`` class called with ``model``, ``data_loader`` and
         ``optimizer`` plus its own arguments (a research loop)."""
-        kind = step_kind(cfg)  # train.step.kind, or LiBai's graph.enabled; a contradiction is refused
+        kind, why = step_kind_and_why(cfg)  # train.step.kind, or a registered node's; a contradiction is refused
         step_cfg = cfg.train.get("step")
         if isinstance(step_cfg, DictConfig) and "_target_" in step_cfg:
             node = OmegaConf.merge(step_cfg, {})
@@ -370,8 +370,8 @@ class DefaultTrainer(TrainerBase):
             return step
         options = instantiate(train_section(cfg, "step"))
         options.pop("kind")
-        if kind != train_setting(cfg, "step.kind"):
-            logger.info("graph.enabled=True (LiBai's graph mode): training with CompiledStep, as train.step.kind='compiled'")
+        if why is not None:
+            logger.info(why)
         compile_options = options.pop("compile")
         return build_step(kind, model, data_loader, optimizer, compile_options=compile_options, **options)
 

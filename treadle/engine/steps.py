@@ -41,20 +41,28 @@ __all__ = ["StepBase", "EagerStep", "CompiledStep", "PRECISIONS", "unknown_data_
 logger = logging.getLogger(__name__)
 
 
+#: What the layers above add to the refusal of a fourth positional argument
+#: of a step's constructor: ``hint(step_class_name, args_after_the_third)``,
+#: a few words in parentheses, or None (:mod:`treadle.compat` adds another
+#: trainer's spelling of the constructor).
+POSITIONAL_HINTS: List[Callable[[str, Tuple[Any, ...]], Optional[str]]] = []
+
+
 def _three_positional(init: Callable[..., None]) -> Callable[..., None]:
     """A step's ``__init__`` that takes ``model, data_loader, optimizer``
-    positionally, and refuses a fourth in one line naming the keyword: LiBai's
-    ``EagerTrainer(model, data_loader, optimizer, grad_acc_steps)`` written for
-    a step (Python's own "takes 4 positional arguments but 5 were given")."""
+    positionally, and refuses a fourth in one line saying the rest are
+    keyword-only (Python's own "takes 4 positional arguments but 5 were
+    given" counts ``self`` and names no keyword), with the hints of
+    :data:`POSITIONAL_HINTS`."""
 
     @functools.wraps(init)
     def checked(self: Any, *args: Any, **kwargs: Any) -> None:
         if len(args) > 3:
             name = type(self).__name__
+            hints = [hint for hint in (h(name, args[3:]) for h in POSITIONAL_HINTS) if hint]
             raise TypeError(
                 f"{name}(model, data_loader, optimizer, *, ...) takes 3 positional arguments and {len(args)} were "
-                f"given: the rest are keyword-only (LiBai's EagerTrainer(model, data_loader, optimizer, "
-                f"grad_acc_steps) is {name}(model, data_loader, optimizer, grad_accum_steps={args[3]!r}))"
+                f"given: the rest are keyword-only" + "".join(f" ({hint})" for hint in hints)
             )
         init(self, *args, **kwargs)
 

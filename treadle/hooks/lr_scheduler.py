@@ -22,6 +22,8 @@ from treadle.solver.lr_scheduler import (  # noqa: F401
     describe_schedule,
 )
 
+from treadle.utils.deprecations import warn_deprecated
+
 from .base import HookBase
 
 __all__ = ["LRMonitor", "LRScheduler"]
@@ -92,9 +94,8 @@ class LRScheduler(_StepsOptimizer, HookBase):
     one is used is logged when training starts. An fvcore schedule is a
     function of the iteration and always updates per iteration.
 
-    ``stepper``, where given, is called instead of ``scheduler.step()``
-    wherever the schedule steps (the plain ``Trainer`` gives a subclass's
-    ``scheduler_step``, pytorch-accelerated's override point).
+    :meth:`step_schedule` is where the schedule steps, once per iteration
+    (or epoch): a subclass overrides it to step the schedule its own way.
 
     ``name`` is the scalar the rate is published under: a step with two
     optimizers (a GAN's) registers one hook per optimizer, each with its own
@@ -123,7 +124,9 @@ class LRScheduler(_StepsOptimizer, HookBase):
                 "iteration over the whole run and updates every iteration"
             )
         self.interval = interval
-        self._stepper = stepper
+        if stepper is not None:
+            warn_deprecated("LRScheduler(stepper=...)")
+            self.step_schedule = stepper  # type: ignore[method-assign]  # the old argument fills the seam
         # The schedule's position after the hook's last step (None before training).
         self._stepped_to: Optional[int] = None
         if scheduler is not None and not isinstance(
@@ -178,6 +181,8 @@ class LRScheduler(_StepsOptimizer, HookBase):
         self._param_groups, self._group_index, self._lrs = _lr_series(self.trainer, self.optimizer, self.name)
         self._stepped_to = self.scheduler.last_epoch
         self._step_per_iter = self.interval == "iter"
+        # Whether after_step may step the schedule inline (the steady case).
+        self._steps_itself = type(self).step_schedule is LRScheduler.step_schedule and "step_schedule" not in vars(self)
         if not self._step_per_iter and not self.trainer.epoch_length:
             raise ValueError(
                 "LRScheduler(interval='epoch') needs the trainer's epoch length, and this trainer's data has no "
@@ -196,22 +201,29 @@ class LRScheduler(_StepsOptimizer, HookBase):
         if self._step_per_iter:
             scheduler = self.scheduler
             assert scheduler is not None  # resolved in before_train
-            if self._stepper is None and scheduler.last_epoch == self._stepped_to:
+            if self._steps_itself and scheduler.last_epoch == self._stepped_to:
                 # The steady case, inline (every iteration of every run): the hook
                 # is the schedule's one stepper, and nothing else stepped it.
                 scheduler.step()
                 self._stepped_to = scheduler.last_epoch
             else:
-                self._step()  # a subclass's scheduler_step, or the refusal of another stepper
+                self.step_schedule()  # a subclass's, or the refusal of another stepper
 
     def after_epoch(self) -> None:
         if not self._step_per_iter:
-            self._step()
+            self.step_schedule()
 
-    def _step(self) -> None:
-        if self._stepper is not None:
-            self._stepper()
-            return
+    def step_schedule(self) -> None:
+        """Steps the schedule: after every iteration, or every epoch with
+        ``interval="epoch"``; the rate published before it is the one the
+        iteration used. Override it to step the schedule another way (a
+        subclass's own call in place of ``scheduler.step()``); the check
+        that nothing else steps the schedule is this method's.
+
+        Raises:
+            RuntimeError: something other than this hook stepped the
+                schedule since its last step (it would advance twice).
+        """
         scheduler = self.scheduler
         assert scheduler is not None  # resolved in before_train
         # The hook is the schedule's one stepper: a step() elsewhere (a train_step

@@ -39,6 +39,8 @@ from typing import Any, Dict, List, Optional, Sequence
 from omegaconf import DictConfig
 from torch import nn
 
+# The other trainers' config nodes (LiBai's graph.enabled), registered into the config's seam.
+import treadle.compat  # noqa: F401
 from treadle.checkpoint import CheckpointError, Checkpointer, check_checkpoint_file
 from treadle.checkpoint.weights import read_weights_file
 from treadle.config import ConfigError, LazyConfig, get_config_file
@@ -144,7 +146,7 @@ def check_job(cfg: DictConfig, args: argparse.Namespace) -> Optional[str]:
     world_size = check_world_size(args.num_gpus, args.num_machines, args.machine_rank)
     check_run_config(cfg, world_size=world_size, eval_only=args.eval_only)
     if any(parse_override(text).key == "train.step.kind" for text in args.opts):
-        step_kind(cfg, kind_given=True)  # its 'eager' is then a choice that graph.enabled=True contradicts
+        step_kind(cfg, kind_given=True)  # its 'eager' is then a choice that a registered node may contradict
     output_dir = train_setting(cfg, "output_dir")
     check_output_dir(output_dir)
     if args.eval_only:

@@ -20,6 +20,7 @@ from treadle.hooks import HookBase
 from treadle.utils import comm
 
 from treadle.compat.events import RunEvents, SeedEventCalls, TrainEvents, is_event_callback
+from treadle.compat.schedule import lr_scheduler_of
 from treadle.engine.build import resolve_scheduler
 from treadle.engine.default_hooks import default_hooks
 from treadle.engine.history import TrainingHistory
@@ -64,7 +65,7 @@ def trainer_hooks(trainer: BuiltTrainer, s: TrainerSettings, scheduler: Any, eve
     samples_per_iter = total_batch * opt.grad_accum_steps if total_batch else None
     epoch_length = trainer.epoch_length
     return default_hooks(
-        optimizer=trainer.optimizer, scheduler_interval=opt.scheduler_interval, scheduler_step=scheduler_step,
+        optimizer=trainer.optimizer, scheduler_interval=opt.scheduler_interval, lr_scheduler=lr_scheduler_of(scheduler_step),
         scheduler=resolve_scheduler(scheduler, trainer.optimizer, trainer.max_iter, warmup_iters=opt.warmup_iters),
         ema_decay=opt.ema_decay, evaluate=evaluate,
         eval_period=ev.eval_period if ev.eval_period is not None else epoch_length or 0,

@@ -12,6 +12,8 @@ import sys
 import types
 from typing import Any, Dict, List
 
+from .deprecations import DEPRECATED, warn_deprecated
+
 __all__ = ["lazy_exports"]
 
 
@@ -23,11 +25,17 @@ def lazy_exports(package: str, submodule_of: Dict[str, str]) -> None:
 
         lazy_exports(__name__, {"instantiate": "instantiate"})
 
+    A name with a row in :data:`~treadle.utils.deprecations.DEPRECATED`
+    (``treadle.engine.Trainer``) warns at every read, naming what to import
+    instead, and is left out of ``dir()``.
+
     A name may equal its submodule's name (``treadle.config.instantiate`` is
     both): importing the submodule makes Python set it on the package, which
     would hide the function behind the module; the package keeps the function.
     """
     module = sys.modules[package]
+    old = {row.old.rpartition(".")[2] for row in DEPRECATED
+           if row.kind == "attribute" and row.old.rpartition(".")[0] == package}
 
     class LazyExportsModule(types.ModuleType):
         def __getattr__(self, name: str) -> Any:
@@ -36,7 +44,14 @@ def lazy_exports(package: str, submodule_of: Dict[str, str]) -> None:
                 raise AttributeError(f"module {package!r} has no attribute {name!r}")
             where = submodule if submodule.startswith("treadle.") else f".{submodule}"
             value = getattr(importlib.import_module(where, package), name)
-            vars(self)[name] = value  # later reads skip this method
+            if name in old:
+                # Not kept: every import of the old name warns, once (``from
+                # package import name`` also probes it with hasattr from
+                # importlib's own frames, which are not the user's line).
+                if not sys._getframe(1).f_code.co_filename.startswith("<frozen importlib"):
+                    warn_deprecated(f"{package}.{name}")
+            else:
+                vars(self)[name] = value  # later reads skip this method
             return value
 
         def __setattr__(self, name: str, value: Any) -> None:
@@ -49,6 +64,6 @@ def lazy_exports(package: str, submodule_of: Dict[str, str]) -> None:
             super().__setattr__(name, value)
 
         def __dir__(self) -> List[str]:
-            return sorted(set(vars(self)) | set(submodule_of))
+            return sorted((set(vars(self)) | set(submodule_of)) - old)
 
     module.__class__ = LazyExportsModule
