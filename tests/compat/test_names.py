@@ -78,3 +78,24 @@ def test_a_cell_too_long_for_the_settings_table_keeps_its_first_clause_and_is_wr
     assert qurious.count(f"- `loss_fn`: {setting('loss_fn').doc}") == 1
     longest = seed_pages.CELL_LIMIT + len("… *(below)*")
     assert max(len(cell) for line in table for cell in line.split(" | ")[2:]) <= longest + len(" |")
+
+
+def test_every_row_says_until_when_it_holds_and_treadles_own_names_stay():
+    """A called name only another trainer has goes in CALLED_UNTIL; one that is treadle's own method too stays."""
+    from treadle.compat.names import CALLED_UNTIL, OVERRIDE_POINTS, TREADLES_OWN
+    from treadle.compat.overrides import SeedOverrides
+    from treadle.engine import DefaultTrainer, TrainerBase
+
+    own_classes = {"Trainer": [c for c in Trainer.__mro__ if c.__module__.startswith("treadle.")
+                               and not issubclass(SeedOverrides, c)],
+                   "DefaultTrainer": [DefaultTrainer, TrainerBase]}
+    defined = {(p.on, p.name) for p in OVERRIDE_POINTS if p.called
+               if any(p.name in vars(c) for c in own_classes.get(p.on, ()))}
+    assert defined == TREADLES_OWN
+    for p in OVERRIDE_POINTS:
+        if not p.called:
+            assert (p.removed_in, p.until()) == (None, "refused for good"), p
+        elif (p.on, p.name) in TREADLES_OWN:
+            assert (p.removed_in, p.until()) == (None, "kept (treadle's own name too)"), p
+        else:
+            assert (p.removed_in, p.until()) == (CALLED_UNTIL, f"called until {CALLED_UNTIL}, then refused"), p

@@ -17,12 +17,14 @@ Each name here is either
 Nothing a seed documents is defined and left unused. ``docs/migrating.md``
 shows this table (:func:`override_rows`), and a test walks it.
 
-Each row says until when it holds (``removed_in``). A called name is the
-way in for that trainer's users, not treadle's own way: it is called through
-the 0.x versions and goes in :data:`CALLED_UNTIL`, from which it is refused
-in one line naming treadle's way, as the refused names are now. A refused
-name has no end (``removed_in`` None): its refusal is what keeps it from
-being defined and silently unused.
+Each row says until when it holds (``removed_in``). A called name that is
+only another trainer's is the way in for that trainer's users, not
+treadle's own way: it is called through the 0.x versions and goes in
+:data:`CALLED_UNTIL`, from which it is refused in one line naming treadle's
+way, as the refused names are now. A called name that is treadle's own too
+(:data:`TREADLES_OWN`: ``DefaultTrainer.build_model``, the plain
+``Trainer``'s ``train_step``...) stays, and so does a refused name: its
+refusal is what keeps it from being defined and silently unused.
 
 :data:`SEED_SETTINGS` maps the seeds' setting names (Hezar's ``num_epochs``,
 the Hugging Face ``per_device_train_batch_size``, detectron2's
@@ -46,6 +48,7 @@ __all__ = [
     "OverridePoint",
     "OVERRIDE_POINTS",
     "CALLED_UNTIL",
+    "TREADLES_OWN",
     "SEED_METHODS",
     "CALLBACK_EVENTS",
     "overridden",
@@ -91,15 +94,15 @@ class OverridePoint:
     #: The arguments it is called with, where the table says (``("batch",)``);
     #: a definition that cannot take them is refused when built.
     args: Optional[Tuple[str, ...]] = None
-    #: The version from which a called name is refused instead (None: a
-    #: refused name, which stays refused).
+    #: The version from which a called name is refused instead (None: it
+    #: stays, treadle's own name too, or a refused name).
     removed_in: Optional[str] = None
 
     def until(self) -> str:
         """The row's end, as the tables show it."""
-        if self.removed_in is None:
-            return "refused for good"
-        return f"called until {self.removed_in}, then refused"
+        if self.removed_in is not None:
+            return f"called until {self.removed_in}, then refused"
+        return "kept (treadle's own name too)" if self.called else "refused for good"
 
 
 def possessive(seed: str) -> str:
@@ -107,8 +110,18 @@ def possessive(seed: str) -> str:
     return seed + ("'" if seed.endswith("s") else "'s")
 
 
-#: The version in which the called names of the table go (they are refused from it).
+#: The version in which the called names of the table that are only another
+#: trainer's go (they are refused from it).
 CALLED_UNTIL = "1.0"
+
+#: The called names that are also treadle's own methods, by where they are
+#: defined: they stay (a test checks this against the classes).
+TREADLES_OWN = frozenset({
+    ("Trainer", "train_step"), ("Trainer", "eval_step"), ("Trainer", "evaluate"), ("Trainer", "compute_loss"),
+    *(("DefaultTrainer", name) for name in (
+        "run_step", "build_hooks", "build_writers", "build_model", "build_optimizer", "build_lr_scheduler",
+        "build_train_loader", "build_test_loader", "build_evaluator", "test")),
+})
 
 
 def _called(name: str, seed: str, when: str, on: str = "Trainer") -> OverridePoint:
@@ -117,7 +130,8 @@ def _called(name: str, seed: str, when: str, on: str = "Trainer") -> OverridePoi
     if when.startswith(name + "(") and name != "compute_loss":  # compute_loss: treadle's (batch) or Hezar's pair
         inside = when[len(name) + 1:when.index(")")]
         args = tuple(a.strip() for a in inside.split(",") if a.strip())
-    return OverridePoint(name, seed, on, True, when, args, removed_in=CALLED_UNTIL)
+    return OverridePoint(name, seed, on, True, when, args,
+                         removed_in=None if (on, name) in TREADLES_OWN else CALLED_UNTIL)
 
 
 def _refused(name: str, seed: str, instead: str, on: str = "Trainer") -> OverridePoint:
