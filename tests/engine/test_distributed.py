@@ -268,7 +268,8 @@ def test_launch_spawns_gloo_processes_on_cpu(tmp_path):
 
 _FAILING_JOB = """
 import torch
-from treadle.engine import Trainer, launch
+from treadle.engine import launch
+from treadle.trainer import Trainer
 
 
 def main():

@@ -27,7 +27,7 @@ def lazy_exports(package: str, submodule_of: Dict[str, str]) -> None:
 
     A name with a row in :data:`~treadle.utils.deprecations.DEPRECATED`
     (``treadle.engine.Trainer``) warns at every read, naming what to import
-    instead, and is left out of ``dir()``.
+    instead (it stays in ``dir()``, and out of the package's ``__all__``).
 
     A name may equal its submodule's name (``treadle.config.instantiate`` is
     both): importing the submodule makes Python set it on the package, which
@@ -64,6 +64,6 @@ def lazy_exports(package: str, submodule_of: Dict[str, str]) -> None:
             super().__setattr__(name, value)
 
         def __dir__(self) -> List[str]:
-            return sorted((set(vars(self)) | set(submodule_of)) - old)
+            return sorted(set(vars(self)) | set(submodule_of))
 
     module.__class__ = LazyExportsModule
