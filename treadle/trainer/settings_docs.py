@@ -5,13 +5,13 @@ reference shows), and the tables of ``docs/trainer.md`` (:func:`describe`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import re
 import textwrap
+import typing
 from typing import Any, Dict, List, TypeVar
 
-from .settings import GROUPS, SETTINGS
+from .settings import GROUPS, SETTINGS, TrainerSettingsDict
 
 __all__ = ["document_settings", "describe", "section_title"]
 
@@ -26,8 +26,17 @@ def section_title(group: str) -> str:
 
 
 def _types() -> Dict[str, str]:
-    """Each setting's type, as its group's field declares it."""
-    return {f.name: str(f.type) for _, group in GROUPS for f in dataclasses.fields(group)}
+    """Each setting's type as a caller gives it, as :class:`~treadle.trainer.settings.TrainerSettingsDict`
+    declares it (what mypy checks; a path also as an ``os.PathLike``)."""
+    return {name: _written(annotation) for name, annotation in TrainerSettingsDict.__annotations__.items()}
+
+
+def _written(annotation: Any) -> str:
+    """An annotation as its source writes it: under ``from __future__ import annotations`` a
+    ``TypedDict`` keeps each as a ``ForwardRef`` of that text."""
+    if isinstance(annotation, typing.ForwardRef):
+        return annotation.__forward_arg__
+    return annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
 
 
 def document_settings(cls: _T) -> _T:
