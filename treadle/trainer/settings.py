@@ -38,9 +38,7 @@ import os
 import typing
 import warnings
 from collections.abc import Mapping
-from typing import (
-    TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Optional, Sequence, Tuple, TypedDict, TypeVar, Union,
-)
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Optional, Sequence, Tuple, TypedDict, TypeVar, Union
 
 from treadle.config.errors import ConfigError
 from treadle.config.rules import (
@@ -324,7 +322,8 @@ class OptimizationSettings:
 class EvaluationSettings:
     """What is evaluated, when, and what is watched in the results (the best checkpoint, early stopping)."""
 
-    eval_loader: Optional[Union[Iterable[Any], torch.utils.data.Dataset[Any]]] = _row(
+    # Any, as train_loader: a torch Dataset (batched here) is no Iterable to mypy.
+    eval_loader: Any = _row(
         None, None, "What evaluation reads: batches, or a dataset batched by eval_batch_size.")
     metrics: Sequence[Any] = _row(
         (), rules.metrics, "What evaluation computes (default ['loss']): metric names, (name, options), "
@@ -478,7 +477,7 @@ class TrainerSettingsDict(TypedDict, total=False):
     compile: Union[bool, Dict[str, Any]]
     ema_decay: Optional[float]
     # EvaluationSettings
-    eval_loader: Optional[Union[Iterable[Any], torch.utils.data.Dataset[Any]]]
+    eval_loader: Any
     metrics: Sequence[Any]
     eval_period: Optional[int]
     best_metric: Optional[str]
