@@ -159,7 +159,7 @@ from typing import Any
 from torch import nn
 from typing_extensions import Unpack
 
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 from treadle.trainer.settings import TrainerSettingsDict
 
 model, data = nn.Linear(6, 2), [(0, 1)]

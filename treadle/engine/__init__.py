@@ -28,9 +28,7 @@ from .history import TrainingHistory
 from .launch import GROUP_LOST_EXIT_CODE, launch
 from .data_parallel import create_ddp_model
 
-if TYPE_CHECKING:  # what the lazy names are, for mypy (Trainer's typed settings reach its importers)
-    from treadle.trainer.trainer import Trainer
-
+if TYPE_CHECKING:
     from .defaults import DefaultTrainer, default_argument_parser, default_setup
 
 _LAZY = {"DefaultTrainer": "defaults", "default_argument_parser": "defaults", "default_setup": "defaults",

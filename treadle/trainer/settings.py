@@ -10,6 +10,9 @@ mypy), its default the setting's, its metadata the rest of the setting's row.
 :data:`SETTINGS`, the table, is those rows; the ``Trainer``'s signature and
 the settings sections of its docstring are made from it
 (:func:`~treadle.trainer.settings_docs.document_settings`).
+:class:`TrainerSettingsDict` types the same settings as the ``Trainer``
+takes them (``**settings``), for mypy and editors; a test checks it
+against the groups' fields.
 
 It is to :class:`~treadle.engine.Trainer` what :mod:`treadle.config.train_keys`
 is to ``train.*``, and shares that table's rows where a setting means the
@@ -504,7 +507,6 @@ class TrainerSettingsDict(TypedDict, total=False):
     ddp: Union[str, Dict[str, Any]]
     dist_timeout: float
     num_threads: Union[int, str, None]
-
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,7 +46,8 @@ def _written(annotation: Any) -> str:
 def document_settings(cls: _T) -> _T:
     """Gives ``cls`` (the ``Trainer``) its settings from the table: its
     ``__init__``'s signature (``**settings`` shown as each setting, with its
-    type and default, for ``inspect.signature`` and ``help``) and, ending its
+    default and its type as :class:`~treadle.trainer.settings.TrainerSettingsDict`
+    declares it, for ``inspect.signature`` and ``help``) and, ending its
     docstring, a section per group that lists each setting (for the API
     reference; ``docs/conf.py`` names the sections)."""
     init: Any = cls.__init__  # type: ignore[misc]
