@@ -40,6 +40,8 @@ setup(
         # exporting model_final.safetensors: a small, dependency-free format
         # library that Hugging Face maintains.
         "safetensors",
+        # Unpack, which types the plain Trainer's **settings (typing has it from Python 3.11 only).
+        "typing_extensions>=4.10",
     ],
     extras_require={
         "plot": ["matplotlib"],

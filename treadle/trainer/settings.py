@@ -10,6 +10,9 @@ mypy), its default the setting's, its metadata the rest of the setting's row.
 :data:`SETTINGS`, the table, is those rows; the ``Trainer``'s signature and
 the settings sections of its docstring are made from it
 (:func:`~treadle.trainer.settings_docs.document_settings`).
+:class:`TrainerSettingsDict` types the same settings as the ``Trainer``
+takes them (``**settings``), for mypy and editors; a test checks it
+against the groups' fields.
 
 It is to :class:`~treadle.engine.Trainer` what :mod:`treadle.config.train_keys`
 is to ``train.*``, and shares that table's rows where a setting means the
@@ -36,8 +39,9 @@ import dataclasses
 import logging
 import os
 import typing
+import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Optional, Sequence, Tuple, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Optional, Sequence, Tuple, TypedDict, TypeVar, Union
 
 from treadle.config.errors import ConfigError
 from treadle.config.rules import (
@@ -72,6 +76,7 @@ __all__ = [
     "SETTINGS",
     "GROUPS",
     "TrainerSettings",
+    "TrainerSettingsDict",
     "DataSettings",
     "OptimizationSettings",
     "EvaluationSettings",
@@ -320,7 +325,8 @@ class OptimizationSettings:
 class EvaluationSettings:
     """What is evaluated, when, and what is watched in the results (the best checkpoint, early stopping)."""
 
-    eval_loader: Optional[Iterable[Any]] = _row(
+    # Any, as train_loader: a torch Dataset (batched here) is no Iterable to mypy.
+    eval_loader: Any = _row(
         None, None, "What evaluation reads: batches, or a dataset batched by eval_batch_size.")
     metrics: Sequence[Any] = _row(
         (), rules.metrics, "What evaluation computes (default ['loss']): metric names, (name, options), "
@@ -437,14 +443,83 @@ class ProcessSettings:
         "num_threads", doc="Set while train() runs (after it, the count before is put back).")
 
 
+class TrainerSettingsDict(TypedDict, total=False):
+    """The settings as the ``Trainer`` takes them, for mypy and editors:
+    ``Trainer.__init__``'s ``**settings: Unpack[TrainerSettingsDict]``, so a
+    misspelt name or a value of the wrong type is named where it is typed.
+    A subclass types its own ``**settings`` so too.
+
+    Every key is optional (a setting not given keeps its default), and each
+    is typed as its group's field is (:class:`DataSettings`... :class:`ProcessSettings`),
+    except that a path setting also takes an ``os.PathLike`` (the ``Trainer``
+    reads it as its string).
+    ``tests/trainer/test_typed_settings.py`` checks the two say the same.
+    """
+
+    # DataSettings
+    batch_size: Optional[int]
+    total_batch_size: Optional[int]
+    eval_batch_size: Optional[int]
+    shuffle: bool
+    collate_fn: Optional[Callable[[list], Any]]
+    num_workers: int
+    # OptimizationSettings
+    loss_fn: Optional[Callable[[Any, Any], torch.Tensor]]
+    max_iter: Optional[int]
+    max_epochs: Optional[int]
+    scheduler: Any
+    scheduler_interval: str
+    warmup_iters: int
+    lr: Optional[float]
+    weight_decay: float
+    no_decay_norm_and_bias: bool
+    precision: str
+    grad_accum_steps: int
+    clip_grad_norm: Optional[float]
+    clip_grad_value: Optional[float]
+    compile: Union[bool, Dict[str, Any]]
+    ema_decay: Optional[float]
+    # EvaluationSettings
+    eval_loader: Any
+    metrics: Sequence[Any]
+    eval_period: Optional[int]
+    best_metric: Optional[str]
+    best_mode: Optional[str]
+    early_stopping_patience: Optional[int]
+    evaluate_with_generate: Union[bool, Dict[str, Any]]
+    # CheckpointSettings
+    output_dir: Optional[Union[str, os.PathLike[str]]]
+    checkpoints_dir: Optional[Union[str, os.PathLike[str]]]
+    checkpoint_period: Optional[int]
+    max_to_keep: Optional[int]
+    preemption: bool
+    init_weights_from: Optional[Union[str, os.PathLike[str]]]
+    # LoggingSettings
+    logs_dir: Optional[Union[str, os.PathLike[str]]]
+    loggers: Sequence[Any]
+    log_period: int
+    progress_bar: Optional[bool]
+    hooks: Sequence[HookBase]
+    callbacks: Sequence[EpochCallback]
+    # ProcessSettings
+    device: Union[str, torch.device]
+    seed: Optional[int]
+    ddp: Union[str, Dict[str, Any]]
+    dist_timeout: float
+    num_threads: Union[int, str, None]
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainerSettings:
     """The settings of a ``Trainer`` (``trainer.settings``), checked, by
     purpose: ``trainer.settings.evaluation.eval_period``. Built once, when
     the ``Trainer`` is built (:func:`checked_settings`), and read-only.
 
-    A setting is also read by its name alone (``settings.eval_period``, as
-    code written before the groups reads it), untyped.
+    A setting read by its name alone (``settings.eval_period``) still
+    answers, for code written for treadle 0.8.0, which had no groups: each
+    such read warns (a ``DeprecationWarning`` naming the grouped path), mypy
+    reports it (no such attribute), and treadle 0.10 removes it. treadle
+    itself reads its settings by group.
     """
 
     data: DataSettings
@@ -460,11 +535,17 @@ class TrainerSettings:
         return cls(**{name: group(**{f.name: values[f.name] for f in dataclasses.fields(group)})
                       for name, group in GROUPS})
 
-    def __getattr__(self, name: str) -> Any:
-        # Called only for what is not an attribute: a setting's name alone.
-        if name not in _BY_NAME:
-            raise AttributeError(f"{type(self).__name__} has no setting {name!r}")
-        return getattr(object.__getattribute__(self, _BY_NAME[name].group), name)
+    if not TYPE_CHECKING:  # so that mypy names a flat read as an error, not an Any
+
+        def __getattr__(self, name: str) -> Any:
+            # Called only for what is not an attribute: a setting's name alone,
+            # as 0.8.0 read it (kept one minor version, warned).
+            if name not in _BY_NAME:
+                raise AttributeError(f"{type(self).__name__} has no setting {name!r}")
+            group = _BY_NAME[name].group
+            warnings.warn(f"trainer.settings.{name} is deprecated and is removed in treadle 0.10: read "
+                          f"trainer.settings.{group}.{name}", DeprecationWarning, stacklevel=2)
+            return getattr(object.__getattribute__(self, group), name)
 
 
 #: The groups of :class:`TrainerSettings`, in order: ``(name, dataclass)``.

@@ -9,9 +9,10 @@ import dataclasses
 import inspect
 import re
 import textwrap
+import typing
 from typing import Any, Dict, List, TypeVar
 
-from .settings import GROUPS, SETTINGS
+from .settings import GROUPS, SETTINGS, TrainerSettingsDict
 
 __all__ = ["document_settings", "describe", "section_title"]
 
@@ -26,14 +27,27 @@ def section_title(group: str) -> str:
 
 
 def _types() -> Dict[str, str]:
-    """Each setting's type, as its group's field declares it."""
-    return {f.name: str(f.type) for _, group in GROUPS for f in dataclasses.fields(group)}
+    """Each setting's type as a caller gives it, as :class:`~treadle.trainer.settings.TrainerSettingsDict`
+    declares it (what mypy checks; a path also as an ``os.PathLike``)."""
+    fields = {f.name: str(f.type) for _, group in GROUPS for f in dataclasses.fields(group)}
+    # A setting the TypedDict lacks shows its field's type: tests/trainer/test_typed_settings.py names the drift.
+    return {**fields, **{name: _written(annotation) for name, annotation in TrainerSettingsDict.__annotations__.items()
+                         if name in fields}}
+
+
+def _written(annotation: Any) -> str:
+    """An annotation as its source writes it: under ``from __future__ import annotations`` a
+    ``TypedDict`` keeps each as a ``ForwardRef`` of that text."""
+    if isinstance(annotation, typing.ForwardRef):
+        return annotation.__forward_arg__
+    return annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
 
 
 def document_settings(cls: _T) -> _T:
     """Gives ``cls`` (the ``Trainer``) its settings from the table: its
     ``__init__``'s signature (``**settings`` shown as each setting, with its
-    type and default, for ``inspect.signature`` and ``help``) and, ending its
+    default and its type as :class:`~treadle.trainer.settings.TrainerSettingsDict`
+    declares it, for ``inspect.signature`` and ``help``) and, ending its
     docstring, a section per group that lists each setting (for the API
     reference; ``docs/conf.py`` names the sections)."""
     init: Any = cls.__init__  # type: ignore[misc]

@@ -20,6 +20,7 @@ from typing import Any, Callable, Collection, Dict, Iterable, List, NoReturn, Op
 
 import torch
 from torch import nn
+from typing_extensions import Unpack
 
 from treadle.checkpoint import CheckpointError, Checkpointer, unwrap_model
 from treadle.checkpoint import init_weights_from as load_matching_weights
@@ -49,7 +50,9 @@ from .data import as_eval_loader, as_train_loader, check_batch_sizes, run_length
 from .evaluation import TrainerEvaluation
 from .process import inside, join_processes, start_console
 from .run import TrainerRun
-from .settings import LOGGERS, TrainerSettings, checked_settings, given_settings, replaced_settings, wrapper_of
+from .settings import (
+    LOGGERS, TrainerSettings, TrainerSettingsDict, checked_settings, given_settings, replaced_settings, wrapper_of,
+)
 from .settings_docs import document_settings
 from .subclass import SeedSubclass, check_epoch_events
 
@@ -80,7 +83,8 @@ class Trainer(SeedSubclass, TrainerRun):
         print(history.epochs[-1]["accuracy"])
 
     The settings are keyword arguments, listed below by purpose (data,
-    optimization, evaluation, checkpoints, logging, processes) and kept,
+    optimization, evaluation, checkpoints, logging, processes), typed for
+    mypy and editors by :class:`~treadle.trainer.settings.TrainerSettingsDict`, and kept,
     checked, as :attr:`settings` (a :class:`~treadle.trainer.settings.TrainerSettings`).
     Every setting acts, or is refused (a ``ValueError``) or warned about in
     one line when the ``Trainer`` is built, before anything is written: the
@@ -102,8 +106,10 @@ class Trainer(SeedSubclass, TrainerRun):
             dataset (a torch ``Dataset``, a list of samples) batched by ``batch_size``.
     """
 
+    # The settings typed by name (TrainerSettingsDict) for mypy and editors, and still **settings: which
+    # were given (passed, not None) is what the checks read, and a parameter with a default would hide it.
     def __init__(self, model: nn.Module, optimizer: Union[torch.optim.Optimizer, str, tuple], train_loader: Any,
-                 **settings: Any) -> None:
+                 **settings: Unpack[TrainerSettingsDict]) -> None:
         values, self._given_settings = given_settings(settings)
         self._build(model, optimizer, train_loader, values)
 
@@ -222,18 +228,19 @@ class Trainer(SeedSubclass, TrainerRun):
         :class:`~treadle.compat.step.TrainerStep` where a subclass
         overrides a point of another trainer's update (pytorch-accelerated's
         ``backward_step``, Hezar's ``training_step``...)."""
+        opt = s.optimization
         if self._seed_update():
             return TrainerStep(
                 self.model, self.train_loader, self.optimizer, owner=weakref.proxy(self), events=self._events,
                 overridden=frozenset(name for name in UPDATE_POINTS if self._overrides(name)),
-                loss_fn=s.loss_fn, grad_accum_steps=s.grad_accum_steps, clip_grad_norm=s.clip_grad_norm,
-                clip_grad_value=s.clip_grad_value, precision=s.precision,
+                loss_fn=opt.loss_fn, grad_accum_steps=opt.grad_accum_steps, clip_grad_norm=opt.clip_grad_norm,
+                clip_grad_value=opt.clip_grad_value, precision=opt.precision,
             )
         return build_step(
-            "compiled" if s.compile else "eager", self.model, self.train_loader, self.optimizer,
-            compile_options=s.compile if isinstance(s.compile, dict) else None, loss_fn=s.loss_fn,
-            grad_accum_steps=s.grad_accum_steps, clip_grad_norm=s.clip_grad_norm, clip_grad_value=s.clip_grad_value,
-            precision=s.precision, compute_loss=self._own_compute_loss(),
+            "compiled" if opt.compile else "eager", self.model, self.train_loader, self.optimizer,
+            compile_options=opt.compile if isinstance(opt.compile, dict) else None, loss_fn=opt.loss_fn,
+            grad_accum_steps=opt.grad_accum_steps, clip_grad_norm=opt.clip_grad_norm,
+            clip_grad_value=opt.clip_grad_value, precision=opt.precision, compute_loss=self._own_compute_loss(),
         )
 
     def build_evaluation(self, s: TrainerSettings) -> TrainerEvaluation:
