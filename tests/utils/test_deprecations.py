@@ -45,8 +45,20 @@ def _stepper_row(row):
     return [str(w.message) for w in caught], caught[0].filename
 
 
-#: How each argument row is called: old name -> a function calling it, returning (messages, the warned file).
-CALLS = {"LRScheduler(stepper=...)": _stepper_row}
+def _flat_setting_row(row):
+    from treadle.trainer.settings import SETTINGS, TrainerSettings
+
+    settings = TrainerSettings.of({s.name: s.default for s in SETTINGS})
+    with pytest.warns(DeprecationWarning) as caught:
+        value = settings.eval_period
+    assert value is settings.evaluation.eval_period
+    return [str(w.message) for w in caught], caught[0].filename
+
+
+#: How each row read or called is exercised: old name -> a function doing it, returning (messages, the warned file).
+CALLS = {"LRScheduler(stepper=...)": _stepper_row, "trainer.settings.{name}": _flat_setting_row}
+#: The names filling a row's ``{fields}`` in its exercise above.
+FILLS = {"trainer.settings.{name}": {"name": "eval_period", "group": "evaluation"}}
 
 
 @pytest.mark.parametrize("row", [r for r in DEPRECATED if r.kind == "module"], ids=lambda r: r.old)
@@ -69,16 +81,19 @@ def test_an_old_attribute_is_the_new_one_and_warns_at_each_import(row):
     assert warned == [(message, "<string>")] * 2  # the importing lines, not importlib's probe
 
 
-@pytest.mark.parametrize("row", [r for r in DEPRECATED if r.kind == "argument"], ids=lambda r: r.old)
-def test_an_old_argument_acts_and_warns_naming_what_to_write_instead(row):
+@pytest.mark.parametrize("row", [r for r in DEPRECATED if r.kind in ("argument", "read")], ids=lambda r: r.old)
+def test_an_old_argument_or_attribute_read_acts_and_warns_naming_what_to_write_instead(row):
     messages, filename = CALLS[row.old](row)
-    assert messages == [f"{row.old} is deprecated and is removed in treadle {row.removed_in}: {row.new}"]
+    fill = FILLS.get(row.old, {})
+    old, new = row.old.format(**fill), row.new.format(**fill)
+    instead = f"read {new}" if row.kind == "read" else new
+    assert messages == [f"{old} is deprecated and is removed in treadle {row.removed_in}: {instead}"]
     assert filename == __file__  # the user's line
 
 
 def test_every_row_is_walked_and_names_a_version_after_the_one_it_warns_since():
-    assert set(CALLS) == {r.old for r in DEPRECATED if r.kind == "argument"}
-    assert {r.kind for r in DEPRECATED} <= {"module", "attribute", "argument"}
+    assert set(CALLS) == {r.old for r in DEPRECATED if r.kind in ("argument", "read")}
+    assert {r.kind for r in DEPRECATED} <= {"module", "attribute", "read", "argument"}
     version = lambda text: tuple(int(part) for part in text.split("."))  # noqa: E731
     assert all(version(r.since) < version(r.removed_in) for r in DEPRECATED)
     assert len({r.old for r in DEPRECATED}) == len(DEPRECATED)

@@ -39,7 +39,6 @@ import dataclasses
 import logging
 import os
 import typing
-import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Optional, Sequence, Tuple, TypedDict, TypeVar, Union
 
@@ -58,6 +57,7 @@ from treadle.config.rules import (
 from treadle.config.train_keys import KEYS as TRAIN_KEYS
 from treadle.compat.names import seed_setting_hint
 from treadle.hooks import HookBase
+from treadle.utils.deprecations import warn_deprecated
 
 from . import setting_rules as rules
 from .setting_rules import FILE_LOGGERS, LOGGERS
@@ -543,8 +543,7 @@ class TrainerSettings:
             if name not in _BY_NAME:
                 raise AttributeError(f"{type(self).__name__} has no setting {name!r}")
             group = _BY_NAME[name].group
-            warnings.warn(f"trainer.settings.{name} is deprecated and is removed in treadle 0.10: read "
-                          f"trainer.settings.{group}.{name}", DeprecationWarning, stacklevel=2)
+            warn_deprecated("trainer.settings.{name}", name=name, group=group)
             return getattr(object.__getattribute__(self, group), name)
 
 

@@ -33,7 +33,10 @@ class Deprecated:
             a package's attribute (``treadle.engine.Trainer``) or a keyword
             argument (``LRScheduler(stepper=...)``).
         new: what to write instead.
-        kind: ``"module"``, ``"attribute"`` or ``"argument"``.
+        kind: ``"module"``, ``"attribute"`` (imported), ``"read"`` (an
+            attribute of an object, read) or ``"argument"``. ``old`` and
+            ``new`` of a row for many names hold ``{fields}`` filled when
+            it warns (``trainer.settings.{name}``).
         removed_in: the treadle version in which ``old`` stops working.
         since: the first version that warns.
     """
@@ -44,11 +47,13 @@ class Deprecated:
     removed_in: str
     since: str
 
-    def message(self) -> str:
-        """The warning's one line: the old name, the version it goes in, what to write instead."""
-        verb = {"module": "import", "attribute": "import"}.get(self.kind)
-        instead = f"{verb} {self.new} instead" if verb else self.new
-        return f"{self.old} is deprecated and is removed in treadle {self.removed_in}: {instead}"
+    def message(self, **fill: str) -> str:
+        """The warning's one line: the old name, the version it goes in, what
+        to write instead (``fill``: the row's ``{fields}``)."""
+        old, new = self.old.format(**fill), self.new.format(**fill)
+        instead = {"module": f"import {new} instead", "attribute": f"import {new} instead",
+                   "read": f"read {new}"}.get(self.kind, new)
+        return f"{old} is deprecated and is removed in treadle {self.removed_in}: {instead}"
 
 
 def _moved(old: str, new: str) -> Deprecated:
@@ -65,6 +70,8 @@ DEPRECATED: Tuple[Deprecated, ...] = (
     _moved("treadle.engine.seed_names", "treadle.compat.names"),
     _moved("treadle.engine.seed_overrides", "treadle.compat.overrides"),
     Deprecated("treadle.engine.Trainer", "treadle.trainer.Trainer", "attribute", removed_in="0.10", since="0.9"),
+    Deprecated("trainer.settings.{name}", "trainer.settings.{group}.{name}", "read", removed_in="0.10",
+               since="0.9"),
     Deprecated("LRScheduler(stepper=...)", "subclass LRScheduler and override its step_schedule() instead",
                "argument", removed_in="0.10", since="0.9"),
 )
@@ -88,8 +95,9 @@ def moved_modules(package: str) -> Dict[str, Deprecated]:
             if row.kind == "module" and row.old.rpartition(".")[0] == package}
 
 
-def warn_deprecated(old: str, stacklevel: int = 3) -> None:
-    """Warns (``DeprecationWarning``) that ``old`` goes in its row's version,
-    naming what to write instead; ``stacklevel`` 3 points at the caller of
-    the function that calls this one (the user's line)."""
-    warnings.warn(_BY_OLD[old].message(), DeprecationWarning, stacklevel=stacklevel)
+def warn_deprecated(old: str, stacklevel: int = 3, **fill: str) -> None:
+    """Warns (``DeprecationWarning``) that ``old`` (a row's, with ``fill``
+    in its ``{fields}``) goes in its row's version, naming what to write instead;
+    ``stacklevel`` 3 points at the caller of the function that calls this
+    one (the user's line)."""
+    warnings.warn(_BY_OLD[old].message(**fill), DeprecationWarning, stacklevel=stacklevel)
