@@ -45,7 +45,7 @@ from peers import Workload  # noqa: E402
 
 import treadle.events.printer as printer_module  # noqa: E402
 import treadle.events.storage as storage_module  # noqa: E402
-from treadle.engine import Trainer  # noqa: E402
+from treadle.trainer import Trainer  # noqa: E402
 from treadle.events import TensorboardWriter  # noqa: E402
 from treadle.hooks import PeriodicWriter  # noqa: E402
 

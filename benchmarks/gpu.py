@@ -238,7 +238,7 @@ def run_treadle_hooks(work: Workload, folder: str) -> Run:
 
 
 def run_treadle_trainer(work: Workload, folder: str) -> Run:
-    from treadle.engine import Trainer
+    from treadle.trainer import Trainer
 
     model, optimizer = work.fresh()
     trainer = Trainer(model, optimizer, ReadyBatches(work.data), loss_fn=F.cross_entropy, max_iter=work.iters,

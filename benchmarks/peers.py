@@ -442,7 +442,7 @@ def run_treadle_tour(work: Workload, workdir: str) -> Run:
 def run_treadle_trainer(work: Workload, workdir: str) -> Run:
     import torch.nn.functional as F
 
-    from treadle.engine import Trainer
+    from treadle.trainer import Trainer
 
     model, optimizer, loader = work.fresh()
     trainer = Trainer(model, optimizer, loader, loss_fn=F.cross_entropy, max_iter=work.iters, log_period=WRITE_PERIOD,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from treadle.config.train_keys import KEYS
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 from treadle.compat.names import SEED_SETTINGS, SeedSetting
 from treadle.trainer.settings import SETTINGS, setting
 from tests.compat.pages import seed_pages

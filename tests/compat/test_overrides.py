@@ -21,7 +21,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from treadle.config import LazyConfig
-from treadle.engine import EagerStep, Trainer
+from treadle.engine import EagerStep
+from treadle.trainer import Trainer
 from treadle.engine.defaults import DefaultTrainer
 from treadle.compat.names import CALLBACK_EVENTS, OVERRIDE_POINTS, SEED_METHODS
 from treadle.compat.overrides import SeedOverrides

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 from treadle.hooks import HookBase
 
 from tests.tiny_models import classification

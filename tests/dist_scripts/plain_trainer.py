@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from treadle.checkpoint import unwrap_model
-from treadle.engine import Trainer, launch
+from treadle.engine import launch
+from treadle.trainer import Trainer
 from treadle.hooks import HookBase
 from treadle.utils import comm
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from treadle.config import LazyConfig
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 from treadle.engine.default_hooks import default_hooks
 from treadle.engine.defaults import DefaultTrainer
 from treadle.hooks import HookBase, PreciseBN, RunSummary

@@ -17,7 +17,8 @@ from torch import nn
 
 from treadle.checkpoint import Checkpointer, load_checkpoint_file
 from treadle.data import build_train_loader
-from treadle.engine import CompiledStep, EagerStep, Trainer, TrainerBase
+from treadle.engine import CompiledStep, EagerStep, TrainerBase
+from treadle.trainer import Trainer
 from treadle.events import CommonMetricPrinter, JSONWriter, TensorboardXWriter
 from treadle.hooks import EMA, HookBase, IterationTimer, LRScheduler, PeriodicCheckpointer, PeriodicWriter
 

@@ -9,7 +9,7 @@ import sys, torch
 from torch import nn
 import torch.nn.functional as F
 import treadle.engine, treadle.events, treadle.hooks
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 model = nn.Linear(4, 2)
 data = [(torch.randn(8, 4), torch.randint(0, 2, (8,))) for _ in range(6)]
 Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), iter(data), loss_fn=F.cross_entropy, max_iter=6,

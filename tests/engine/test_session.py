@@ -14,7 +14,7 @@ from torch import nn
 
 from treadle.config import LazyCall as L
 from treadle.data import build_test_loader, build_train_loader
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 from treadle.engine.defaults import DefaultTrainer, default_setup
 from treadle.evaluation import build_evaluator
 from treadle.hooks import CallbackHook, LRMultiplier

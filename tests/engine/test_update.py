@@ -223,7 +223,7 @@ def test_a_step_refuses_state_it_has_no_part_for():
 def test_every_step_of_treadle_updates_through_its_update(monkeypatch):
     """EagerStep and the plain Trainer's step for other trainers' override points
     share one update: the Update's, no copy of it (each call goes through it)."""
-    from treadle.engine import Trainer
+    from treadle.trainer import Trainer
 
     calls = []
     step_of_update = Update.step

@@ -132,7 +132,7 @@ def test_a_dict_batch_with_a_loss_fn_trains_and_evaluates_to_the_value_computed_
     loss_fn, where evaluation also took a dict with its targets under "labels"."""
     from torch import nn
 
-    from treadle.engine import Trainer
+    from treadle.trainer import Trainer
 
     class Tagger(nn.Module):
         def __init__(self):
@@ -169,7 +169,7 @@ def test_a_dict_batch_with_a_loss_fn_gives_the_model_the_rest_by_name():
     from torch import nn
     from torch.utils.data import DataLoader, default_collate
 
-    from treadle.engine import Trainer
+    from treadle.trainer import Trainer
 
     class Net(nn.Module):
         def __init__(self):
@@ -200,7 +200,7 @@ def test_a_dict_batch_with_a_loss_fn_gives_the_model_the_rest_by_name():
 
 def test_a_hugging_face_model_with_a_loss_fn_computes_no_loss_of_its_own():
     """It was given the labels too, and computed its own loss beside the loss_fn's."""
-    from treadle.engine import Trainer
+    from treadle.trainer import Trainer
 
     from tests.tiny_models import CountingTokens, tiny_gpt2
 

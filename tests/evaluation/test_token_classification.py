@@ -75,7 +75,7 @@ def _token_batches(n=4, length=8, seed=0):
 
 def test_a_trainer_evaluates_seqeval_with_the_models_own_labels(tmp_path):
     """Hezar's ``metrics=["seqeval"]``: no labels given, the model's config.id2label."""
-    from treadle.engine import Trainer
+    from treadle.trainer import Trainer
 
     model = _tiny_token_classifier()
     train, val = _token_batches(), _token_batches(2, seed=1)
@@ -103,7 +103,7 @@ def test_a_trainer_evaluates_seqeval_with_the_models_own_labels(tmp_path):
 
 
 def test_without_the_seqeval_package_the_trainer_says_what_to_install(monkeypatch):
-    from treadle.engine import Trainer
+    from treadle.trainer import Trainer
 
     for name in [m for m in sys.modules if m == "seqeval" or m.startswith("seqeval.")]:
         monkeypatch.setitem(sys.modules, name, None)

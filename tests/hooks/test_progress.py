@@ -5,7 +5,7 @@ import io
 from torch import nn
 
 from tests.trainer.test_trainer import loader, model, problem
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 from treadle.hooks import ProgressBar
 
 

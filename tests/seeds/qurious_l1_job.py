@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 from treadle.hooks import HookBase
 
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from treadle.data.datasets import DigitsDataset
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 
 
 class Recognizer(nn.Module):

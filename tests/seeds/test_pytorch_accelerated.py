@@ -17,7 +17,8 @@ from torch.optim import lr_scheduler
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassPrecision, MulticlassRecall
 
-from treadle.engine import HookBase, Trainer
+from treadle.engine import HookBase
+from treadle.trainer import Trainer
 
 
 def classification(n=256, seed=0):

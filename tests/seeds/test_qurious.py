@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 
 from tests.tiny_models import CountingTokens, tiny_gpt2
 

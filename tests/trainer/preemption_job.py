@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 from treadle.hooks import CallbackHook, HookBase
 
 # Checkpoints after iterations 3 and 7; metrics.json rows after 2, 5, 8, 11 and before each checkpoint.

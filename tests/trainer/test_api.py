@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 from treadle.events import get_event_storage
 
 from tests.tiny_models import CountingTokens, classification, tiny_gpt2

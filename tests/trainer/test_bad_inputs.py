@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from torch import nn
 
 from treadle.checkpoint import CheckpointError, Checkpointer
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 
 from tests.run_files import snapshot
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, Sampler, TensorDataset
 
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 
 # 10 samples in batches of 2: 5 iterations an epoch, 3 epochs.
 BATCHES, EPOCHS = 5, 3

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 from treadle.hooks import EMA, PreciseBN
 
 from tests.tiny_models import CountingTokens, classification, tiny_gpt2

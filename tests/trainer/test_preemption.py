@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from tests.trainer import preemption_job as job
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 from treadle.hooks import PREEMPTED_EXIT_CODE, CallbackHook, PreemptionHandler
 
 REPO = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch import nn
 
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 from treadle.trainer import data as trainer_data
 from treadle.utils import comm
 

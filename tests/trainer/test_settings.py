@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, default_collate
 
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 from treadle.trainer.settings import SETTINGS
 from treadle.trainer.settings_docs import describe
 

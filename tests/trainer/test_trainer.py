@@ -8,7 +8,8 @@ import torch
 from fvcore.common.param_scheduler import LinearParamScheduler
 from torch import nn
 
-from treadle.engine import CompiledStep, Trainer, TrainingHistory
+from treadle.engine import CompiledStep, TrainingHistory
+from treadle.trainer import Trainer
 
 
 def problem(n=256, seed=0):

@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 from treadle.engine.history import EpochCallback
 from treadle.trainer import settings
 from treadle.trainer.settings import SETTINGS, TrainerSettingsDict

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from tests.tiny_models import classification
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 from treadle.evaluation import build_evaluator, inference_on_dataset
 from treadle.utils.device import to_device
 

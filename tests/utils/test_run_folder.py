@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 from treadle.tools.train_net import _JobSignals, cli
 from treadle.utils.run_folder import (
     LOCK_FILE,

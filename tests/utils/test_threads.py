@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from treadle.config import LazyConfig
 from treadle.config.errors import ConfigError
 from treadle.config.validation import check_run_config
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 from treadle.engine.defaults import DefaultTrainer, default_setup
 from treadle.hooks import HookBase
 from treadle.utils import threads

@@ -1,7 +1,7 @@
 """The names of the trainers treadle's users come from, in one layer.
 
 A user of qurious, pytorch-accelerated, Hezar, LiBai or the Hugging Face
-Trainer subclasses the plain :class:`~treadle.engine.Trainer` and overrides
+Trainer subclasses the plain :class:`~treadle.trainer.Trainer` and overrides
 the methods their trainer calls (``train_step``,
 ``calculate_train_batch_loss``, ``training_step``...), or writes callbacks
 with their trainer's event names. This package is what answers them, and the

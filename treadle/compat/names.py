@@ -7,7 +7,7 @@ trainer and overrides the method their trainer calls (``train_step``,
 callback with pytorch-accelerated's event names (``on_train_epoch_end``).
 Each name here is either
 
-- **called**: the plain :class:`~treadle.engine.Trainer` (or
+- **called**: the plain :class:`~treadle.trainer.Trainer` (or
   ``DefaultTrainer``, or a hook's callback) calls it at the seed's moment
   with the seed's arguments and return contract; treadle's own update,
   resume, hooks and processes stay around it; or

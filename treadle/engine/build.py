@@ -1,6 +1,6 @@
 """Building the parts of a run from names: optimizers, parameter groups, schedules, steps.
 
-Shared by the plain :class:`~treadle.engine.Trainer` and the config-driven
+Shared by the plain :class:`~treadle.trainer.Trainer` and the config-driven
 :class:`~treadle.engine.DefaultTrainer`.
 """
 

@@ -315,7 +315,7 @@ def join_env_process_group(timeout: datetime.timedelta = DEFAULT_TIMEOUT, *, lea
     none to join. Returns True when this call joined it; the caller then
     leaves it with :func:`leave_process_group`, or has it left when the
     process exits (``leave_at_exit``: the plain
-    :class:`~treadle.engine.Trainer` started by torchrun). Used by
+    :class:`~treadle.trainer.Trainer` started by torchrun). Used by
     :func:`launch` too.
 
     ``timeout`` bounds the set-up and, as the group's timeout, every

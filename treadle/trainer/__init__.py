@@ -2,10 +2,11 @@
 people who do not want configs.
 
 It sits above the engine (:mod:`treadle.engine`: the loop, the steps, the
-default hooks it shares with ``DefaultTrainer``) and is the one user of
+default hooks it shares with ``DefaultTrainer``) and uses
 :mod:`treadle.compat`, which lets a subclass keep the method names of the
-trainers its user comes from. ``from treadle.engine import Trainer`` imports
-the same class.
+trainers its user comes from. Import it from here:
+``from treadle.trainer import Trainer`` (``treadle.engine.Trainer`` is
+deprecated).
 
 - :mod:`treadle.trainer.trainer`: the class, its builders, ``train``,
   ``evaluate`` and its one-batch calls;

@@ -14,7 +14,7 @@ the settings sections of its docstring are made from it
 takes them (``**settings``), for mypy and editors; a test checks it
 against the groups' fields.
 
-It is to :class:`~treadle.engine.Trainer` what :mod:`treadle.config.train_keys`
+It is to :class:`~treadle.trainer.Trainer` what :mod:`treadle.config.train_keys`
 is to ``train.*``, and shares that table's rows where a setting means the
 same thing (precision, clipping, periods, checkpoint keeping, the EMA decay,
 the process group's timeout): the rule and the words come from there.
