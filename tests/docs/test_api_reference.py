@@ -235,7 +235,7 @@ def test_the_site_builds_with_every_reference_resolved_and_every_name_shown(tmp_
             )
     # A re-export's one-line entry shows the function's parameters, not "()".
     text = re.sub(r"<[^>]+>", "", (out / "api" / "model_zoo.html").read_text())
-    assert "model_zoo.get_config(config_path, trained=False)" in text and "get_config()" not in text
+    assert "model_zoo.get_config(config_path, trained=False)" in text and "model_zoo.get_config()" not in text
     for page in sorted((out / "api").glob("*.html")):
         parser = _Entries()
         parser.feed(page.read_text())
