@@ -64,11 +64,11 @@ html_title = f"treadle {release}"
 # The pages' text holds code without backticks in tables ('cosine', torchrun
 # --nproc-per-node): shown as written, not with curly quotes and an en dash.
 smartquotes = False
-# Wide tables and code blocks at a laptop's width (docs/_static/treadle.css,
-# treadle.js: a code block wider than the column is wrapped line by line).
+# Wide tables at a laptop's width (docs/_static/treadle.css). Code blocks need
+# no script: their lines are at most 88 characters (tests/docs/test_code_lines.py),
+# which fit the column; a wider one scrolls sideways, never wrapped.
 html_static_path = ["_static"]
 html_css_files = ["treadle.css"]
-html_js_files = ["treadle.js"]
 
 # Nitpicky references to other packages: no intersphinx (nothing is fetched at
 # build time), so their names stay unlinked. Only external packages are listed:

@@ -25,7 +25,7 @@ from typing import List, Tuple
 MAX_HEIGHT = 30000
 #: The title also counts the code blocks and tables wider than the page's
 #: column (they scroll sideways: what is past the edge is not seen at first),
-#: measured after the page's own load handlers (docs/_static/treadle.js).
+#: measured once the page has loaded.
 _MEASURE = ("<script>window.addEventListener('load',function(){setTimeout(function(){"
             "var wide=Array.from(document.querySelectorAll('article pre, article .table-wrapper'))"
             ".filter(function(e){return e.scrollWidth>e.clientWidth+1;}).length;"

@@ -18,8 +18,9 @@ from sphinx.pycode import ModuleAnalyzer
 from sphinx.util.docutils import SphinxDirective
 from sphinx.util.nodes import get_node_source
 
-#: The packages of the reference, each a page docs/api/<last part>.rst.
-PACKAGES = ["treadle.engine", "treadle.hooks", "treadle.events", "treadle.checkpoint", "treadle.config",
+#: The packages of the reference, each a page docs/api/<last part>.rst (the
+#: plain ``Trainer``'s first: the class most users read first).
+PACKAGES = ["treadle.trainer", "treadle.engine", "treadle.hooks", "treadle.events", "treadle.checkpoint", "treadle.config",
             "treadle.data", "treadle.evaluation", "treadle.solver", "treadle.models", "treadle.model_zoo"]
 #: The modules of treadle.utils a user calls, on docs/api/utils.rst (the package has no ``__all__``).
 UTILS_MODULES = ["treadle.utils." + name for name in
@@ -68,6 +69,33 @@ def full_entry(name: str, value: Any) -> Optional[Tuple[str, str]]:
                 found[0] if found else None)
 
 
+class _Shown:
+    """A default value shown as written here (``...``: its ``repr`` names a memory address)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def call_signature(value: Any) -> str:
+    """The parameters of the function ``value`` as a reader calls it,
+    ``(config_path, trained=False)``: names and defaults, without the
+    annotations (the full entry shows them); ``""`` when Python cannot tell."""
+    try:
+        signature = inspect.signature(value)
+    except (TypeError, ValueError):
+        return ""
+    parameters = []
+    for parameter in signature.parameters.values():
+        parameter = parameter.replace(annotation=inspect.Parameter.empty)
+        if parameter.default is not inspect.Parameter.empty and repr(parameter.default).startswith("<"):
+            parameter = parameter.replace(default=_Shown("..."))
+        parameters.append(parameter)
+    return str(signature.replace(parameters=parameters, return_annotation=inspect.Signature.empty))
+
+
 def entry_lines(module_name: str, name: str) -> List[str]:
     """The reStructuredText of ``module_name.name``'s entry."""
     value = getattr(importlib.import_module(module_name), name)
@@ -76,6 +104,10 @@ def entry_lines(module_name: str, name: str) -> List[str]:
     if kind == "module":
         return head + ["", f"   The :mod:`{value.__name__}` package, also importable from here.", ""]
     if home is not None and home != (module_name, name):
+        # A function's one-line entry shows how it is called (without one,
+        # Sphinx writes empty parentheses); a class's shows its name only.
+        if kind == "function":
+            head[0] += call_signature(value)
         return head + ["   :no-index:", "",
                 f"   Another name for :{'func' if kind == 'function' else kind}:`{'.'.join(home)}`, documented there.", ""]
     if kind == "data":

@@ -36,11 +36,11 @@ import treadle  # noqa: E402
 #: Packages with an ``__all__`` that have no page, each with its reason.
 NOT_IN_REFERENCE = {
     "treadle.examples": "example trainers, read as source (docs/examples_data.md)",
-    "treadle.trainer": "the plain Trainer, documented where users import it (treadle.engine.Trainer)",
 }
 #: Entries whose text is to be written in code this branch may not edit, with the reason.
-#: An entry of a page's reStructuredText: its directive, its name, and whether it is a full one.
-ENTRY = re.compile(r"^\.\. (auto|py:)(class|function|data):: (?:[\w.]+\.)?(\w+)$")
+#: An entry of a page's reStructuredText: its directive, its name (a function's
+#: one-line entry with its parameters), and whether it is a full one.
+ENTRY = re.compile(r"^\.\. (auto|py:)(class|function|data):: (?:[\w.]+\.)?(\w+)(?:\(.*\))?$")
 
 
 def docstring_of(module_name: str, name: str) -> Optional[str]:
@@ -136,6 +136,35 @@ def test_an_object_has_one_full_entry_and_a_re_export_links_to_it():
     assert ".. autoclass:: treadle.hooks.HookBase" in treadle_api.reference_lines("treadle.hooks")
 
 
+def test_a_one_line_entry_of_a_function_shows_how_it_is_called():
+    # Without its parameters, Sphinx writes a function's entry with empty
+    # parentheses: get_config() of a function called get_config(config_path, trained=False).
+    lines = treadle_api.entry_lines("treadle.model_zoo", "get_config")
+    assert lines[:3] == [".. py:function:: get_config(config_path, trained=False)",
+                         "   :module: treadle.model_zoo", "   :no-index:"]
+    one_line = [(m, n, lines[0]) for m, n, lines in
+                [(m, n, treadle_api.entry_lines(m, n)) for m, n, kind, full in page_entries()
+                 if kind == "function" and not full]]
+    assert len(one_line) >= 5, one_line
+    for module_name, name, head in one_line:
+        value = getattr(importlib.import_module(module_name), name)
+        names = list(inspect.signature(value).parameters)
+        shown = head.partition(f":: {name}")[2]
+        assert shown.startswith("(") and shown.endswith(")"), f"{module_name}.{name}: {head!r}"
+        assert re.findall(r"(?:^\(|, )\**(\w+)", shown) == names, f"{module_name}.{name}: {head!r} is not {names}"
+
+
+def test_the_plain_trainer_has_its_own_page_and_the_engine_links_to_it():
+    assert pages_of("treadle.trainer") == ["trainer.rst"]
+    assert ".. autoclass:: treadle.trainer.Trainer" in treadle_api.reference_lines("treadle.trainer")
+    lines = treadle_api.reference_lines("treadle.engine")
+    at = lines.index(".. py:class:: Trainer")
+    assert lines[at + 2 : at + 5] == ["   :no-index:", "",
+                                      "   Another name for :class:`treadle.trainer.Trainer`, documented there."]
+    index = (DOCS / "index.md").read_text()
+    assert index.index("\napi/trainer\n") < index.index("\napi/engine\n"), "the Trainer's page comes first"
+
+
 def test_a_name_without_text_is_found(monkeypatch):
     # The checks above see what the pages would show: a function's missing
     # docstring, and a constant without its '#:' comment, on a package page
@@ -204,6 +233,9 @@ def test_the_site_builds_with_every_reference_resolved_and_every_name_shown(tmp_
             assert re.search(rf'sig-name descname"><span class="pre">{re.escape(name)}</span>', html), (
                 f"{name} of {module_name} is not shown on api/{page}"
             )
+    # A re-export's one-line entry shows the function's parameters, not "()".
+    text = re.sub(r"<[^>]+>", "", (out / "api" / "model_zoo.html").read_text())
+    assert "model_zoo.get_config(config_path, trained=False)" in text and "model_zoo.get_config()" not in text
     for page in sorted((out / "api").glob("*.html")):
         parser = _Entries()
         parser.feed(page.read_text())

@@ -1,7 +1,7 @@
 """The site's pages as a reader meets them: one page leads to the
 "coming from" pages, links show the page's title rather than a file's path,
-and the plain Trainer's page shows its run with every override point where
-it is called."""
+the plain Trainer's page shows its run with every override point where it
+is called, and the README (the front page) stays a guide, at most 220 lines."""
 
 from __future__ import annotations
 
@@ -45,3 +45,10 @@ def test_the_trainers_run_names_every_point_it_calls():
     # A callback's on_<event> is called where the Trainer's method <event> is.
     assert {e for e in CALLBACK_EVENTS if e not in called and e[len("on_"):] not in called} == set()
     assert {"calculate_train_batch_loss", "training_step", "_prepare_batch", "train_epoch_start"} <= called
+
+
+def test_the_readme_is_a_guide_of_at_most_220_lines():
+    # The site's front page and the repository's: what treadle is, the quick
+    # start and a tour, each with the docs page that holds the rest.
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines <= 220, f"README.md has {lines} lines: move detail to its page of docs/ and link it"

@@ -135,7 +135,17 @@ class EMA(HookBase):
     @contextlib.contextmanager
     def averaged_weights(self) -> Iterator[nn.Module]:
         """Loads the averaged weights into the model for the block, then
-        restores the trained ones (also when the block raises)."""
+        restores the trained ones (also when the block raises).
+
+        The weights are copied into the model's own parameters and buffers,
+        so ``model.state_dict()`` read inside the block aliases the live
+        tensors: once the block ends they hold the trained weights again.
+        To keep the averaged weights past the block, copy them inside it,
+        ``{k: v.clone() for k, v in model.state_dict().items()}`` or
+        ``copy.deepcopy(model.state_dict())``; :meth:`averaged_state_dict`
+        needs no block (it returns the average's own tensors, which later
+        updates change in place).
+        """
         if self._averaged is None:
             yield self.model
             return

@@ -34,10 +34,19 @@ SEED = 0
 
 
 class DistillationStep(StepBase):
-    """One student update on ``alpha * T**2 * KL(teacher || student at T) + (1 - alpha) * CE``."""
+    """One student update on
+    ``alpha * T**2 * KL(teacher || student at T) + (1 - alpha) * CE``."""
 
-    def __init__(self, student: nn.Module, teacher: nn.Module, loader: Iterable, optimizer: torch.optim.Optimizer,
-                 *, temperature: float = 4.0, alpha: float = 0.7) -> None:
+    def __init__(
+        self,
+        student: nn.Module,
+        teacher: nn.Module,
+        loader: Iterable,
+        optimizer: torch.optim.Optimizer,
+        *,
+        temperature: float = 4.0,
+        alpha: float = 0.7,
+    ) -> None:
         self.student, self.teacher = student, teacher.eval().requires_grad_(False)
         self.data = DataStream(loader)
         self.update = Update(optimizer)
@@ -49,12 +58,17 @@ class DistillationStep(StepBase):
             teacher_logits = self.teacher(inputs)
         logits = self.student(inputs)
         t = self.temperature
-        loss_kd = F.kl_div(F.log_softmax(logits / t, dim=1), F.log_softmax(teacher_logits / t, dim=1),
-                           reduction="batchmean", log_target=True) * t * t
+        loss_kd = F.kl_div(
+            F.log_softmax(logits / t, dim=1),
+            F.log_softmax(teacher_logits / t, dim=1),
+            reduction="batchmean",
+            log_target=True,
+        ) * t * t
         loss_ce = F.cross_entropy(logits, labels)
         loss = self.alpha * loss_kd + (1 - self.alpha) * loss_ce
         self.update.apply(loss, self.after_backward)
-        for name, value in (("total_loss", loss), ("loss_kd", loss_kd), ("loss_ce", loss_ce)):
+        losses = (("total_loss", loss), ("loss_kd", loss_kd), ("loss_ce", loss_ce))
+        for name, value in losses:
             self.storage.put_scalar(name, value.detach(), kind=ScalarKind.LOSS)
 
 

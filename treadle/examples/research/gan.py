@@ -51,7 +51,9 @@ class GANStep(StepBase):
         (real,) = next(self.data)
         fake = self.g(torch.randn(real.shape[0], LATENT))
         logits = self.d(torch.cat([real, fake.detach()]))
-        labels = torch.cat([torch.ones(real.shape[0], 1), torch.zeros(real.shape[0], 1)])
+        labels = torch.cat(
+            [torch.ones(real.shape[0], 1), torch.zeros(real.shape[0], 1)]
+        )
         d_loss = bce(logits, labels)
         self.update_d.apply(d_loss, self.after_backward)
 

@@ -37,16 +37,27 @@ SEED = 0
 
 
 class MeanTeacherStep(StepBase):
-    """One online update on ``CE + weight * MSE(softmax(online(view_a)), softmax(target(view_b)))``,
+    """One online update on
+    ``CE + weight * MSE(softmax(online(view_a)), softmax(target(view_b)))``,
     then the target's moving average of the online weights."""
 
-    def __init__(self, online: nn.Module, target: nn.Module, loader: Iterable, optimizer: torch.optim.Optimizer,
-                 *, momentum: float = 0.9, noise: float = 0.2, weight: float = 1.0) -> None:
+    def __init__(
+        self,
+        online: nn.Module,
+        target: nn.Module,
+        loader: Iterable,
+        optimizer: torch.optim.Optimizer,
+        *,
+        momentum: float = 0.9,
+        noise: float = 0.2,
+        weight: float = 1.0,
+    ) -> None:
         self.online, self.target = online, target.requires_grad_(False)
         self.data = DataStream(loader)
         self.update = Update(optimizer)
         self.momentum, self.noise, self.weight = momentum, noise, weight
-        self.target_params, self.online_params = list(target.parameters()), list(online.parameters())
+        self.target_params = list(target.parameters())
+        self.online_params = list(online.parameters())
 
     def run_step(self) -> None:
         inputs, labels = next(self.data)
@@ -61,7 +72,12 @@ class MeanTeacherStep(StepBase):
         self.update.apply(loss, self.after_backward)
         with torch.no_grad():
             foreach_lerp_(self.target_params, self.online_params, 1 - self.momentum)
-        for name, value in (("total_loss", loss), ("loss_ce", loss_ce), ("loss_consistency", loss_consistency)):
+        losses = (
+            ("total_loss", loss),
+            ("loss_ce", loss_ce),
+            ("loss_consistency", loss_consistency),
+        )
+        for name, value in losses:
             self.storage.put_scalar(name, value.detach(), kind=ScalarKind.LOSS)
 
 

@@ -42,25 +42,41 @@ class MoCoStep(StepBase):
     key and the queue; then the batch's keys replace the queue's oldest
     (``queue_size`` a multiple of the batch size)."""
 
-    def __init__(self, query: nn.Module, key: nn.Module, loader: Iterable, optimizer: torch.optim.Optimizer, *,
-                 dim: int, queue_size: int = 32, momentum: float = 0.9, temperature: float = 0.2,
-                 noise: float = 0.2) -> None:
+    def __init__(
+        self,
+        query: nn.Module,
+        key: nn.Module,
+        loader: Iterable,
+        optimizer: torch.optim.Optimizer,
+        *,
+        dim: int,
+        queue_size: int = 32,
+        momentum: float = 0.9,
+        temperature: float = 0.2,
+        noise: float = 0.2,
+    ) -> None:
         self.query, self.key = query, key.requires_grad_(False)
         self.data = DataStream(loader)
         self.update = Update(optimizer, model=query)
         self.momentum, self.temperature, self.noise = momentum, temperature, noise
-        self.key_params, self.query_params = list(key.parameters()), list(unwrap_model(query).parameters())
-        self.queue = F.normalize(torch.randn(queue_size, dim), dim=1)  # this rank's generator: its own queue
+        self.key_params = list(key.parameters())
+        self.query_params = list(unwrap_model(query).parameters())
+        # this rank's generator: its own queue
+        self.queue = F.normalize(torch.randn(queue_size, dim), dim=1)
         self.pointer = 0
 
     def run_step(self) -> None:
         (inputs,) = next(self.data)
-        q = F.normalize(self.query(inputs + self.noise * torch.randn_like(inputs)), dim=1)
+        noisy = inputs + self.noise * torch.randn_like(inputs)
+        q = F.normalize(self.query(noisy), dim=1)
         with torch.no_grad():
             foreach_lerp_(self.key_params, self.query_params, 1 - self.momentum)
-            k = F.normalize(self.key(inputs + self.noise * torch.randn_like(inputs)), dim=1)
-        logits = torch.cat([(q * k).sum(dim=1, keepdim=True), q @ self.queue.T], dim=1) / self.temperature
-        loss = F.cross_entropy(logits, torch.zeros(len(q), dtype=torch.long))  # the positive is column 0
+            noisy = inputs + self.noise * torch.randn_like(inputs)
+            k = F.normalize(self.key(noisy), dim=1)
+        logits = torch.cat([(q * k).sum(dim=1, keepdim=True), q @ self.queue.T], dim=1)
+        logits = logits / self.temperature
+        # the positive is column 0
+        loss = F.cross_entropy(logits, torch.zeros(len(q), dtype=torch.long))
         self.update.apply(loss, self.after_backward)
         self.queue[self.pointer:self.pointer + len(k)] = k
         self.pointer = (self.pointer + len(k)) % len(self.queue)

@@ -52,9 +52,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     seed_all_rng(SEED)
     model = build_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    step = SAMStep(model, build_data(), optimizer, loss_fn=nn.functional.cross_entropy, rho=RHO)
+    step = SAMStep(
+        model, build_data(), optimizer, loss_fn=nn.functional.cross_entropy, rho=RHO
+    )
     trainer = TrainerBase(step)
-    checkpointer = Checkpointer(model, args.output_dir, optimizer=optimizer, trainer=trainer)
+    checkpointer = Checkpointer(
+        model, args.output_dir, optimizer=optimizer, trainer=trainer
+    )
     # Before the checkpointer (job.train registers it after these): it saves this iteration's average.
     job.train(trainer, checkpointer, args, [EMA(EMA_DECAY, model=model)])
 
