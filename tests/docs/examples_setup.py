@@ -102,9 +102,9 @@ def decode_targets(labels):
 train_dataset, eval_dataset = PlateDataset("train", 32), PlateDataset("test", 16)
 torch.save({"model": Recognizer().state_dict()}, "base_model.pth")
 model = Recognizer()
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 """,
     "treadle.trainer.trainer.Trainer": COMMON + DIGITS + """
-from treadle.engine import Trainer
+from treadle.trainer import Trainer
 """,
 }

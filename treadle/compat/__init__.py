@@ -31,7 +31,7 @@ and the command line job (:mod:`treadle.tools.train_net`, for LiBai's
 configs); ``tests/compat/test_layers.py`` fails when a core or job module
 reaches it, directly or through another module. Where the core must answer
 another trainer's name, it offers a neutral seam that this package fills
-(:data:`~treadle.engine.steps.POSITIONAL_HINTS`,
+(``treadle.engine.steps.POSITIONAL_HINTS``,
 :data:`~treadle.config.other_nodes.OTHER_NODES`,
 :meth:`~treadle.hooks.LRScheduler.step_schedule`). To add a name: add its row to
 ``OVERRIDE_POINTS`` or ``SEED_SETTINGS`` in :mod:`~treadle.compat.names`

@@ -10,7 +10,7 @@ treadle's core and config would not know them.
 
 Both fill seams of the core when :mod:`treadle.compat` is imported (the
 plain ``Trainer`` and ``tools/train_net.py`` import it):
-:data:`treadle.engine.steps.POSITIONAL_HINTS` and
+``treadle.engine.steps.POSITIONAL_HINTS`` and
 :func:`treadle.config.other_nodes.register_node`.
 """
 

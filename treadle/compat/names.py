@@ -94,8 +94,8 @@ class OverridePoint:
     #: The arguments it is called with, where the table says (``("batch",)``);
     #: a definition that cannot take them is refused when built.
     args: Optional[Tuple[str, ...]] = None
-    #: The version from which a called name is refused instead (None: it
-    #: stays, treadle's own name too, or a refused name).
+    #: The version from which a called name is refused instead; None where
+    #: the name stays (treadle's own name too, or a refused name).
     removed_in: Optional[str] = None
 
     def until(self) -> str:

@@ -62,7 +62,7 @@ def default_hooks(
     optimizer: torch.optim.Optimizer,
     scheduler: Any = None,
     scheduler_interval: str = "iter",
-    lr_scheduler: Callable[..., HookBase] = LRScheduler,
+    lr_scheduler: Optional[Callable[..., HookBase]] = None,
     ema_decay: Optional[float] = None,
     evaluate: Optional[Callable[[], Any]] = None,
     eval_period: int = 0,
@@ -101,9 +101,9 @@ def default_hooks(
             the optimizer's rate and sets nothing.
         lr_scheduler: the learning-rate hook's class (or a factory called
             as it is, ``lr_scheduler(optimizer, scheduler, interval=...)``)
-            where there is a ``scheduler``: a subclass of
-            :class:`LRScheduler` steps the schedule its own way
-            (:meth:`LRScheduler.step_schedule`).
+            where there is a ``scheduler``; ``None`` is :class:`LRScheduler`.
+            A subclass of :class:`LRScheduler` steps the schedule its own
+            way (:meth:`LRScheduler.step_schedule`).
         ema_decay: keep an :class:`EMA` of the step's model (``None``: off).
         evaluate: the evaluation :class:`EvalHook` calls every
             ``eval_period`` iterations and after training (``None``: none).
@@ -163,13 +163,13 @@ def _lr_hook(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     scheduler_interval: str,
-    lr_scheduler: Callable[..., HookBase],
+    lr_scheduler: Optional[Callable[..., HookBase]],
 ) -> HookBase:
     """The hook that steps the learning-rate schedule, or with no
     ``scheduler`` publishes the optimizer's rate and sets nothing."""
     if scheduler is None:
         return LRMonitor(optimizer)
-    return lr_scheduler(optimizer, scheduler, interval=scheduler_interval)
+    return (lr_scheduler or LRScheduler)(optimizer, scheduler, interval=scheduler_interval)
 
 
 def _preemption_hook(
