@@ -19,6 +19,8 @@ setup(
     # The digits data ships with the package: the default example runs offline.
     # So do the example and common configs: get_config and the default job find them installed.
     package_data={
+        # PEP 561: mypy reads an installed treadle's types (the Trainer's settings).
+        "treadle": ["py.typed"],
         "treadle.data.datasets": ["files/*.csv.gz", "files/README.md"],
         "treadle.model_zoo": ["configs/*.py", "configs/common/*.py", "configs/common/data/*.py",
                               "configs/common/models/*.py"],

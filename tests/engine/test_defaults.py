@@ -222,3 +222,20 @@ def test_libai_graph_enabled_builds_the_compiled_step(tmp_path):
 
     with pytest.raises(ConfigError, match=r"^graph.enabled=True compiles treadle's step, and train.step is a step"):
         DefaultTrainer(own)
+
+
+def test_a_node_read_by_nothing_is_refused_by_a_default_trainer_and_left_to_a_subclass(tmp_path, monkeypatch):
+    """Another trainer's node whose layer is not imported (LiBai's graph without treadle.compat) was silently
+    unused by a DefaultTrainer built in a script; a subclass's own builders may read a node of their own."""
+    from treadle.config import ConfigError, top_nodes
+
+    monkeypatch.setattr(top_nodes, "OTHER_NODES", {})
+    cfg = digits_cfg(tmp_path, "+graph.enabled=true", "train.eval_period=0")
+    with pytest.raises(ConfigError, match="^The config's top-level node 'graph' is read by nothing: a job reads"):
+        DefaultTrainer(cfg)
+    assert list(tmp_path.iterdir()) == []  # refused before anything is written
+
+    class ReadsItsOwnNode(DefaultTrainer):
+        pass
+
+    assert type(ReadsItsOwnNode(cfg).step).__name__ == "EagerStep"

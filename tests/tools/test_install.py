@@ -141,3 +141,17 @@ def test_treadle_plot_draws_a_run_from_another_directory(venv_dir, tmp_path):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert result.stdout.strip() == "treadle-plot: wrote curves.png (2 plot(s), 1 run(s))"
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_mypy_reads_the_installed_packages_types(venv_dir, tmp_path):
+    """PEP 561: without treadle/py.typed, mypy skips an installed treadle ("missing library stubs or py.typed
+    marker") and checks none of the Trainer's settings where a user writes them."""
+    script = tmp_path / "typed.py"
+    script.write_text("from torch import nn\nfrom treadle.trainer import Trainer\n\n"
+                      "Trainer(nn.Linear(2, 2), 'sgd', [], grad_accum_steps='two')\n")
+    result = run([sys.executable, "-m", "mypy", "--python-executable", str(venv_dir / "bin" / "python"),
+                  "--cache-dir", str(tmp_path / "cache"), str(script)], tmp_path, timeout=600)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.splitlines()[0] == (f"{script.name}:4: error: Argument \"grad_accum_steps\" to \"Trainer\" "
+                                             "has incompatible type \"str\"; expected \"int\"  [arg-type]"), result.stdout

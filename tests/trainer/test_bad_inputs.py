@@ -444,3 +444,22 @@ def test_a_name_no_trainer_has_is_refused_as_python_says_it():
     with pytest.raises(TypeError) as error:
         trainer(max_epoch=2)
     assert str(error.value) == "Trainer.__init__() got an unexpected keyword argument 'max_epoch'"
+
+
+def test_a_whole_float_for_an_integer_setting_is_that_integer(tmp_path):
+    """batch_size=8.0 passed the rule (1e3 is an integer on a command line) and then failed as another setting
+    ("total_batch_size must be an int, got float 8.0"); log_period=2.0 was taken as a float period."""
+    g = torch.Generator().manual_seed(0)
+    samples = [(torch.randn(6, generator=g), i % 2) for i in range(32)]
+    floats = trainer(train_loader=samples, batch_size=8.0, log_period=2.0, max_iter=4.0, seed=0,
+                     output_dir=str(tmp_path / "a"))
+    ints = trainer(train_loader=samples, batch_size=8, log_period=2, max_iter=4, seed=0,
+                   output_dir=str(tmp_path / "b"))
+    assert floats.settings.data.batch_size == 8 and type(floats.settings.data.batch_size) is int
+    assert (floats.settings.logging.log_period, floats.max_iter) == (2, 4)
+    floats.train()
+    ints.train()
+    for p, q in zip(floats.model.parameters(), ints.model.parameters()):
+        assert torch.equal(p, q)
+    with pytest.raises(ValueError, match="^batch_size must be an integer >= 1, got 8.5"):
+        trainer(train_loader=samples, batch_size=8.5)

@@ -19,7 +19,7 @@ from torch import nn
 import treadle
 from treadle.checkpoint import Checkpointer, unwrap_model
 from treadle.config import LazyCall, LazyConfig, get_config_file, instantiate
-from treadle.config.top_nodes import step_kind_and_why
+from treadle.config.top_nodes import check_top_level_nodes, step_kind_and_why
 from treadle.config.rules import num_threads as num_threads_rule
 from treadle.config.train_keys import train_section, train_setting
 from treadle.evaluation import evaluator_loss_fn, inference_on_dataset
@@ -247,6 +247,11 @@ class DefaultTrainer(TrainerBase):
     """
 
     def __init__(self, cfg: DictConfig) -> None:
+        if type(self) is DefaultTrainer:
+            # It reads these nodes and no other: one it does not read would be
+            # silently unused (another trainer's node whose layer is not
+            # imported, LiBai's graph). A subclass's builders may read more.
+            check_top_level_nodes(cfg)
         self.cfg = cfg
         self.device = resolve_device(train_setting(cfg, "device"))
         model = self.build_model(cfg, device=self.device)

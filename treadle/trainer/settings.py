@@ -561,6 +561,12 @@ SETTINGS: Tuple[Setting, ...] = tuple(
 
 _BY_NAME: Dict[str, Setting] = {row.name: row for row in SETTINGS}
 
+#: The settings whose field holds an integer (or None), by its annotation
+#: (resolving all of them would import torch).
+_INTEGERS: Tuple[str, ...] = tuple(
+    f.name for _, group in GROUPS for f in dataclasses.fields(group) if f.type in ("int", "Optional[int]")
+)
+
 
 def setting(name: str) -> Setting:
     """The row of ``name``."""
@@ -640,6 +646,12 @@ def given_settings(settings: Mapping[str, Any]) -> Tuple[Dict[str, Any], FrozenS
         raise TypeError(f"Trainer.__init__() got an unexpected keyword argument {unknown[0]!r}"
                         + (f": {hint}" if hint else ""))
     values = {row.name: settings.get(row.name, row.default) for row in SETTINGS}
+    for name in _INTEGERS:
+        # A whole float (8.0, 1e3) is the integer it holds, as a config's value is
+        # (treadle.config.rules.is_int); left a float, it failed later, named
+        # as another setting (total_batch_size for batch_size).
+        if isinstance(values[name], float) and values[name].is_integer():
+            values[name] = int(values[name])
     return values, frozenset(name for name, value in settings.items() if value is not None)
 
 
