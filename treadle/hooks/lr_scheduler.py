@@ -96,6 +96,8 @@ class LRScheduler(_StepsOptimizer, HookBase):
 
     :meth:`step_schedule` is where the schedule steps, once per iteration
     (or epoch): a subclass overrides it to step the schedule its own way.
+    ``stepper`` (a callable called there instead) is deprecated and goes in
+    0.10 (:mod:`treadle.utils.deprecations`).
 
     ``name`` is the scalar the rate is published under: a step with two
     optimizers (a GAN's) registers one hook per optimizer, each with its own
