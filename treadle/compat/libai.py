@@ -16,6 +16,7 @@ plain ``Trainer`` and ``tools/train_net.py`` import it):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Optional, Tuple
 
 from treadle.config.errors import ConfigError
@@ -50,8 +51,6 @@ def graph_step_kind(cfg: Any, kind: str, kind_given: bool) -> Tuple[str, Optiona
             the user gave (``'compiled'``, or ``'eager'`` with ``kind_given``),
             or ``graph.enabled=True`` with a step of the user's own (``train.step._target_``).
     """
-    from collections.abc import Mapping
-
     graph = cfg.get("graph")
     if not isinstance(graph, Mapping):
         raise ConfigError(f"graph must be a node with the key enabled (graph = dict(enabled=True)), got {shown(graph)}")

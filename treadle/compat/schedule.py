@@ -33,10 +33,10 @@ class SchedulerStepHook(LRScheduler):
         self._scheduler_step()
 
 
-def lr_scheduler_of(scheduler_step: Optional[Callable[[], None]]) -> Callable[..., HookBase]:
+def lr_scheduler_of(scheduler_step: Optional[Callable[[], None]]) -> Optional[Callable[..., HookBase]]:
     """The learning-rate hook for :func:`~treadle.engine.default_hooks.default_hooks`:
-    :class:`SchedulerStepHook` calling ``scheduler_step``, or treadle's
-    :class:`~treadle.hooks.LRScheduler` where there is none."""
+    :class:`SchedulerStepHook` calling ``scheduler_step``, or None (the
+    default hooks' own :class:`~treadle.hooks.LRScheduler`) where there is none."""
     if scheduler_step is None:
-        return LRScheduler
+        return None
     return functools.partial(SchedulerStepHook, scheduler_step=scheduler_step)
